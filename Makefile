@@ -1,0 +1,39 @@
+# fsdpx: the two commands a user needs are `make demo` and `make test`; both install what is
+# missing first (Debian packages, torch in a cached virtual environment) and are quick when
+# everything is already there.
+
+SHELL      := /bin/bash
+BUILD      ?= build
+JOBS       ?= 2
+PYTHON     := $(shell bash scripts/setup.sh --print-python)
+CMAKE_ARGS ?=
+
+.PHONY: help setup configure build demo test clean
+
+help:  ## list the targets
+	@echo "fsdpx make targets:"
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/' | expand -t 16
+	@echo
+	@echo "variables: BUILD=$(BUILD) (build directory), JOBS=$(JOBS) (parallel compile jobs)"
+	@echo "torch venv: $(dir $(PYTHON)).. (FSDPX_VENV or FSDPX_CACHE_DIR to move it)"
+
+setup:  ## install missing Debian packages and torch==2.11.0 into the cached venv
+	@bash scripts/setup.sh
+
+$(BUILD)/build.ninja: CMakeLists.txt | setup
+	cmake -S . -B $(BUILD) -G Ninja -DFSDPX_PYTHON=$(PYTHON) $(CMAKE_ARGS)
+
+configure: setup  ## configure the CMake build in $(BUILD)
+	cmake -S . -B $(BUILD) -G Ninja -DFSDPX_PYTHON=$(PYTHON) $(CMAKE_ARGS)
+
+build: setup $(BUILD)/build.ninja  ## build libfsdpx, plugins, hosts and tests
+	cmake --build $(BUILD) -j $(JOBS)
+
+demo: build  ## set up, build, and run the demo
+	@bash scripts/demo.sh $(BUILD)
+
+test: build  ## set up, build, and run every test (ctest)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+clean:  ## remove the build directory (the torch venv and ccache stay)
+	rm -rf $(BUILD)

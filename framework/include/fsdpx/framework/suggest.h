@@ -1,0 +1,24 @@
+// Closest-name suggestions for error messages.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+// The candidate closest to `name` by edit distance, if it is close enough to be a likely typo
+// (distance at most max(2, longer length / 3)).
+FSDPX_API std::optional<std::string> closest_name(const std::string& name,
+                                                  const std::vector<std::string>& candidates);
+
+// "; did you mean 'x'?" or "".
+FSDPX_API std::string did_you_mean(const std::string& name,
+                                   const std::vector<std::string>& candidates);
+
+// "a, b, c" or "(none)".
+FSDPX_API std::string join_names(const std::vector<std::string>& names);
+
+}  // namespace fsdpx

@@ -1,0 +1,35 @@
+// UnitPlan: the sharding units a wrap policy chose, with their parameter counts.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdpx/export.h"
+#include "fsdpx/wrap_policy.h"
+
+namespace fsdpx {
+
+struct UnitInfo {
+  std::string fqn;  // "" for the root
+  int64_t num_params = 0;   // elements of the parameters this unit gathers (not in nested units)
+  int64_t num_tensors = 0;  // how many parameter tensors those are
+  bool activation_checkpoint = false;
+};
+
+struct FSDPX_API UnitPlan {
+  std::vector<UnitInfo> units;  // the root first, then the selected units in module order
+  int64_t total_params = 0;
+
+  // One line per unit, then totals and the largest/smallest unit ratio.
+  std::string table() const;
+};
+
+// Checks `selected` against the module tree rooted at `root` and assigns every parameter to its
+// innermost enclosing unit (a parameter reachable twice is counted once, where it is first
+// reached). Throws fsdpx::Error for a name that is not a submodule, the root listed as a
+// selection, or a name listed twice.
+FSDPX_API UnitPlan plan_units(const torch::nn::Module& root,
+                              const std::vector<UnitSelection>& selected);
+
+}  // namespace fsdpx

@@ -1,0 +1,189 @@
+// fsdpx-plugins: what plugins are installed, what a component's options are, and what a
+// configuration resolves to.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <boost/program_options/options_description.hpp>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/build_info.h"
+#include "fsdpx/framework/plugin_host.h"
+#include "fsdpx/framework/run_config.h"
+#include "fsdpx/framework/suggest.h"
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: fsdpx-plugins [PLUGIN OPTIONS] COMMAND [ARGS]
+
+commands:
+  list                    table of installed components: kind, name, version, file
+  show NAME               a component's options with types, defaults and help
+                          (NAME or KIND.NAME, e.g. size_based or wrap.size_based)
+  config [OPTIONS]        resolve a configuration (--config FILE, --<section>.<option> VALUE)
+                          and print it as the INI file that reproduces it
+  info                    versions: fsdpx, plugin ABI, LibTorch, C++ ABI, CUDA, NCCL
+  help                    this text
+
+plugin options (anywhere on the line):
+  --plugin-dir DIR              also load every plugin in DIR (repeatable)
+  --plugin FILE                 also load the plugin FILE (repeatable)
+  --no-default-plugins          skip <prefix>/lib/fsdpx/plugins and FSDPX_PLUGIN_PATH
+  --allow-insecure-plugin-dir   load from directories that others can write to
+
+Plugins are searched in <prefix>/lib/fsdpx/plugins, then FSDPX_PLUGIN_PATH (':'-separated),
+then --plugin-dir and --plugin. Exit status: 0 on success, 1 on any error, 2 on bad usage.
+)";
+
+struct Cli {
+  fsdpx::PluginSearch search;
+  std::string command;
+  std::vector<std::string> args;
+};
+
+// Takes the plugin options out of argv wherever they are; the first other word is the command.
+Cli parse_cli(int argc, char** argv) {
+  Cli cli;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](const std::string& flag) -> std::string {
+      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0)
+        return a.substr(flag.size() + 1);
+      if (i + 1 >= argc) throw fsdpx::Error(flag + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--plugin-dir" || a.rfind("--plugin-dir=", 0) == 0) {
+      cli.search.dirs.emplace_back(value("--plugin-dir"));
+    } else if (a == "--plugin" || a.rfind("--plugin=", 0) == 0) {
+      cli.search.files.emplace_back(value("--plugin"));
+    } else if (a == "--no-default-plugins") {
+      cli.search.default_dir = false;
+      cli.search.environment = false;
+    } else if (a == "--allow-insecure-plugin-dir") {
+      cli.search.allow_insecure = true;
+    } else if (cli.command.empty() && (a == "-h" || a == "--help")) {
+      cli.command = "help";
+    } else if (cli.command.empty() && !a.empty() && a[0] != '-') {
+      cli.command = a;
+    } else if (cli.command.empty()) {
+      throw fsdpx::Error("unknown option " + a + " before the command; see fsdpx-plugins help");
+    } else {
+      cli.args.push_back(a);
+    }
+  }
+  return cli;
+}
+
+int cmd_list(const fsdpx::PluginHost& host) {
+  std::vector<std::vector<std::string>> rows = {{"kind", "name", "version", "file"}};
+  for (const auto* c : host.components()) {
+    rows.push_back({fsdpx::section_name(c->spec.kind), c->spec.name, c->plugin->version,
+                    c->plugin->path.string()});
+  }
+  std::vector<size_t> width(4, 0);
+  for (const auto& r : rows)
+    for (size_t i = 0; i < 4; ++i) width[i] = std::max(width[i], r[i].size());
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < 4; ++i)
+      line += r[i] + (i + 1 < 4 ? std::string(width[i] - r[i].size() + 2, ' ') : "");
+    std::printf("%s\n", line.c_str());
+  }
+  if (rows.size() == 1) std::printf("(no plugins found)\n");
+  return 0;
+}
+
+int cmd_show(const fsdpx::PluginHost& host, const std::vector<std::string>& args) {
+  if (args.size() != 1) throw fsdpx::Error("show takes one component name, e.g. `show size_based`");
+  std::string name = args[0];
+  std::vector<const fsdpx::ComponentRecord*> matches;
+  auto dot = name.find('.');
+  if (dot != std::string::npos) {
+    auto kind = fsdpx::kind_from_section(name.substr(0, dot));
+    if (!kind) {
+      std::vector<std::string> sections;
+      for (auto k : fsdpx::all_kinds()) sections.push_back(fsdpx::section_name(k));
+      throw fsdpx::Error("unknown kind '" + name.substr(0, dot) + "' in '" + name + "'" +
+                         fsdpx::did_you_mean(name.substr(0, dot), sections) +
+                         " Kinds: " + fsdpx::join_names(sections) + ".");
+    }
+    matches.push_back(&host.find(*kind, name.substr(dot + 1)));
+  } else {
+    std::vector<std::string> all;
+    for (const auto* c : host.components()) {
+      if (c->spec.name == name) matches.push_back(c);
+      all.push_back(c->spec.name);
+    }
+    if (matches.empty())
+      throw fsdpx::Error("no installed component is named '" + name + "'" +
+                         fsdpx::did_you_mean(name, all) + " See `fsdpx-plugins list`.");
+  }
+  if (matches.size() > 1) {
+    std::vector<std::string> q;
+    for (const auto* c : matches) q.push_back(std::string(fsdpx::section_name(c->spec.kind)) + "." + name);
+    throw fsdpx::Error("'" + name + "' names more than one component; say which: " + fsdpx::join_names(q));
+  }
+  std::printf("%s", fsdpx::describe_component(*matches[0]).c_str());
+  return 0;
+}
+
+int cmd_config(const fsdpx::PluginHost& host, const std::vector<std::string>& args) {
+  auto config = fsdpx::RunConfig::resolve(host, args, fsdpx::ConfigRequest{});
+  std::printf("%s", config.to_ini().c_str());
+  return 0;
+}
+
+int cmd_info() {
+  auto b = fsdpx::build_info();
+  std::printf("fsdpx         %s\n", b.fsdpx_version.c_str());
+  std::printf("plugin ABI    %d.%d\n", b.abi_major, b.abi_minor);
+  std::printf("LibTorch      %s (_GLIBCXX_USE_CXX11_ABI=%d)\n", b.torch_version.c_str(), b.cxx11_abi);
+  if (b.cuda_build) {
+    std::printf("CUDA          %s, NCCL %s\n", b.cuda_version.c_str(), b.nccl_version.c_str());
+    std::printf("CUDA devices  %d%s%s\n", b.cuda_devices, b.cuda_status.empty() ? "" : " (",
+                b.cuda_status.empty() ? "" : (b.cuda_status + ")").c_str());
+  } else {
+    std::printf("CUDA          %s\n", b.cuda_status.c_str());
+  }
+  std::printf("plugin dir    %s\n", fsdpx::PluginHost::default_plugin_dir().c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Cli cli;
+  try {
+    cli = parse_cli(argc, argv);
+  } catch (const fsdpx::Error& e) {
+    std::fprintf(stderr, "fsdpx-plugins: %s\n", e.what());
+    return 2;
+  }
+  if (cli.command.empty() || cli.command == "help") {
+    std::printf("%s", kUsage);
+    return cli.command.empty() ? 2 : 0;
+  }
+  if (cli.command == "info") return cmd_info();
+  const std::vector<std::string> commands = {"list", "show", "config", "info", "help"};
+  if (cli.command != "list" && cli.command != "show" && cli.command != "config") {
+    std::string dym = fsdpx::did_you_mean(cli.command, commands);
+    std::fprintf(stderr, "fsdpx-plugins: unknown command '%s'%s Commands: %s.\n", cli.command.c_str(),
+                 dym.empty() ? "." : dym.c_str(), fsdpx::join_names(commands).c_str());
+    return 2;
+  }
+  fsdpx::PluginHost host;
+  auto errors = host.discover(cli.search);
+  for (const auto& e : errors) std::fprintf(stderr, "fsdpx-plugins: %s\n", e.c_str());
+  int status = errors.empty() ? 0 : 1;
+  try {
+    int rc = 0;
+    if (cli.command == "list") rc = cmd_list(host);
+    if (cli.command == "show") rc = cmd_show(host, cli.args);
+    if (cli.command == "config") rc = cmd_config(host, cli.args);
+    return rc != 0 ? rc : status;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdpx-plugins: %s\n", e.what());
+    return 1;
+  }
+}

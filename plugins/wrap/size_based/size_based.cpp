@@ -1,0 +1,63 @@
+// size_based: PyTorch's size_based_auto_wrap_policy. Walking the module tree bottom-up, a
+// submodule becomes a unit when the parameters under it that no nested unit has taken number at
+// least min_num_params; those parameters then belong to it. What is left goes to the root.
+#include <set>
+
+#include <fsdpx/error.h>
+#include <fsdpx/plugin.h>
+#include <fsdpx/wrap_policy.h>
+
+namespace {
+
+class SizeBasedWrap final : public fsdpx::WrapPolicy {
+ public:
+  explicit SizeBasedWrap(int64_t min_num_params) : min_num_params_(min_num_params) {}
+
+  std::vector<fsdpx::UnitSelection> select(const torch::nn::Module& root) const override {
+    std::set<const void*> seen;
+    std::vector<fsdpx::UnitSelection> units;
+    int64_t left = visit(root, "", seen, units);
+    (void)left;  // stays with the root
+    return units;
+  }
+
+ private:
+  // Returns the parameter elements under `m` not taken by a unit at or below it.
+  int64_t visit(const torch::nn::Module& m, const std::string& fqn, std::set<const void*>& seen,
+                std::vector<fsdpx::UnitSelection>& units) const {
+    int64_t count = 0;
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+      if (p.value().defined() && seen.insert(p.value().unsafeGetTensorImpl()).second)
+        count += p.value().numel();
+    }
+    for (const auto& child : m.named_children()) {
+      count += visit(*child.value(), fqn.empty() ? child.key() : fqn + "." + child.key(), seen, units);
+    }
+    if (!fqn.empty() && count >= min_num_params_) {
+      units.push_back({fqn, false});
+      return 0;
+    }
+    return count;
+  }
+
+  int64_t min_num_params_;
+};
+
+void register_components(fsdpx::Registrar& r) {
+  r.add<fsdpx::WrapPolicy>(
+      "size_based",
+      "a submodule becomes a unit once the parameters under it that no nested unit took reach "
+      "min_num_params (PyTorch's size_based_auto_wrap_policy)",
+      {fsdpx::int_option("min_num_params", 100000000,
+                         "smallest number of parameter elements that makes a submodule a unit")},
+      [](const fsdpx::ComponentContext& ctx) {
+        int64_t min = ctx.options.get_int("min_num_params");
+        if (min < 1)
+          throw fsdpx::Error("min_num_params must be at least 1, got " + std::to_string(min));
+        return std::make_shared<SizeBasedWrap>(min);
+      });
+}
+
+}  // namespace
+
+FSDPX_PLUGIN("wrap_size_based", "0.1.0", register_components)

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs what fsdpx needs to build and test, and is quick when everything is there:
+#   - Debian packages (compilers' companions: Boost 1.81, GoogleTest, nlohmann-json, ccache);
+#   - torch==2.11.0 from PyPI into a virtual environment cached outside the checkout.
+# Prints nothing but progress on stderr; the venv's python path on stdout when asked with --print-python.
+set -euo pipefail
+
+TORCH_VERSION=2.11.0
+CACHE_ROOT=${FSDPX_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/fsdpx}
+VENV=${FSDPX_VENV:-$CACHE_ROOT/venv-torch-$TORCH_VERSION}
+DEB_PACKAGES=(
+  build-essential cmake ninja-build ccache
+  libboost1.81-dev libboost-program-options1.81-dev
+  libgtest-dev libgmock-dev nlohmann-json3-dev
+  python3-venv
+)
+
+say() { printf 'setup: %s\n' "$*" >&2; }
+die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
+
+if [[ ${1:-} == --print-python ]]; then
+  echo "$VENV/bin/python"
+  exit 0
+fi
+
+# --- Debian packages -----------------------------------------------------------------
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  command -v apt-get >/dev/null || die "missing Debian packages (${missing[*]}) and no apt-get to install them"
+  SUDO=; [[ $(id -u) == 0 ]] || SUDO=sudo
+  say "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -q >&2 || die "apt-get update failed: the Debian package registry cannot be reached"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >&2 \
+    || die "apt-get install ${missing[*]} failed (see above)"
+fi
+
+# --- torch in a cached virtual environment --------------------------------------------
+have_torch() {
+  [[ -x $VENV/bin/python ]] &&
+    "$VENV/bin/python" - "$TORCH_VERSION" <<'PY' 2>/dev/null
+import sys, importlib.metadata as md
+sys.exit(0 if md.version("torch").split("+")[0] == sys.argv[1] else 1)
+PY
+}
+if ! have_torch; then
+  mkdir -p "$CACHE_ROOT"
+  if [[ ! -x $VENV/bin/python ]]; then
+    say "creating virtual environment $VENV"
+    python3 -m venv "$VENV" || die "python3 -m venv $VENV failed"
+  fi
+  say "installing torch==$TORCH_VERSION (with its CUDA libraries) into $VENV; this is large and happens once"
+  if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" >&2; then
+    if ! "$VENV/bin/python" -m pip download -q --no-deps -d "$(mktemp -d)" six >/dev/null 2>&1; then
+      die "PyPI cannot be reached, so torch==$TORCH_VERSION cannot be installed into $VENV"
+    fi
+    die "pip install torch==$TORCH_VERSION into $VENV failed (see above)"
+  fi
+  have_torch || die "torch==$TORCH_VERSION is not importable from $VENV after installing it"
+fi
+say "ready: torch $TORCH_VERSION in $VENV"

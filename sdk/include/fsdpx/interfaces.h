@@ -1,0 +1,10 @@
+// fsdpx/interfaces.h: every plugin interface at once.
+#pragma once
+
+#include "fsdpx/checkpoint_backend.h"
+#include "fsdpx/data_source.h"
+#include "fsdpx/model.h"
+#include "fsdpx/optimizer.h"
+#include "fsdpx/precision_policy.h"
+#include "fsdpx/sharding_strategy.h"
+#include "fsdpx/wrap_policy.h"

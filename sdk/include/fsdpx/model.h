@@ -1,0 +1,50 @@
+// fsdpx/model.h: a model to train, and the batches it consumes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include "fsdpx/component.h"
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+// One rank's share of a step's global batch.
+struct Batch {
+  at::Tensor inputs;   // e.g. token ids [B, T] or features [B, F]
+  at::Tensor targets;  // e.g. next tokens [B, T] or labels [B]
+  int64_t samples = 0;
+  int64_t tokens = 0;  // for throughput; equals samples for non-sequence models
+};
+
+class FSDPX_API Model {
+ public:
+  static constexpr Kind kKind = Kind::Model;
+  virtual ~Model();
+
+  // The module tree, built by the factory. The engine shards it in place.
+  virtual std::shared_ptr<torch::nn::Module> module() = 0;
+
+  // Fills `param`, the full (unsharded) tensor of parameter `name`, with its initial value drawn
+  // from `generator`. The engine seeds the generator from (seed, name) and calls this one unit
+  // at a time, so the result must depend on nothing else: not the rank, not the world size.
+  virtual void init_parameter(const std::string& name, at::Tensor& param,
+                              at::Generator& generator) const = 0;
+
+  // Forward pass and the mean loss over the batch's samples.
+  virtual at::Tensor loss(const Batch& batch) = 0;
+
+  // Class names of the layers a layer_type wrap policy may make units, e.g. {"Block"}.
+  virtual std::vector<std::string> layer_types() const = 0;
+
+  // Training FLOPs per token (6N for a decoder), 0 if unknown. For throughput reports.
+  virtual double flops_per_token() const { return 0.0; }
+};
+
+}  // namespace fsdpx

@@ -1,0 +1,43 @@
+// fsdpx/optimizer.h: the update rule, applied to the local shards only.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "fsdpx/component.h"
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+// A parameter shard as the optimizer sees it: an ordinary leaf tensor, updated in place, whose
+// .grad() is this rank's reduced gradient shard (undefined if the parameter got no gradient).
+struct ParamShard {
+  std::string name;  // fully-qualified parameter name, e.g. "blocks.0.attn.wq.weight"
+  at::Tensor param;
+};
+
+// Named state tensors of one parameter shard, e.g. {"exp_avg", t}, {"exp_avg_sq", t}. Tensors
+// whose dim 0 matches the shard's are sharded with it; others (a step count) are replicated.
+using ShardState = std::vector<std::pair<std::string, at::Tensor>>;
+
+class FSDPX_API Optimizer {
+ public:
+  static constexpr Kind kKind = Kind::Optimizer;
+  virtual ~Optimizer();
+
+  // Takes the shards this rank updates. Called once, before the first step.
+  virtual void init(std::vector<ParamShard> params) = 0;
+  // One update of every shard from its gradient, at learning rate `lr` (the trainer owns the
+  // schedule; base_lr() is its peak).
+  virtual void step(double lr) = 0;
+  virtual double base_lr() const = 0;
+
+  // The state of one shard (for checkpoints), and its restoration from such a state.
+  virtual ShardState state(const std::string& param_name) const = 0;
+  virtual void load_state(const std::string& param_name, const ShardState& state) = 0;
+};
+
+}  // namespace fsdpx

@@ -1,0 +1,32 @@
+# Installs the SDK from the build tree into a fresh prefix, then configures and builds
+# sdk/examples/top_level_wrap as a separate CMake project against that prefix, as a third party
+# would. Run by CTest (sdk_consumer_build) with cmake -P.
+foreach(v FSDPX_BUILD_DIR FSDPX_SOURCE_DIR WORK_DIR FSDPX_PYTHON)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "build_example.cmake needs -D${v}=...")
+  endif()
+endforeach()
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    string(REPLACE ";" " " cmd "${ARGN}")
+    message(FATAL_ERROR "failed (${rc}): ${cmd}")
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(prefix "${WORK_DIR}/prefix")
+run(${CMAKE_COMMAND} --install "${FSDPX_BUILD_DIR}" --prefix "${prefix}")
+# Only the package config is given: no include paths, no link flags, no hints at the source tree.
+# (The installed config finds LibTorch through the python fsdpx was built with.)
+set(launcher)
+find_program(CCACHE ccache)
+if(CCACHE)
+  set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${CCACHE})
+endif()
+run(${CMAKE_COMMAND} -S "${FSDPX_SOURCE_DIR}/sdk/examples/top_level_wrap" -B "${WORK_DIR}/build"
+    -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix} ${launcher})
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
+# The installed host loads it.
+run("${prefix}/bin/fsdpx-plugins" --no-default-plugins --plugin "${WORK_DIR}/build/top_level_wrap.so" show top_level)

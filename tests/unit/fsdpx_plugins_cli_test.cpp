@@ -1,0 +1,76 @@
+// fsdpx-plugins as a user runs it: output and exit codes.
+#include <gtest/gtest.h>
+
+#include "test_paths.h"
+
+namespace fsdpx {
+namespace {
+
+std::string tool() { return (test::bin_dir() / "fsdpx-plugins").string(); }
+
+TEST(FsdpxPluginsCli, ListShowsInstalledComponentsAsATable) {
+  auto r = test::run_command(tool() + " list");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("kind  name        version  file\n", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find("wrap  size_based  0.1.0    " +
+                       (test::plugin_dir() / "wrap_size_based.so").string()),
+            std::string::npos)
+      << r.out;
+}
+
+TEST(FsdpxPluginsCli, ShowPrintsOptionsWithTypesDefaultsAndHelp) {
+  auto r = test::run_command(tool() + " show size_based");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("wrap policy 'size_based' from plugin wrap_size_based 0.1.0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("choose it with --wrap.name size_based  or  [wrap] name=size_based"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  min_num_params  int   '100000000'  smallest number of parameter elements"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(test::run_command(tool() + " show wrap.size_based").out, r.out);
+}
+
+TEST(FsdpxPluginsCli, ExtraPluginsFromFlags) {
+  auto r = test::run_command(tool() + " --plugin " + test::fixture("good").string() +
+                             " show fixture_depth");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("  recompute  bool  'false'  checkpoint the activations of each unit"), std::string::npos) << r.out;
+}
+
+TEST(FsdpxPluginsCli, ErrorsExitNonZeroWithOneClearLine) {
+  auto r = test::run_command(tool() + " show sized_based");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "fsdpx-plugins: no installed component is named 'sized_based'; did you mean "
+                   "'size_based'? See `fsdpx-plugins list`.\n");
+  r = test::run_command(tool() + " lsit");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "fsdpx-plugins: unknown command 'lsit'; did you mean 'list'? Commands: list, "
+                   "show, config, info, help.\n");
+  r = test::run_command(tool() + " --plugin " + test::fixture("wrong_torch").string() + " list");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("was built against LibTorch 1.13.1"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("size_based"), std::string::npos) << "the good plugins are still listed";
+}
+
+TEST(FsdpxPluginsCli, ConfigPrintsTheResolvedIni) {
+  test::TempDir dir;
+  test::write_file(dir.path() / "run.ini", "[wrap]\nname=size_based\nmin_num_params=64\n");
+  auto from_file = test::run_command(tool() + " config --config " + (dir.path() / "run.ini").string());
+  auto from_cli = test::run_command(tool() + " config --wrap.name size_based --wrap.min_num_params 64");
+  EXPECT_EQ(from_file.exit_code, 0) << from_file.err;
+  EXPECT_EQ(from_file.out, "[wrap]\nname=size_based\nmin_num_params=64\n");
+  EXPECT_EQ(from_cli.out, from_file.out);
+  auto bad = test::run_command(tool() + " config --wrap.name size_based --wrap.min_num_params x");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.err, "fsdpx-plugins: wrap policy 'size_based' (plugin wrap_size_based): option "
+                     "wrap.min_num_params expects an integer, got 'x'\n");
+}
+
+TEST(FsdpxPluginsCli, InfoReportsVersions) {
+  auto r = test::run_command(tool() + " info");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("plugin ABI    1.0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("LibTorch      2.11.0 (_GLIBCXX_USE_CXX11_ABI=1)"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace fsdpx

@@ -1,0 +1,211 @@
+// Every way a plugin can fail to load or to be used, each with its exact message. One fixture
+// plugin per failure (tests/fixtures/).
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <functional>
+
+#include <gtest/gtest.h>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/plugin_host.h"
+#include "fsdpx/wrap_policy.h"
+#include "test_paths.h"
+
+namespace fsdpx {
+namespace {
+namespace fs = std::filesystem;
+using test::fixture;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+fs::path size_based() { return test::plugin_dir() / "wrap_size_based.so"; }
+
+TEST(PluginErrors, NotALoadableLibraryCarriesTheLoaderMessage) {
+  test::TempDir dir;
+  const fs::path p = dir.path() / "fake.so";
+  test::write_file(p, "this is not a shared library\n");
+  PluginHost host;
+  EXPECT_EQ(error_of([&] { host.load_file(p); }),
+            "cannot load plugin " + p.string() + ": not a loadable library: " + p.string() +
+                ": file too short");
+}
+
+TEST(PluginErrors, MissingFile) {
+  PluginHost host;
+  EXPECT_EQ(error_of([&] { host.load_file("/nonexistent/x.so"); }),
+            "plugin file /nonexistent/x.so does not exist");
+}
+
+TEST(PluginErrors, NoEntrySymbolIsAnErrorWhenNamed) {
+  PluginHost host;
+  const fs::path p = fixture("no_entry");
+  EXPECT_EQ(error_of([&] { host.load_file(p); }),
+            p.string() + " is not an fsdpx plugin: it does not export fsdpx_plugin_entry "
+                         "(declare one with FSDPX_PLUGIN from <fsdpx/plugin.h>)");
+}
+
+TEST(PluginErrors, NoEntrySymbolIsQuietWhileScanning) {
+  test::TempDir dir;
+  fs::copy_file(fixture("no_entry"), dir.path() / "no_entry.so");
+  fs::copy_file(fixture("good"), dir.path() / "good.so");
+  PluginHost host;
+  EXPECT_TRUE(host.load_directory(dir.path(), false).empty());
+  ASSERT_EQ(host.plugins().size(), 1u);
+  EXPECT_EQ(host.plugins()[0]->name, "fixture_good");
+}
+
+TEST(PluginErrors, AbiMajorMismatchGivesBothNumbers) {
+  PluginHost host;
+  const fs::path p = fixture("wrong_abi_major");
+  EXPECT_EQ(error_of([&] { host.load_file(p); }),
+            p.string() + ": built for fsdpx plugin ABI 2.0, this host speaks 1.0; rebuild the "
+                         "plugin against this fsdpx SDK");
+}
+
+TEST(PluginErrors, NewerAbiMinorIsRefused) {
+  PluginHost host;
+  const fs::path p = fixture("wrong_abi_minor");
+  EXPECT_EQ(error_of([&] { host.load_file(p); }),
+            p.string() + ": built for fsdpx plugin ABI 1.7, this host speaks 1.0; rebuild the "
+                         "plugin against this fsdpx SDK");
+}
+
+TEST(PluginErrors, LibTorchVersionMismatch) {
+  PluginHost host;
+  const fs::path p = fixture("wrong_torch");
+  EXPECT_EQ(error_of([&] { host.load_file(p); }),
+            p.string() + ": plugin 'fixture_torch' was built against LibTorch 1.13.1, but this "
+                         "host runs LibTorch 2.11.0; rebuild it against 2.11.0");
+}
+
+TEST(PluginErrors, CxxAbiMismatch) {
+  PluginHost host;
+  const fs::path p = fixture("wrong_cxx_abi");
+  EXPECT_EQ(error_of([&] { host.load_file(p); }),
+            p.string() + ": plugin 'fixture_cxx_abi' was built with _GLIBCXX_USE_CXX11_ABI=0, but "
+                         "this host uses _GLIBCXX_USE_CXX11_ABI=1; rebuild it with LibTorch's "
+                         "compile flags (fsdpx_add_plugin sets them)");
+}
+
+TEST(PluginErrors, DuplicatePluginNameNamesBothPaths) {
+  PluginHost host;
+  host.load_file(fixture("good"));
+  const fs::path copy = fixture("good_copy");
+  EXPECT_EQ(error_of([&] { host.load_file(copy); }),
+            copy.string() + ": plugin 'fixture_good' is already loaded from " +
+                fixture("good").string() + "; remove one of the two copies");
+  EXPECT_EQ(host.plugins().size(), 1u);
+}
+
+TEST(PluginErrors, DuplicateComponentNameNamesBothPathsAndRollsBack) {
+  PluginHost host;
+  host.load_file(size_based());
+  const fs::path p = fixture("duplicate_component");
+  EXPECT_EQ(error_of([&] { host.load_file(p); }),
+            p.string() + ": plugin 'fixture_duplicate_component' registers wrap policy "
+                         "'size_based', which plugin 'wrap_size_based' already registered from " +
+                size_based().string() + "; remove one of the two plugins");
+  ASSERT_EQ(host.plugins().size(), 1u);
+  EXPECT_EQ(host.find(Kind::Wrap, "size_based").plugin->name, "wrap_size_based");
+}
+
+TEST(PluginErrors, RegistrationThatThrowsIsRolledBack) {
+  PluginHost host;
+  const fs::path p = fixture("throws");
+  EXPECT_EQ(error_of([&] { host.load_file(p); }),
+            p.string() + ": plugin 'fixture_throws' failed while registering its components: "
+                         "deliberate failure after the first registration; none of its "
+                         "components were registered");
+  EXPECT_TRUE(host.plugins().empty());
+  EXPECT_TRUE(host.components().empty());
+  // The plugin's name is free again: nothing of it was kept.
+  EXPECT_EQ(error_of([&] { host.find(Kind::Wrap, "fixture_half"); }),
+            "unknown wrap policy 'fixture_half' (wrap.name); no wrap policy plugin is loaded (see "
+            "`fsdpx-plugins list`, --plugin-dir, FSDPX_PLUGIN_PATH)");
+}
+
+TEST(PluginErrors, InvalidDeclaredDefaultIsAPluginError) {
+  PluginHost host;
+  const fs::path p = fixture("bad_default");
+  EXPECT_EQ(error_of([&] { host.load_file(p); }),
+            p.string() + ": wrap policy 'fixture_bad_default' (plugin fixture_bad_default): option "
+                         "wrap.limit (declared default) expects an integer, got 'lots'");
+  EXPECT_TRUE(host.plugins().empty());
+}
+
+TEST(PluginErrors, UnknownComponentSuggestsTheClosestName) {
+  PluginHost host;
+  host.load_file(size_based());
+  host.load_file(fixture("good"));
+  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("sized_based"); }),
+            "unknown wrap policy 'sized_based' (wrap.name); did you mean 'size_based'? "
+            "Available: fixture_depth, size_based.");
+  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("zzz"); }),
+            "unknown wrap policy 'zzz' (wrap.name). Available: fixture_depth, size_based.");
+}
+
+TEST(PluginErrors, UnknownOptionNamesThePluginAndSuggests) {
+  PluginHost host;
+  host.load_file(size_based());
+  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("size_based", {{"min_params", "5"}}); }),
+            "wrap policy 'size_based' (plugin wrap_size_based) has no option 'min_params' (given "
+            "as wrap.min_params); did you mean 'min_num_params'? Its options: min_num_params.");
+}
+
+TEST(PluginErrors, IllTypedOptionNamesTheExpectedType) {
+  PluginHost host;
+  host.load_file(size_based());
+  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("size_based", {{"min_num_params", "lots"}}); }),
+            "wrap policy 'size_based' (plugin wrap_size_based): option wrap.min_num_params "
+            "expects an integer, got 'lots'");
+}
+
+TEST(PluginErrors, FactoryRefusalNamesTheComponent) {
+  PluginHost host;
+  host.load_file(size_based());
+  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("size_based", {{"min_num_params", "0"}}); }),
+            "wrap policy 'size_based' (plugin wrap_size_based): min_num_params must be at least "
+            "1, got 0");
+}
+
+TEST(PluginErrors, WorldWritableDirectoryIsRefusedUnlessAllowed) {
+  test::TempDir dir;
+  fs::copy_file(fixture("good"), dir.path() / "good.so");
+  ::chmod(dir.path().c_str(), 0777);
+  {
+    PluginHost host;
+    EXPECT_EQ(error_of([&] { host.load_directory(dir.path(), /*allow_insecure=*/false); }),
+              "refusing plugin directory " + dir.path().string() +
+                  ": it is writable by others (mode 0777), and a plugin is code that runs with "
+                  "your rights; make it private (chmod o-w " + dir.path().string() +
+                  ") or pass --allow-insecure-plugin-dir to load from it anyway");
+    EXPECT_TRUE(host.plugins().empty());
+  }
+  PluginHost host;
+  EXPECT_TRUE(host.load_directory(dir.path(), /*allow_insecure=*/true).empty());
+  EXPECT_EQ(host.plugins().size(), 1u);
+}
+
+TEST(PluginErrors, ABrokenPluginInADirectoryDoesNotStopTheOthers) {
+  test::TempDir dir;
+  fs::copy_file(fixture("good"), dir.path() / "a_good.so");
+  fs::copy_file(fixture("wrong_torch"), dir.path() / "b_torch.so");
+  PluginHost host;
+  auto errors = host.load_directory(dir.path(), false);
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_NE(errors[0].find("b_torch.so: plugin 'fixture_torch' was built against LibTorch 1.13.1"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_EQ(host.plugins().size(), 1u);
+}
+
+}  // namespace
+}  // namespace fsdpx

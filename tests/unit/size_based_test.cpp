@@ -1,0 +1,125 @@
+// The size_based wrap policy on real torch::nn module trees, checked through the unit plan.
+#include <ATen/ops/ones.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/plugin_host.h"
+#include "fsdpx/framework/unit_plan.h"
+#include "test_paths.h"
+
+namespace fsdpx {
+namespace {
+
+// A small transformer-shaped tree: embedding, 3 blocks of two linears, a head.
+struct Block : torch::nn::Module {
+  Block(int64_t d) {
+    up = register_module("up", torch::nn::Linear(d, 4 * d));    // 4d^2 + 4d
+    down = register_module("down", torch::nn::Linear(4 * d, d));  // 4d^2 + d
+  }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+
+struct Net : torch::nn::Module {
+  Net(int64_t vocab, int64_t d, int n) {
+    embed = register_module("embed", torch::nn::Embedding(vocab, d));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < n; ++i) blocks->push_back(std::make_shared<Block>(d));
+    head = register_module("head", torch::nn::Linear(d, vocab));
+  }
+  torch::nn::Embedding embed{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+
+class SizeBasedTest : public ::testing::Test {
+ protected:
+  void SetUp() override { host.load_file(test::plugin_dir() / "wrap_size_based.so"); }
+  UnitPlan plan(const torch::nn::Module& m, int64_t min) {
+    auto policy = host.create<WrapPolicy>("size_based", {{"min_num_params", std::to_string(min)}});
+    return plan_units(m, policy->select(m));
+  }
+  PluginHost host;
+};
+
+TEST_F(SizeBasedTest, WrapsEachBlockWhenABlockReachesTheThreshold) {
+  Net net(100, 8, 3);  // block = 4*64+32 + 4*64+8 = 552; embed 800; head 900
+  UnitPlan p = plan(net, 552);
+  std::vector<std::string> fqns;
+  for (const auto& u : p.units) fqns.push_back(u.fqn);
+  // Linears alone (288, 264) are below the threshold; each block reaches it; the block list
+  // then holds nothing new; embed and head are large enough on their own.
+  EXPECT_EQ(fqns, (std::vector<std::string>{"", "embed", "blocks.0", "blocks.1", "blocks.2", "head"}));
+  EXPECT_EQ(p.units[0].num_params, 0);
+  EXPECT_EQ(p.units[2].num_params, 552);
+  EXPECT_EQ(p.units[2].num_tensors, 4);
+  EXPECT_EQ(p.total_params, 800 + 3 * 552 + 900);
+}
+
+TEST_F(SizeBasedTest, SmallLeftoversStayWithTheRoot) {
+  Net net(100, 8, 3);
+  UnitPlan p = plan(net, 850);
+  // No single block reaches 850; two blocks do not form a module; the block list (1656) does.
+  // The embedding (800) stays with the root; the head (900) is its own unit.
+  ASSERT_EQ(p.units.size(), 3u);
+  EXPECT_EQ(p.units[0].fqn, "");
+  EXPECT_EQ(p.units[0].num_params, 800);
+  EXPECT_EQ(p.units[1].fqn, "blocks");
+  EXPECT_EQ(p.units[1].num_params, 1656);
+  EXPECT_EQ(p.units[2].fqn, "head");
+}
+
+TEST_F(SizeBasedTest, NestedUnitsTakeTheirOwnParameters) {
+  Net net(100, 8, 3);
+  UnitPlan p = plan(net, 288);  // each `up` (288) is a unit; each block's rest (264) is not
+  std::vector<std::string> fqns;
+  for (const auto& u : p.units) fqns.push_back(u.fqn);
+  // The block list takes what the `up`s left: three `down`s (264 each, 792 >= 288).
+  EXPECT_EQ(fqns, (std::vector<std::string>{"", "embed", "blocks", "blocks.0.up", "blocks.1.up",
+                                            "blocks.2.up", "head"}));
+  EXPECT_EQ(p.units[2].num_params, 3 * 264);
+  int64_t sum = 0;
+  for (const auto& u : p.units) sum += u.num_params;
+  EXPECT_EQ(sum, p.total_params);  // every parameter belongs to exactly one unit
+}
+
+TEST_F(SizeBasedTest, ThresholdAboveTheModelLeavesOnlyTheRoot) {
+  Net net(100, 8, 3);
+  UnitPlan p = plan(net, 100000000);
+  ASSERT_EQ(p.units.size(), 1u);
+  EXPECT_EQ(p.units[0].num_params, p.total_params);
+  EXPECT_NE(p.table().find("1 units, 3356 parameters"), std::string::npos) << p.table();
+}
+
+TEST_F(SizeBasedTest, SharedParametersAreCountedOnce) {
+  // One tensor registered under two modules, as tied embeddings are.
+  at::Tensor tied = at::ones({50, 4});
+  auto a = std::make_shared<torch::nn::Module>();
+  auto b = std::make_shared<torch::nn::Module>();
+  a->register_parameter("weight", tied);
+  b->register_parameter("weight", tied);
+  torch::nn::Module root;
+  root.register_module("a", a);
+  root.register_module("b", b);
+  UnitPlan p = plan(root, 150);
+  EXPECT_EQ(p.total_params, 200);
+  ASSERT_EQ(p.units.size(), 2u);  // `a` reaches 150 and takes the tensor; `b` has nothing new
+  EXPECT_EQ(p.units[1].fqn, "a");
+  EXPECT_EQ(p.units[1].num_params, 200);
+}
+
+TEST(UnitPlan, RejectsNamesThatAreNotSubmodules) {
+  torch::nn::Sequential model(torch::nn::Linear(2, 2));
+  try {
+    plan_units(*model, {{"1", false}});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "the wrap policy selected '1', which is not a submodule of the model; did you mean '0'?");
+  }
+}
+
+}  // namespace
+}  // namespace fsdpx

@@ -1,0 +1,63 @@
+#include "test_paths.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace fsdpx::test {
+namespace fs = std::filesystem;
+
+namespace {
+fs::path from_env(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) throw std::runtime_error(std::string(name) + " is not set; run the tests through ctest");
+  return v;
+}
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+fs::path fixture_dir() { return from_env("FSDPX_TEST_BUILD_DIR") / "tests" / "fixtures"; }
+fs::path plugin_dir() { return from_env("FSDPX_TEST_BUILD_DIR") / "lib" / "fsdpx" / "plugins"; }
+fs::path bin_dir() { return from_env("FSDPX_TEST_BUILD_DIR") / "bin"; }
+fs::path fixture(const std::string& name) { return fixture_dir() / ("fixture_" + name + ".so"); }
+
+TempDir::TempDir() {
+  std::string pattern = (fs::temp_directory_path() / "fsdpx-test-XXXXXX").string();
+  if (!::mkdtemp(pattern.data())) throw std::runtime_error("mkdtemp failed");
+  path_ = pattern;
+}
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::permissions(path_, fs::perms::owner_all, fs::perm_options::replace, ec);
+  fs::remove_all(path_, ec);
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  std::ofstream out(p);
+  out << text;
+  if (!out) throw std::runtime_error("cannot write " + p.string());
+}
+
+CommandResult run_command(const std::string& command) {
+  TempDir dir;
+  const fs::path out = dir.path() / "out", err = dir.path() / "err";
+  std::string full = "timeout 60 " + command + " >" + out.string() + " 2>" + err.string();
+  int status = std::system(full.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = read_file(out);
+  r.err = read_file(err);
+  return r;
+}
+
+}  // namespace fsdpx::test

@@ -1,0 +1,36 @@
+// Paths and helpers shared by the tests. Locations derive from FSDPX_TEST_BUILD_DIR, which CTest
+// sets (see tests/CMakeLists.txt).
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace fsdpx::test {
+
+std::filesystem::path fixture_dir();  // built fixture plugins
+std::filesystem::path plugin_dir();   // build/lib/fsdpx/plugins
+std::filesystem::path bin_dir();      // build/bin
+std::filesystem::path fixture(const std::string& name);  // fixture_dir()/fixture_<name>.so
+
+// A fresh private (0700) directory, removed when the object goes.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+void write_file(const std::filesystem::path& p, const std::string& text);
+
+// Runs a command through the shell; captures stdout and stderr (merged unless split).
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+CommandResult run_command(const std::string& command);
+
+}  // namespace fsdpx::test
