@@ -1,0 +1,30 @@
+// Makers of c10d backends: the real Gloo inside LibTorch (CPU) and ProcessGroupNCCL (CUDA).
+#pragma once
+
+#include <chrono>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+// LibTorch's ProcessGroupGloo over `store` (rank, size within the group), with the default
+// device (GLOO_SOCKET_IFNAME, else this host's address, else loopback) and `timeout` for every
+// collective. The wheel ships no gloo headers, so the class is reached through its exported
+// symbols (gloo_backend.cpp says how); throws fsdpx::Error naming the symbol if one is missing.
+FSDPX_API c10::intrusive_ptr<c10d::Backend> make_gloo_backend(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout);
+
+// Whether this fsdpx was built with NCCL (a CUDA build of LibTorch).
+FSDPX_API bool nccl_available();
+
+// ProcessGroupNCCL over `store`, for CUDA device `device` (which becomes current). Throws
+// fsdpx::Error in a build without CUDA.
+FSDPX_API c10::intrusive_ptr<c10d::Backend> make_nccl_backend(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout, int device);
+
+}  // namespace fsdpx

@@ -1,0 +1,45 @@
+// The local launcher: N workers on this machine with torchrun-style variables.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+struct LaunchOptions {
+  int nproc = 1;
+  // The worker command; argv[0] is the program (an absolute path, or found on PATH).
+  std::vector<std::string> argv;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;  // 0: a free port of this machine
+  // How long stopped workers get between SIGTERM and SIGKILL.
+  std::chrono::milliseconds grace{5000};
+  // Where the launcher's own messages go ("fsdpx-train: rank 1 ..."); the program's name.
+  std::string name = "fsdpx";
+};
+
+// Starts options.nproc workers with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+// GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and FSDPX_LAUNCHED=1 set, and relays their output
+// line by line with a "[rankN]: " prefix (stdout to stdout, stderr to stderr). SIGINT and
+// SIGTERM are passed on to every worker. When a worker exits non-zero or dies, the others get
+// SIGTERM, then SIGKILL after the grace period; workers also die with the launcher. Returns
+// 0 when every worker succeeded; otherwise the failing worker's exit status (128 + signal if it
+// was killed), after saying which rank failed and how; 128 + signal if the launcher was
+// interrupted. Throws fsdpx::Error if the workers cannot be started.
+FSDPX_API int launch_local(const LaunchOptions& options);
+
+// This executable's absolute path (/proc/self/exe).
+FSDPX_API std::string self_executable();
+
+// --nproc-per-node N taken out of argv (the workers get every other argument, so a
+// --master-port among them is the workers' to apply).
+struct LauncherArgs {
+  int nproc_per_node = 0;  // 0: not given
+  std::vector<std::string> rest;  // the other arguments, program name first
+};
+FSDPX_API LauncherArgs split_launcher_args(int argc, char** argv);
+
+}  // namespace fsdpx

@@ -1,0 +1,356 @@
+#include "fsdpx/framework/process_groups.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <sstream>
+#include <thread>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/c10d_backends.h"
+
+namespace fsdpx {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string first_line(const std::exception& e) {
+  std::string what;
+  if (auto* c10 = dynamic_cast<const c10::Error*>(&e)) {
+    what = c10->what_without_backtrace();
+  } else {
+    what = e.what();
+  }
+  auto nl = what.find('\n');
+  return nl == std::string::npos ? what : what.substr(0, nl);
+}
+
+std::string seconds(std::chrono::milliseconds ms) {
+  std::ostringstream s;
+  s << static_cast<double>(ms.count()) / 1000.0 << " s";
+  return s.str();
+}
+
+std::string join_ints(const std::vector<int>& v) {
+  std::string out;
+  for (int x : v) out += (out.empty() ? "" : ", ") + std::to_string(x);
+  return out;
+}
+
+// Every rank bumps a counter in the store twice a second. After a failed collective, a rank
+// whose counter has stopped is reported as lost. Uses its own store connection.
+class PeerMonitor {
+ public:
+  PeerMonitor(const Topology& t, std::chrono::milliseconds timeout) : rank_(t.rank) {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(t.master_port);
+    o.isServer = false;
+    o.waitWorkers = false;
+    o.timeout = timeout;
+    store_ = c10::make_intrusive<c10d::TCPStore>(t.master_addr, o);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~PeerMonitor() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // Which of `ranks` stopped beating. Takes about two seconds.
+  std::string diagnose(const std::vector<int>& ranks) const {
+    try {
+      std::vector<int64_t> before;
+      for (int r : ranks) before.push_back(store_->add(key(r), 0));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+      std::vector<int> lost;
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        if (ranks[i] != rank_ && store_->add(key(ranks[i]), 0) == before[i]) lost.push_back(ranks[i]);
+      }
+      if (lost.empty()) return "every peer is still alive, so it was a timeout or a network fault";
+      return std::string(lost.size() == 1 ? "rank " : "ranks ") + join_ints(lost) +
+             (lost.size() == 1 ? " is" : " are") + " gone (no heartbeat for 2 s)";
+    } catch (const std::exception&) {
+      return "rank 0, which hosts the rendezvous store, is gone";
+    }
+  }
+
+ private:
+  static std::string key(int r) { return "fsdpx/heartbeat/" + std::to_string(r); }
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_) {
+      try {
+        store_->add(key(rank_), 1);
+      } catch (const std::exception&) {
+        return;  // the store is gone; diagnose() will say so
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stop_; });
+    }
+  }
+  int rank_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+};
+
+class BackendCommunicator final : public Communicator {
+ public:
+  BackendCommunicator(std::string name, c10::intrusive_ptr<c10d::Backend> backend,
+                      std::vector<int> global_ranks, int global_rank,
+                      std::shared_ptr<const PeerMonitor> monitor, std::chrono::milliseconds timeout)
+      : name_(std::move(name)),
+        backend_(std::move(backend)),
+        global_ranks_(std::move(global_ranks)),
+        global_rank_(global_rank),
+        monitor_(std::move(monitor)),
+        timeout_(timeout) {}
+
+  int rank() const override { return backend_->getRank(); }
+  int size() const override { return backend_->getSize(); }
+  const std::string& name() const override { return name_; }
+
+  Work all_gather(at::Tensor output, at::Tensor input) override {
+    check_pair("all_gather", output, input, output.numel() == input.numel() * size(),
+               "output must have size() x input's elements");
+    return issue("all_gather", [&] { return backend_->_allgather_base(output, input); });
+  }
+
+  Work reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) override {
+    check_pair("reduce_scatter", output, input, input.numel() == output.numel() * size(),
+               "input must have size() x output's elements");
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = to_c10d(op);
+    opts.timeout = timeout_;
+    return issue("reduce_scatter", [&] { return backend_->_reduce_scatter_base(output, input, opts); },
+                 average(op, output));
+  }
+
+  Work all_reduce(at::Tensor tensor, ReduceOp op) override {
+    check_one("all_reduce", tensor);
+    std::vector<at::Tensor> ts{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = to_c10d(op);
+    opts.timeout = timeout_;
+    return issue("all_reduce", [&] { return backend_->allreduce(ts, opts); }, average(op, tensor));
+  }
+
+  Work broadcast(at::Tensor tensor, int root) override {
+    check_one("broadcast", tensor);
+    if (root < 0 || root >= size())
+      throw Error("broadcast on group '" + name_ + "': root " + std::to_string(root) +
+                  " is not a rank of this group of " + std::to_string(size()));
+    std::vector<at::Tensor> ts{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    opts.timeout = timeout_;
+    return issue("broadcast", [&] { return backend_->broadcast(ts, opts); });
+  }
+
+  Work barrier() override {
+    c10d::BarrierOptions opts;
+    opts.timeout = timeout_;
+    return issue("barrier", [&] { return backend_->barrier(opts); });
+  }
+
+ private:
+  // Gloo's AVG is unreliable in some versions: sum, then divide.
+  static c10d::ReduceOp to_c10d(ReduceOp op) {
+    return op == ReduceOp::Max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+  }
+  std::function<void()> average(ReduceOp op, at::Tensor t) const {
+    if (op != ReduceOp::Avg) return nullptr;
+    const int n = size();
+    return [t, n]() mutable { t.div_(n); };
+  }
+
+  void check_one(const char* what, const at::Tensor& t) const {
+    if (!t.defined() || !t.is_contiguous())
+      throw Error(std::string(what) + " on group '" + name_ + "': the tensor must be defined and contiguous");
+  }
+  void check_pair(const char* what, const at::Tensor& out, const at::Tensor& in, bool sizes_ok,
+                  const char* rule) const {
+    check_one(what, out);
+    check_one(what, in);
+    if (out.scalar_type() != in.scalar_type())
+      throw Error(std::string(what) + " on group '" + name_ + "': output is " +
+                  c10::toString(out.scalar_type()) + " but input is " + c10::toString(in.scalar_type()));
+    if (!sizes_ok)
+      throw Error(std::string(what) + " on group '" + name_ + "': " + rule + " (output " +
+                  std::to_string(out.numel()) + ", input " + std::to_string(in.numel()) +
+                  ", group size " + std::to_string(size()) + ")");
+  }
+
+  template <class Issue>
+  Work issue(const char* what, Issue&& start, std::function<void()> finish = nullptr) {
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = start();
+    } catch (const std::exception& e) {
+      throw failure(what, e);
+    }
+    return Work([this, work, finish, what] {
+      try {
+        work->wait(timeout_);
+      } catch (const std::exception& e) {
+        throw failure(what, e);
+      }
+      if (finish) finish();
+    });
+  }
+
+  Error failure(const char* what, const std::exception& e) const {
+    std::string msg = "rank " + std::to_string(global_rank_) + ": " + what + " on group '" + name_ +
+                      "' (ranks " + join_ints(global_ranks_) + ") failed: " + first_line(e);
+    if (monitor_) msg += "; " + monitor_->diagnose(global_ranks_);
+    return Error(msg);
+  }
+
+  std::string name_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  std::vector<int> global_ranks_;
+  int global_rank_;
+  std::shared_ptr<const PeerMonitor> monitor_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+struct ProcessGroups::Impl {
+  RuntimeOptions options;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<const PeerMonitor> monitor;
+  std::shared_ptr<Communicator> world;
+  int groups_created = 0;
+
+  std::shared_ptr<Communicator> make(const std::string& name, const std::vector<int>& ranks) {
+    const int me = options.topology.rank;
+    auto it = std::find(ranks.begin(), ranks.end(), me);
+    if (it == ranks.end())
+      throw Error("rank " + std::to_string(me) + " asked to create group '" + name + "' (ranks " +
+                  join_ints(ranks) + "), which does not include it");
+    const int group_rank = static_cast<int>(it - ranks.begin());
+    const int size = static_cast<int>(ranks.size());
+    // A unique store namespace per group: its name, its members and its creation order.
+    auto prefix = c10::make_intrusive<c10d::PrefixStore>(
+        "fsdpx/group/" + name + "/" + join_ints(ranks) + "/" + std::to_string(groups_created++), store);
+    c10::intrusive_ptr<c10d::Backend> backend;
+    try {
+      if (options.device == DeviceKind::Cuda) {
+        backend = make_nccl_backend(prefix, group_rank, size, options.collective_timeout,
+                                    options.topology.local_rank);
+      } else {
+        backend = make_gloo_backend(prefix, group_rank, size, options.collective_timeout);
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error("rank " + std::to_string(me) + ": creating group '" + name + "' (ranks " +
+                  join_ints(ranks) + ") failed: " + first_line(e));
+    }
+    return std::make_shared<BackendCommunicator>(name, backend, ranks, me, monitor,
+                                                 options.collective_timeout);
+  }
+};
+
+std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& options) {
+  const Topology& t = options.topology;
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  const std::string master = t.master_addr + ":" + std::to_string(t.master_port);
+  const auto timeout = options.rendezvous_timeout;
+  try {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(t.master_port);
+    o.isServer = t.rank == 0;
+    o.numWorkers = std::nullopt;
+    o.waitWorkers = false;  // we wait ourselves, to name the ranks that are missing
+    o.timeout = timeout;
+    impl->store = c10::make_intrusive<c10d::TCPStore>(t.master_addr, o);
+  } catch (const std::exception& e) {
+    if (t.rank == 0)
+      throw Error("rank 0 cannot serve the rendezvous on port " + std::to_string(t.master_port) +
+                  " (MASTER_PORT / --master-port): " + first_line(e));
+    throw Error("rank " + std::to_string(t.rank) + " cannot reach the rendezvous master at " + master +
+                " (MASTER_ADDR/MASTER_PORT) within " + seconds(timeout) +
+                ": is rank 0 running, and are the address and port right? (" + first_line(e) + ")");
+  }
+
+  // Join: every rank announces itself, then waits for all the others.
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  std::vector<std::string> keys;
+  for (int r = 0; r < t.world_size; ++r) keys.push_back("fsdpx/join/" + std::to_string(r));
+  try {
+    impl->store->set(keys[t.rank], std::string(host) + ":" + std::to_string(::getpid()));
+    impl->store->wait(keys, timeout);
+  } catch (const std::exception& e) {
+    std::vector<int> missing;
+    try {
+      for (int r = 0; r < t.world_size; ++r)
+        if (!impl->store->check({keys[r]})) missing.push_back(r);
+    } catch (const std::exception&) {
+      throw Error("rank " + std::to_string(t.rank) + ": lost the rendezvous store at " + master +
+                  " while waiting for the other ranks: " + first_line(e));
+    }
+    throw Error("rendezvous at " + master + " timed out after " + seconds(timeout) + ": " +
+                std::to_string(t.world_size - static_cast<int>(missing.size())) + " of " +
+                std::to_string(t.world_size) + " ranks joined; missing: rank" +
+                (missing.size() == 1 ? " " : "s ") + join_ints(missing) +
+                " (raise --rendezvous-timeout if they are only slow to start)");
+  }
+  try {
+    impl->monitor = std::make_shared<PeerMonitor>(t, timeout);
+  } catch (const std::exception& e) {
+    throw Error("rank " + std::to_string(t.rank) + ": cannot open the heartbeat connection to " +
+                master + ": " + first_line(e));
+  }
+  std::vector<int> all(t.world_size);
+  for (int r = 0; r < t.world_size; ++r) all[r] = r;
+  impl->world = impl->make("world", all);
+  return std::shared_ptr<ProcessGroups>(new ProcessGroups(std::move(impl)));
+}
+
+ProcessGroups::ProcessGroups(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroups::~ProcessGroups() = default;
+
+const Topology& ProcessGroups::topology() const { return impl_->options.topology; }
+DeviceKind ProcessGroups::device() const { return impl_->options.device; }
+std::shared_ptr<Communicator> ProcessGroups::world() const { return impl_->world; }
+
+std::shared_ptr<Communicator> ProcessGroups::new_group(const std::string& name,
+                                                       const std::vector<int>& ranks) {
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= impl_->options.topology.world_size || (i && ranks[i] <= ranks[i - 1]))
+      throw Error("group '" + name + "': ranks (" + join_ints(ranks) +
+                  ") must be ascending, distinct and below the world size " +
+                  std::to_string(impl_->options.topology.world_size));
+  }
+  return impl_->make(name, ranks);
+}
+
+ProcessGroups::Hybrid ProcessGroups::hybrid(int shard_size) {
+  const Topology& t = impl_->options.topology;
+  if (shard_size < 1 || t.world_size % shard_size != 0)
+    throw Error("hybrid sharding: shard size " + std::to_string(shard_size) +
+                " must divide the world size " + std::to_string(t.world_size));
+  const int shard_index = t.rank / shard_size, within = t.rank % shard_size;
+  std::vector<int> shard, replicate;
+  for (int i = 0; i < shard_size; ++i) shard.push_back(shard_index * shard_size + i);
+  for (int g = 0; g < t.world_size / shard_size; ++g) replicate.push_back(g * shard_size + within);
+  Hybrid h;
+  h.shard = impl_->make("shard", shard);
+  h.replicate = impl_->make("replicate", replicate);
+  return h;
+}
+
+}  // namespace fsdpx

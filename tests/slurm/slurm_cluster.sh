@@ -1,0 +1,469 @@
+#!/usr/bin/env bash
+# A throw-away single-node Slurm cluster on loopback, for tests and CI.
+#
+#   eval "$(tests/slurm/slurm_cluster.sh start WORKDIR)"   # prints: export SLURM_CONF=...
+#   srun -n 4 hostname
+#   tests/slurm/slurm_cluster.sh status WORKDIR
+#   tests/slurm/slurm_cluster.sh stop WORKDIR
+#
+# Only the `export ...` line goes to stdout; all progress and diagnostics go to stderr.
+#
+# Everything the cluster writes (slurm.conf, its own munge key and socket, controller state,
+# spool, logs, pid files) lives under WORKDIR, and the ports are probed per start, so several
+# clusters can run side by side and nothing in /etc is read or edited. The one system-wide
+# effect is installing the Debian packages when they are missing (that needs root).
+#
+# Environment knobs (all optional; not named SLURM_* because those are cleared, see below):
+#   FSDPX_SLURM_CPUS           CPUs to declare for the node (default: max(nproc, 8)). More than
+#                              the machine has is deliberate: `srun -n 4` must work on 2 cores.
+#   FSDPX_SLURM_START_TIMEOUT  seconds to wait for the node to become idle (default 60)
+#   FSDPX_SLURM_NO_INSTALL=1   never run apt-get; fail if something is missing
+set -euo pipefail
+
+readonly PKGS=(slurmctld slurmd slurm-client munge)
+readonly START_TIMEOUT=${FSDPX_SLURM_START_TIMEOUT:-60}
+readonly PROG=${0##*/}
+
+log() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+usage() { printf 'usage: %s {start|stop|status} WORKDIR\n' "$PROG" >&2; exit 2; }
+
+[[ $START_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "FSDPX_SLURM_START_TIMEOUT must be a positive integer"
+[[ -z ${FSDPX_SLURM_CPUS:-} || ${FSDPX_SLURM_CPUS:-} =~ ^[1-9][0-9]*$ ]] ||
+  die "FSDPX_SLURM_CPUS must be a positive integer"
+[[ $# -eq 2 ]] || usage
+readonly CMD=$1
+[[ -n $2 ]] || usage
+if [[ ! -d $2 ]]; then
+  case $CMD in
+    start) mkdir -p -- "$2" || die "cannot create WORKDIR $2" ;;
+    stop) log "$2 does not exist; nothing to stop"; exit 0 ;;
+    status) log "$2 does not exist; no cluster"; exit 1 ;;
+    *) usage ;;
+  esac
+fi
+WORKDIR=$(cd -- "$2" && pwd -P)
+readonly WORKDIR
+
+readonly CONF=$WORKDIR/slurm.conf
+readonly PIDDIR=$WORKDIR/pids
+readonly LOGDIR=$WORKDIR/log
+
+# Clients talk to *this* cluster only. An outer Slurm allocation (CI running on a real cluster)
+# would otherwise leak SLURM_JOB_ID etc. into our srun, which would then try to join that job.
+while IFS='=' read -r var _; do
+  [[ $var == SLURM_* ]] && unset "$var"
+done < <(env)
+export SLURM_CONF=$CONF
+
+# ---------------------------------------------------------------------------------------------
+# process helpers
+
+# A pid file is only trusted if the process still runs with our WORKDIR on its command line:
+# after a reboot or a crash the pid may belong to something else, and we must never kill that.
+pid_of() {
+  local name=$1 pid
+  [[ -r $PIDDIR/$name.pid ]] || return 1
+  pid=$(<"$PIDDIR/$name.pid")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  # (no `tr | grep -q` here: with pipefail, grep's early exit can SIGPIPE tr into a failure)
+  local cmdline
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ $cmdline == *"$WORKDIR"* ]] || return 1
+  printf '%s\n' "$pid"
+}
+
+is_running() { pid_of "$1" >/dev/null; }
+
+# Starts a daemon in the foreground mode of its own, in the background of ours, in a new
+# session (so a Ctrl-C or a CTest timeout that hits our process group does not take it down).
+# All inherited fds beyond 0-2 are closed and 0-2 go to files: a daemon holding the pipe of
+# `eval "$(slurm_cluster.sh start ...)"` or of CTest open would make the caller hang forever.
+launch() {
+  local name=$1; shift
+  (
+    for fd in "/proc/$BASHPID/fd"/*; do
+      fd=${fd##*/}
+      if [[ $fd -gt 2 ]]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+    done
+    # setsid execs in place (we are not a group leader), so $! below is the daemon's pid.
+    exec setsid "$@" </dev/null >>"$LOGDIR/$name.out" 2>&1
+  ) &
+  printf '%s\n' "$!" >"$PIDDIR/$name.pid"
+}
+
+# Waits (polling) for the process to exit; true if it did within $2 seconds.
+wait_exit() {
+  local pid=$1 secs=$2 i
+  for ((i = 0; i < secs * 10; i++)); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  ! kill -0 "$pid" 2>/dev/null
+}
+
+show_logs() {
+  local f
+  for f in "$LOGDIR"/munged.out "$LOGDIR"/slurmctld.log \
+           "$LOGDIR"/slurmctld.out "$LOGDIR"/slurmd.log "$LOGDIR"/slurmd.out; do
+    [[ -s $f ]] || continue
+    printf -- '----- tail %s -----\n' "$f" >&2
+    tail -n 25 -- "$f" >&2 || true
+  done
+}
+
+# Reports the failure with the daemon logs, tears down what was started (a caller whose eval
+# got nothing will not call stop) and exits non-zero. The logs stay in WORKDIR.
+fail() {
+  log "ERROR: $*"
+  show_logs
+  do_stop >/dev/null 2>&1 || true
+  log "ERROR: $* (cluster stopped; logs in $LOGDIR)"
+  exit 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# installation
+
+pkg_installed() {
+  [[ $(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null) == installed ]]
+}
+
+ensure_packages() {
+  local missing=() p
+  command -v dpkg-query >/dev/null || die "dpkg-query not found: this script needs Debian/Ubuntu"
+  for p in "${PKGS[@]}"; do pkg_installed "$p" || missing+=("$p"); done
+  if ((${#missing[@]} == 0)); then return 0; fi
+
+  [[ ${FSDPX_SLURM_NO_INSTALL:-0} != 1 ]] ||
+    die "missing packages (${missing[*]}) and FSDPX_SLURM_NO_INSTALL=1"
+  [[ $(id -u) -eq 0 ]] || die "missing packages (${missing[*]}); installing them needs root"
+  command -v apt-get >/dev/null || die "missing packages (${missing[*]}) and no apt-get"
+
+  log "installing ${missing[*]} with apt-get"
+  # Without this, the packages' maintainer scripts would start system-wide munged/slurmd
+  # services (with /etc configs we do not want). policy-rc.d exit 101 = "do not start anything".
+  # Only created if absent, and removed again right after.
+  local policy=/usr/sbin/policy-rc.d made_policy=0
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
+    # shellcheck disable=SC2064 # expand now: $policy is local
+    trap "rm -f '$policy'" EXIT
+  fi
+  local rc=0
+  {
+    export DEBIAN_FRONTEND=noninteractive
+    timeout 300 apt-get -q update >&2 &&
+      timeout 600 apt-get -q -y -o DPkg::Lock::Timeout=120 install --no-install-recommends \
+        "${missing[@]}" >&2
+  } || rc=$?
+  if ((made_policy)); then rm -f "$policy"; trap - EXIT; fi
+  ((rc == 0)) || die "apt-get could not install ${missing[*]} (exit $rc; see output above)"
+  for p in "${missing[@]}"; do pkg_installed "$p" || die "package $p still not installed"; done
+}
+
+# ---------------------------------------------------------------------------------------------
+# configuration
+
+# True if something accepts connections on the port (all our daemons listen on 0.0.0.0,
+# so loopback sees them). Uses bash's /dev/tcp, so no ss/netstat needed on a fresh machine.
+port_busy() {
+  timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
+}
+
+# Two adjacent free ports, chosen at random below the Linux ephemeral range (32768+), where
+# outgoing connections could grab them between our probe and the daemon's bind.
+pick_ports() {
+  local i p
+  for ((i = 0; i < 200; i++)); do
+    p=$((10000 + (RANDOM % 11000) * 2))
+    if ! port_busy "$p" && ! port_busy $((p + 1)); then
+      CTLD_PORT=$p SLURMD_PORT=$((p + 1))
+      return 0
+    fi
+  done
+  die "no free port pair found in 10000-32000"
+}
+
+# Unix sockets (munge's, slurmstepd's in the spool dir) have a ~107 byte path limit, and CTest
+# work dirs can be deep. Then the sockets live behind a short symlink in /tmp to WORKDIR.
+setup_rundir() {
+  RUNDIR=$WORKDIR
+  if ((${#WORKDIR} > 60)); then
+    local link
+    link=$(mktemp -u /tmp/slurmc.XXXXXX)
+    ln -s -- "$WORKDIR" "$link" || die "cannot create symlink $link"
+    printf '%s\n' "$link" >"$WORKDIR/rundir-link"
+    RUNDIR=$link
+  fi
+}
+
+write_config() {
+  local node=$1 cpus mem_mb
+  cpus=${FSDPX_SLURM_CPUS:-$(nproc)}
+  ((cpus >= 8)) || [[ -n ${FSDPX_SLURM_CPUS:-} ]] || cpus=8
+  # Declared so that --mem requests can be satisfied; 90% of the machine leaves room for us.
+  mem_mb=$(awk '/^MemTotal:/ { printf "%d", $2 / 1024 * 0.9 }' /proc/meminfo)
+
+  cat >"$CONF" <<EOF
+# Generated by $PROG for a throw-away test cluster; edits are lost on the next start.
+ClusterName=fsdpx-test
+# NodeAddr/ControlAddr 127.0.0.1: works even if the host name does not resolve.
+SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+SlurmUser=root
+SlurmdUser=root
+
+# Our own munged (see start): both authentication and job credentials go through its socket.
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$RUNDIR/munge/munge.socket
+
+StateSaveLocation=$RUNDIR/state
+SlurmdSpoolDir=$RUNDIR/spool
+SlurmctldPidFile=$PIDDIR/slurmctld.own.pid
+SlurmdPidFile=$PIDDIR/slurmd.own.pid
+SlurmctldLogFile=$LOGDIR/slurmctld.log
+SlurmdLogFile=$LOGDIR/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+
+# No cgroups, no systemd: containers and VMs often have neither (or cgroup v1 only).
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+MpiDefault=none
+# The default (/bin/mail) is usually missing, and slurmctld logs an error for that.
+MailProg=/bin/true
+
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# The node declares more CPUs than it has (oversubscription for tests); without this slurmd
+# would register the real hardware and the node would be drained for "low CPU count".
+SlurmdParameters=config_overrides
+ReturnToService=2
+
+# Short timeouts: tests want fast failures and fast teardown, not resilience.
+MessageTimeout=10
+KillWait=5
+InactiveLimit=0
+MinJobAge=30
+SlurmctldTimeout=30
+SlurmdTimeout=60
+
+NodeName=$node NodeAddr=127.0.0.1 NodeHostname=$node CPUs=$cpus Sockets=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem_mb State=UNKNOWN
+PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
+EOF
+}
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+do_status() {
+  local d pid any=0
+  for d in munged slurmctld slurmd; do
+    if pid=$(pid_of "$d"); then
+      log "$d running (pid $pid)"; any=1
+    else
+      log "$d not running"
+    fi
+  done
+  ((any)) || return 1
+  if is_running slurmctld; then timeout 15 sinfo -N -l >&2 || true; fi
+  is_running munged && is_running slurmctld && is_running slurmd
+}
+
+# SIGTERM to the given daemons, then wait for all of them; SIGKILL for those that linger.
+stop_daemons() {
+  local d pid pids=() names=() i
+  for d in "$@"; do
+    if pid=$(pid_of "$d"); then
+      log "stopping $d (pid $pid)"
+      kill -TERM "$pid" 2>/dev/null || true
+      pids+=("$pid") names+=("$d")
+    fi
+  done
+  for i in "${!pids[@]}"; do
+    if ! wait_exit "${pids[i]}" 15; then
+      log "${names[i]} did not exit after SIGTERM; sending SIGKILL"
+      kill -KILL "${pids[i]}" 2>/dev/null || true
+      wait_exit "${pids[i]}" 5 || log "WARNING: ${names[i]} (pid ${pids[i]}) survived SIGKILL"
+    fi
+  done
+  for d in "$@"; do rm -f "$PIDDIR/$d.pid"; done
+}
+
+# A pid and all its descendants (best effort: needs /proc/PID/task/TID/children).
+descendants() {
+  local c
+  printf '%s\n' "$1"
+  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do descendants "$c"; done
+}
+
+# Step daemons of *this* cluster that survived (slurmctld was dead, so scancel could not reach
+# them), with the tasks they started. They are recognised by our slurm.conf in their environment
+# (slurmd passes its own on). Scans /proc directly: pgrep (procps) is not on every minimal image.
+kill_leftover_steps() {
+  local dir pid comm environ
+  for dir in /proc/[0-9]*; do
+    pid=${dir#/proc/}
+    comm=$(<"$dir/comm") 2>/dev/null || continue
+    [[ $comm == slurmstepd ]] || continue
+    environ=$(tr '\0' '\n' <"$dir/environ" 2>/dev/null) || continue
+    grep -qxF "SLURM_CONF=$CONF" <<<"$environ" || continue
+    log "killing leftover slurmstepd $pid and its tasks"
+    # shellcheck disable=SC2046 # one pid per word
+    kill -KILL $(descendants "$pid") 2>/dev/null || true
+  done
+}
+
+do_stop() {
+  # Ask the controller to end all jobs first: slurmstepd (which runs job steps) outlives slurmd
+  # by design, so killing the daemons alone would leave the job's processes behind.
+  if is_running slurmctld && is_running munged; then
+    local jobs
+    jobs=$(timeout 15 squeue -h -o %i 2>/dev/null) || jobs=""
+    if [[ -n $jobs ]]; then
+      # shellcheck disable=SC2086 # one job id per word
+      timeout 15 scancel --quiet $jobs 2>/dev/null || true
+      local i
+      for ((i = 0; i < 40; i++)); do
+        [[ -z $(timeout 5 squeue -h -t running,completing -o %i 2>/dev/null) ]] && break
+        sleep 0.25
+      done
+    fi
+  fi
+  # Each daemon takes 1-2 s to shut down, so both slurm daemons go at once; munged last, as
+  # they may still need it while shutting down.
+  stop_daemons slurmd slurmctld
+  stop_daemons munged
+  kill_leftover_steps
+  if [[ -r $WORKDIR/rundir-link ]]; then
+    local link
+    link=$(<"$WORKDIR/rundir-link")
+    [[ -L $link ]] && rm -f -- "$link"
+    rm -f -- "$WORKDIR/rundir-link"
+  fi
+  return 0
+}
+
+# fd 3 is the real stdout (see the start case below).
+print_env() {
+  printf 'export SLURM_CONF=%q\n' "$CONF" >&3
+}
+
+do_start() {
+  local t0=$SECONDS
+  if is_running munged && is_running slurmctld && is_running slurmd; then
+    log "cluster in $WORKDIR is already running"
+    print_env
+    return 0
+  fi
+  # Half a cluster (crash, killed test) is not worth repairing: start from scratch.
+  do_stop 2>/dev/null || true
+
+  ensure_packages
+  local b
+  for b in munged munge unmunge slurmctld slurmd srun sinfo scontrol squeue scancel; do
+    command -v "$b" >/dev/null || PATH=$PATH:/usr/sbin:/sbin command -v "$b" >/dev/null ||
+      die "$b not found although its package is installed"
+  done
+  export PATH=$PATH:/usr/sbin:/sbin
+
+  local node
+  node=$(hostname -s 2>/dev/null || hostname)
+  [[ -n $node ]] || die "cannot determine the host name"
+  # srun tells slurmd where to send task I/O based on the host name; warn early if it cannot
+  # resolve (fix: add "127.0.0.1 $node" to /etc/hosts).
+  getent hosts "$node" >/dev/null || log "WARNING: host name '$node' does not resolve; srun may fail"
+
+  rm -rf -- "$WORKDIR/state" "$WORKDIR/spool" "$WORKDIR/munge" "$LOGDIR" "$PIDDIR"
+  mkdir -p -- "$WORKDIR/state" "$WORKDIR/spool" "$WORKDIR/munge" "$LOGDIR" "$PIDDIR"
+  # munged refuses a key in a directory others can write to, and warns unless all users can
+  # reach its socket (jobs may run as non-root users).
+  chmod 755 -- "$WORKDIR/munge"
+  setup_rundir
+  pick_ports
+  write_config "$node"
+  log "config $CONF (node $node, slurmctld port $CTLD_PORT, slurmd port $SLURMD_PORT)"
+
+  # --- munge: a private key and daemon (it logs to stderr = log/munged.out in --foreground), so /etc/munge/munge.key and /run/munge are not needed
+  # (and a system munged, if any, is left alone). --force: munged otherwise refuses to run as
+  # root and checks every parent directory's permissions, which e.g. /tmp-based dirs fail.
+  local mdir=$RUNDIR/munge
+  head -c 1024 /dev/urandom >"$mdir/munge.key"
+  chmod 600 "$mdir/munge.key"
+  launch munged munged --foreground --force \
+    --key-file="$mdir/munge.key" --socket="$mdir/munge.socket" \
+    --pid-file="$PIDDIR/munged.own.pid" \
+    --seed-file="$mdir/munge.seed"
+  local i ok=0
+  for ((i = 0; i < 100; i++)); do
+    is_running munged || fail "munged exited during startup"
+    if [[ -S $mdir/munge.socket ]] &&
+      timeout 5 munge -n -S "$mdir/munge.socket" 2>/dev/null |
+      timeout 5 unmunge -S "$mdir/munge.socket" >/dev/null 2>&1; then
+      ok=1; break
+    fi
+    sleep 0.1
+  done
+  ((ok)) || fail "munged did not answer on $mdir/munge.socket within 10 s"
+
+  # --- slurm daemons, in the foreground mode so that the pid we record is the daemon's.
+  launch slurmctld slurmctld -D -f "$CONF"
+  launch slurmd slurmd -D -f "$CONF"
+
+  # --- wait for the node to register and become idle
+  local state=""
+  local deadline=$((SECONDS + START_TIMEOUT))
+  while ((SECONDS < deadline)); do
+    is_running slurmctld || fail "slurmctld exited during startup"
+    is_running slurmd || fail "slurmd exited during startup"
+    state=$(timeout 10 sinfo -h -N -n "$node" -o %T 2>/dev/null) || state=""
+    state=${state%%$'\n'*}
+    [[ $state == idle ]] && break
+    sleep 0.5
+  done
+  if [[ $state != idle ]]; then
+    timeout 10 scontrol show node "$node" >&2 || true
+    fail "node $node not idle after ${START_TIMEOUT} s (state: '${state:-no answer from slurmctld}')"
+  fi
+
+  # --- a real job step proves munge credentials, slurmd<->srun I/O and the spool dir work.
+  local out
+  out=$(timeout 60 srun -n 2 -t 1 hostname 2>&1) ||
+    fail "smoke test 'srun -n 2 hostname' failed: $(tr '\n' ' ' <<<"$out")"
+  [[ $(grep -c . <<<"$out") -eq 2 ]] ||
+    fail "smoke test 'srun -n 2 hostname' printed unexpected output: $(tr '\n' ' ' <<<"$out")"
+
+  log "cluster up in $((SECONDS - t0)) s; use: eval \"\$($0 start $WORKDIR)\" or export SLURM_CONF=$CONF"
+  print_env
+}
+
+case $CMD in
+  start)
+    # One start/stop at a time per WORKDIR. The lock fd is closed in launch(), so daemons
+    # do not inherit (and hold) it.
+    exec 9>"$WORKDIR/.lock"
+    flock -w 180 9 || die "another $PROG holds $WORKDIR/.lock"
+    # Only the export line may reach stdout (the caller evals it): everything else, including
+    # apt-get's chatter, goes to stderr; print_env writes to the saved stdout on fd 3.
+    exec 3>&1 1>&2
+    do_start
+    ;;
+  stop)
+    exec 9>"$WORKDIR/.lock"
+    flock -w 180 9 || die "another $PROG holds $WORKDIR/.lock"
+    do_stop
+    log "stopped (logs kept in $LOGDIR)"
+    ;;
+  status)
+    if do_status; then exit 0; else exit 1; fi
+    ;;
+  *) usage ;;
+esac
