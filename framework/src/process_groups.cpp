@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -223,6 +224,16 @@ class BackendCommunicator final : public Communicator {
   std::chrono::milliseconds timeout_;
 };
 
+// c10d logs its own warnings and errors (socket timeouts, retries) to stderr before fsdpx turns
+// the failure into one clear message. Keep them out unless the user asked for LibTorch's logs
+// (TORCH_CPP_LOG_LEVEL) or fsdpx's debug output (FSDPX_LOG=debug).
+void quiet_c10d_logging() {
+  const char* torch_level = std::getenv("TORCH_CPP_LOG_LEVEL");
+  const char* fsdpx_log = std::getenv("FSDPX_LOG");
+  if (torch_level || (fsdpx_log && std::string(fsdpx_log) == "debug")) return;
+  FLAGS_caffe2_log_level = std::max<int>(FLAGS_caffe2_log_level, 3);  // fatal only
+}
+
 }  // namespace
 
 struct ProcessGroups::Impl {
@@ -263,6 +274,7 @@ struct ProcessGroups::Impl {
 };
 
 std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& options) {
+  quiet_c10d_logging();
   const Topology& t = options.topology;
   auto impl = std::make_unique<Impl>();
   impl->options = options;

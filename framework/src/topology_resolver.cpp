@@ -195,7 +195,7 @@ ResolvedTopology resolve_topology(const TopologyFlags& flags, const Environment&
   // Slurm's view of this node, if Slurm launched us.
   std::optional<int> slurm_local, slurm_local_size, slurm_node, slurm_nodes;
   std::vector<std::string> slurm_hosts;
-  if (slurm) {
+  if (r.source == "slurm") {  // Slurm's per-node fields describe Slurm's tasks only
     slurm_local = get_int(env, "SLURM_LOCALID");
     slurm_node = get_int(env, "SLURM_NODEID");
     slurm_nodes = get_int(env, "SLURM_NNODES");
@@ -215,10 +215,12 @@ ResolvedTopology resolve_topology(const TopologyFlags& flags, const Environment&
     }
   }
 
+  // torchrun's per-node fields apply when rank came from flags or torchrun, not under Slurm.
+  const bool use_torchrun = r.source != "slurm";
   auto pick = [&](const std::optional<int>& flag, const char* torch_var, const std::optional<int>& from_slurm,
                   int fallback, std::string& origin, const std::string& flag_name) {
     if (flag) { origin = flag_name; return *flag; }
-    if (auto v = get_int(env, torch_var)) { origin = torch_var; return *v; }
+    if (auto v = use_torchrun ? get_int(env, torch_var) : std::nullopt) { origin = torch_var; return *v; }
     if (from_slurm) { origin = "Slurm"; return *from_slurm; }
     origin = "default";
     return fallback;
@@ -248,7 +250,7 @@ ResolvedTopology resolve_topology(const TopologyFlags& flags, const Environment&
     t.master_addr = *flags.master_addr;
   } else if (auto a = get(env, "MASTER_ADDR")) {
     t.master_addr = *a;
-  } else if (!slurm_hosts.empty()) {
+  } else if (r.source == "slurm" && !slurm_hosts.empty()) {
     t.master_addr = slurm_hosts.front();
   } else if (r.source == "torchrun") {
     throw Error("RANK/WORLD_SIZE are set but MASTER_ADDR is not; torchrun sets MASTER_ADDR and MASTER_PORT");
@@ -257,7 +259,7 @@ ResolvedTopology resolve_topology(const TopologyFlags& flags, const Environment&
     t.master_port = *flags.master_port;
   } else if (auto p = get(env, "MASTER_PORT")) {
     t.master_port = static_cast<int>(parse_int(*p, "MASTER_PORT"));
-  } else if (slurm && get(env, "SLURM_JOB_ID")) {
+  } else if (r.source == "slurm" && get(env, "SLURM_JOB_ID")) {
     t.master_port = slurm_master_port(parse_int(*get(env, "SLURM_JOB_ID"), "SLURM_JOB_ID"));
   } else if (r.source == "torchrun") {
     throw Error("RANK/WORLD_SIZE are set but MASTER_PORT is not; torchrun sets MASTER_ADDR and MASTER_PORT");

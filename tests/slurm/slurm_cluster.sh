@@ -51,29 +51,53 @@ readonly LOGDIR=$WORKDIR/log
 
 # Clients talk to *this* cluster only. An outer Slurm allocation (CI running on a real cluster)
 # would otherwise leak SLURM_JOB_ID etc. into our srun, which would then try to join that job.
-while IFS='=' read -r var _; do
-  [[ $var == SLURM_* ]] && unset "$var"
-done < <(env)
+for var in $(compgen -e); do
+  if [[ $var == SLURM_* ]]; then unset "$var"; fi
+done
 export SLURM_CONF=$CONF
 
 # ---------------------------------------------------------------------------------------------
 # process helpers
 
+# Reads the first line of a file into the variable named $1; false if the file is unreadable.
+# Not var=$(<file): under `set -e`, bash 5.2 exits outright when that file is missing, even
+# inside `|| ...`, and /proc entries and pid files do vanish between our looks.
+read_line() {
+  printf -v "$1" '%s' ''
+  IFS= read -r "$1" 2>/dev/null <"$2" || [[ -n ${!1} ]]
+}
+
 # A pid file is only trusted if the process still runs with our WORKDIR on its command line:
 # after a reboot or a crash the pid may belong to something else, and we must never kill that.
 pid_of() {
   local name=$1 pid
-  [[ -r $PIDDIR/$name.pid ]] || return 1
-  pid=$(<"$PIDDIR/$name.pid")
+  read_line pid "$PIDDIR/$name.pid" || return 1
   [[ $pid =~ ^[0-9]+$ ]] || return 1
   # (no `tr | grep -q` here: with pipefail, grep's early exit can SIGPIPE tr into a failure)
   local cmdline
-  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
-  [[ $cmdline == *"$WORKDIR"* ]] || return 1
+  cmdline=$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline") || return 1
+  [[ $cmdline == *"$WORKDIR/"* ]] || return 1
   printf '%s\n' "$pid"
 }
 
 is_running() { pid_of "$1" >/dev/null; }
+
+# Whether the process exists and is not a zombie. Daemons we launched are our children and we
+# never wait for them, so one that died stays a zombie (and `kill -0` succeeds) until we exit.
+alive() {
+  local stat
+  read_line stat "/proc/$1/stat" || return 1
+  stat=${stat##*) }   # after "pid (comm) " comes the state; comm may contain spaces
+  [[ ${stat:0:1} != Z ]]
+}
+
+# For the daemons this very start launched. Not pid_of: while a daemon is between fork and
+# exec (twice: setsid, then the daemon), its /proc/PID/cmdline can read empty for a moment.
+launched_alive() {
+  local pid
+  read_line pid "$PIDDIR/$1.pid" || return 1
+  alive "$pid"
+}
 
 # Starts a daemon in the foreground mode of its own, in the background of ours, in a new
 # session (so a Ctrl-C or a CTest timeout that hits our process group does not take it down).
@@ -96,10 +120,10 @@ launch() {
 wait_exit() {
   local pid=$1 secs=$2 i
   for ((i = 0; i < secs * 10; i++)); do
-    kill -0 "$pid" 2>/dev/null || return 0
+    alive "$pid" || return 0
     sleep 0.1
   done
-  ! kill -0 "$pid" 2>/dev/null
+  ! alive "$pid"
 }
 
 show_logs() {
@@ -185,11 +209,12 @@ pick_ports() {
   die "no free port pair found in 10000-32000"
 }
 
-# Unix sockets (munge's, slurmstepd's in the spool dir) have a ~107 byte path limit, and CTest
-# work dirs can be deep. Then the sockets live behind a short symlink in /tmp to WORKDIR.
+# The paths slurm.conf and munged get. Unix sockets (munge's, slurmstepd's in the spool dir)
+# have a 108 byte path limit, CTest work dirs can be deep, and slurm.conf cannot quote spaces.
+# For such a WORKDIR, everything goes through a short symlink /tmp/slurmc.XXXXXX -> WORKDIR.
 setup_rundir() {
   RUNDIR=$WORKDIR
-  if ((${#WORKDIR} > 60)); then
+  if ((${#WORKDIR} > 60)) || [[ ! $WORKDIR =~ ^[A-Za-z0-9_./+-]+$ ]]; then
     local link
     link=$(mktemp -u /tmp/slurmc.XXXXXX)
     ln -s -- "$WORKDIR" "$link" || die "cannot create symlink $link"
@@ -222,10 +247,10 @@ AuthInfo=socket=$RUNDIR/munge/munge.socket
 
 StateSaveLocation=$RUNDIR/state
 SlurmdSpoolDir=$RUNDIR/spool
-SlurmctldPidFile=$PIDDIR/slurmctld.own.pid
-SlurmdPidFile=$PIDDIR/slurmd.own.pid
-SlurmctldLogFile=$LOGDIR/slurmctld.log
-SlurmdLogFile=$LOGDIR/slurmd.log
+SlurmctldPidFile=$RUNDIR/pids/slurmctld.own.pid
+SlurmdPidFile=$RUNDIR/pids/slurmd.own.pid
+SlurmctldLogFile=$RUNDIR/log/slurmctld.log
+SlurmdLogFile=$RUNDIR/log/slurmd.log
 SlurmctldDebug=info
 SlurmdDebug=info
 
@@ -298,11 +323,22 @@ stop_daemons() {
   for d in "$@"; do rm -f "$PIDDIR/$d.pid"; done
 }
 
-# A pid and all its descendants (best effort: needs /proc/PID/task/TID/children).
+# A pid and all its descendants, from the parent pids in /proc/*/stat (/proc/PID/task/*/children
+# would be simpler but needs CONFIG_PROC_CHILDREN, which e.g. this project's VMs lack).
 descendants() {
-  local c
-  printf '%s\n' "$1"
-  for c in $(cat /proc/"$1"/task/*/children 2>/dev/null); do descendants "$c"; done
+  local -A kids=()
+  local dir stat ppid p c queue=("$1")
+  for dir in /proc/[0-9]*; do
+    read_line stat "$dir/stat" || continue
+    stat=${stat##*) }          # after "pid (comm) ": "state ppid ..."; comm may hold spaces
+    ppid=${stat#* } ppid=${ppid%% *}
+    kids[$ppid]+="${dir#/proc/} "
+  done
+  while ((${#queue[@]})); do
+    p=${queue[0]} queue=("${queue[@]:1}")
+    printf '%s\n' "$p"
+    for c in ${kids[$p]:-}; do queue+=("$c"); done
+  done
 }
 
 # Step daemons of *this* cluster that survived (slurmctld was dead, so scancel could not reach
@@ -312,9 +348,9 @@ kill_leftover_steps() {
   local dir pid comm environ
   for dir in /proc/[0-9]*; do
     pid=${dir#/proc/}
-    comm=$(<"$dir/comm") 2>/dev/null || continue
+    read_line comm "$dir/comm" || continue
     [[ $comm == slurmstepd ]] || continue
-    environ=$(tr '\0' '\n' <"$dir/environ" 2>/dev/null) || continue
+    environ=$(tr '\0' '\n' 2>/dev/null <"$dir/environ") || continue
     grep -qxF "SLURM_CONF=$CONF" <<<"$environ" || continue
     log "killing leftover slurmstepd $pid and its tasks"
     # shellcheck disable=SC2046 # one pid per word
@@ -345,8 +381,7 @@ do_stop() {
   kill_leftover_steps
   if [[ -r $WORKDIR/rundir-link ]]; then
     local link
-    link=$(<"$WORKDIR/rundir-link")
-    [[ -L $link ]] && rm -f -- "$link"
+    if read_line link "$WORKDIR/rundir-link" && [[ -L $link ]]; then rm -f -- "$link"; fi
     rm -f -- "$WORKDIR/rundir-link"
   fi
   return 0
@@ -392,9 +427,10 @@ do_start() {
   write_config "$node"
   log "config $CONF (node $node, slurmctld port $CTLD_PORT, slurmd port $SLURMD_PORT)"
 
-  # --- munge: a private key and daemon (it logs to stderr = log/munged.out in --foreground), so /etc/munge/munge.key and /run/munge are not needed
-  # (and a system munged, if any, is left alone). --force: munged otherwise refuses to run as
-  # root and checks every parent directory's permissions, which e.g. /tmp-based dirs fail.
+  # --- munge: a private key and daemon, so neither /etc/munge/munge.key nor /run/munge is
+  # needed, and a system munged, if any, is left alone. In --foreground it logs to stderr, i.e.
+  # log/munged.out. --force: munged refuses to start if any directory above its files is group-
+  # or world-writable without the sticky bit (umask 002 CI checkouts); a test does not care.
   local mdir=$RUNDIR/munge
   head -c 1024 /dev/urandom >"$mdir/munge.key"
   chmod 600 "$mdir/munge.key"
@@ -404,7 +440,7 @@ do_start() {
     --seed-file="$mdir/munge.seed"
   local i ok=0
   for ((i = 0; i < 100; i++)); do
-    is_running munged || fail "munged exited during startup"
+    launched_alive munged || fail "munged exited during startup"
     if [[ -S $mdir/munge.socket ]] &&
       timeout 5 munge -n -S "$mdir/munge.socket" 2>/dev/null |
       timeout 5 unmunge -S "$mdir/munge.socket" >/dev/null 2>&1; then
@@ -422,9 +458,9 @@ do_start() {
   local state=""
   local deadline=$((SECONDS + START_TIMEOUT))
   while ((SECONDS < deadline)); do
-    is_running slurmctld || fail "slurmctld exited during startup"
-    is_running slurmd || fail "slurmd exited during startup"
-    state=$(timeout 10 sinfo -h -N -n "$node" -o %T 2>/dev/null) || state=""
+    launched_alive slurmctld || fail "slurmctld exited during startup"
+    launched_alive slurmd || fail "slurmd exited during startup"
+    state=$(timeout 5 sinfo -h -N -n "$node" -o %T 2>/dev/null) || state=""
     state=${state%%$'\n'*}
     [[ $state == idle ]] && break
     sleep 0.5
@@ -441,7 +477,7 @@ do_start() {
   [[ $(grep -c . <<<"$out") -eq 2 ]] ||
     fail "smoke test 'srun -n 2 hostname' printed unexpected output: $(tr '\n' ' ' <<<"$out")"
 
-  log "cluster up in $((SECONDS - t0)) s; use: eval \"\$($0 start $WORKDIR)\" or export SLURM_CONF=$CONF"
+  log "cluster up in $((SECONDS - t0)) s: export SLURM_CONF=$CONF"
   print_env
 }
 

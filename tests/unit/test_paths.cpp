@@ -1,5 +1,7 @@
 #include "test_paths.h"
 
+#include "test_config.h"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,11 +15,6 @@ namespace fsdpx::test {
 namespace fs = std::filesystem;
 
 namespace {
-fs::path from_env(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) throw std::runtime_error(std::string(name) + " is not set; run the tests through ctest");
-  return v;
-}
 std::string read_file(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
@@ -26,9 +23,11 @@ std::string read_file(const fs::path& p) {
 }
 }  // namespace
 
-fs::path fixture_dir() { return from_env("FSDPX_TEST_BUILD_DIR") / "tests" / "fixtures"; }
-fs::path plugin_dir() { return from_env("FSDPX_TEST_BUILD_DIR") / "lib" / "fsdpx" / "plugins"; }
-fs::path bin_dir() { return from_env("FSDPX_TEST_BUILD_DIR") / "bin"; }
+fs::path build_dir() { return FSDPX_TEST_BUILD_DIR; }
+std::string venv_python() { return FSDPX_TEST_PYTHON; }
+fs::path fixture_dir() { return build_dir() / "tests" / "fixtures"; }
+fs::path plugin_dir() { return build_dir() / "lib" / "fsdpx" / "plugins"; }
+fs::path bin_dir() { return build_dir() / "bin"; }
 fs::path fixture(const std::string& name) { return fixture_dir() / ("fixture_" + name + ".so"); }
 
 TempDir::TempDir() {

@@ -1,5 +1,5 @@
-// Paths and helpers shared by the tests. Locations derive from FSDPX_TEST_BUILD_DIR, which CTest
-// sets (see tests/CMakeLists.txt).
+// Paths and helpers shared by the tests. Locations derive from the build directory, which CMake
+// writes into test_config.h.
 #pragma once
 
 #include <filesystem>
@@ -7,6 +7,8 @@
 
 namespace fsdpx::test {
 
+std::filesystem::path build_dir();    // the CMake build directory
+std::string venv_python();            // the python whose torch fsdpx was built with
 std::filesystem::path fixture_dir();  // built fixture plugins
 std::filesystem::path plugin_dir();   // build/lib/fsdpx/plugins
 std::filesystem::path bin_dir();      // build/bin

@@ -30,8 +30,11 @@ FSDPX_API Environment process_environment();
 
 // Resolves the topology. Rank and world size come, together, from the first of: flags,
 // torchrun's RANK/WORLD_SIZE, Slurm's SLURM_PROCID/SLURM_NTASKS, or a single process. The other
-// fields follow the same order field by field (flags, then torchrun's variables, then Slurm's,
-// then what follows from the rest: one node holding every rank). MASTER_ADDR/MASTER_PORT apply
+// fields come field by field from flags, then from that same source's variables (torchrun's
+// LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE; Slurm's SLURM_LOCALID,
+// SLURM_NODEID, SLURM_NNODES, tasks per node), then from the rest (nodes of local_world_size
+// ranks each). Slurm's variables are ignored when torchrun's are set: torchrun started inside
+// an allocation has SLURM_PROCID of its node, not of its worker. MASTER_ADDR/MASTER_PORT apply
 // under Slurm too; without them Slurm's master is the first host of SLURM_JOB_NODELIST and the
 // port derives from SLURM_JOB_ID. Throws fsdpx::Error naming the variables involved when
 // settings are partial (RANK without WORLD_SIZE), malformed, or contradict each other

@@ -1,0 +1,223 @@
+// The runtime with real processes: collectives at 2 and 4 ranks through the real Gloo,
+// sub-groups as 2 nodes x 2, the local launcher, and the fault cases. Every process runs under
+// a hard timeout (run_command), so nothing here can hang the suite.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include "fsdpx/framework/c10d_backends.h"
+#include "fsdpx/framework/communicator.h"
+#include "test_paths.h"
+
+namespace fsdpx {
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string worker() { return (test::build_dir() / "tests" / "comm_worker").string(); }
+std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
+
+// One rank started by hand, with torchrun's variables.
+std::string rank_cmd(int rank, int world, int port, const std::string& args) {
+  return "env RANK=" + std::to_string(rank) + " WORLD_SIZE=" + std::to_string(world) +
+         " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + worker() + " " + args;
+}
+
+// A port nothing listens on now (the kernel's pick, released).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+
+TEST(GlooBackend, SymbolsExistAndWork) {
+  // One rank over an in-process store: the exported factory path end to end.
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto backend = make_gloo_backend(store, 0, 1, std::chrono::seconds(10));
+  EXPECT_EQ(backend->getBackendName(), "gloo");
+  EXPECT_EQ(backend->getSize(), 1);
+  std::vector<at::Tensor> t{at::ones({3})};
+  backend->allreduce(t)->wait();
+  EXPECT_TRUE(t[0].equal(at::ones({3})));
+}
+
+TEST(Runtime, CollectivesAtTwoRanks) {
+  auto r = test::run_command(worker() + " --nproc-per-node 2 --scenario collectives");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("[rank0]: collectives ok"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank1]: collectives ok"), std::string::npos) << r.out;
+}
+
+TEST(Runtime, CollectivesAtFourRanks) {
+  auto r = test::run_command(worker() + " --nproc-per-node 4 --scenario collectives");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int k = 0; k < 4; ++k)
+    EXPECT_NE(r.out.find("[rank" + std::to_string(k) + "]: collectives ok"), std::string::npos) << r.out;
+}
+
+TEST(Runtime, HybridGroupsAsTwoNodesOfTwo) {
+  // Four processes as two "nodes" of two, the way two torchrun agents would start them.
+  std::string cmd;
+  const int port = free_port();
+  for (int r = 0; r < 4; ++r)
+    cmd += "env LOCAL_RANK=" + std::to_string(r % 2) + " LOCAL_WORLD_SIZE=2 GROUP_RANK=" + std::to_string(r / 2) +
+           " GROUP_WORLD_SIZE=2 " + rank_cmd(r, 4, port, "--scenario hybrid") + " | sed \"s/^/[rank" +
+           std::to_string(r) + "]: /\" & ";
+  auto r = test::run_command("bash -c '" + cmd + "wait'");
+  // Shard groups {0,1} {2,3}; replicate groups {0,2} {1,3}.
+  EXPECT_NE(r.out.find("[rank0]: hybrid ok shard=0/2 sum=1 replicate=0/2 sum=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank1]: hybrid ok shard=1/2 sum=1 replicate=0/2 sum=4"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank2]: hybrid ok shard=0/2 sum=5 replicate=1/2 sum=2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank3]: hybrid ok shard=1/2 sum=5 replicate=1/2 sum=4"), std::string::npos) << r.out;
+}
+
+TEST(Runtime, CountingWrapperRecordsBytes) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  struct One final : Communicator {
+    int rank() const override { return 0; }
+    int size() const override { return 4; }  // pretend: only the counting matters here
+    const std::string& name() const override { return n; }
+    Work all_gather(at::Tensor, at::Tensor) override { return Work(); }
+    Work reduce_scatter(at::Tensor, at::Tensor, ReduceOp) override { return Work(); }
+    Work all_reduce(at::Tensor, ReduceOp) override { return Work(); }
+    Work broadcast(at::Tensor, int) override { return Work(); }
+    Work barrier() override { return Work(); }
+    std::string n = "fake";
+  };
+  CountingCommunicator c(std::make_shared<One>());
+  c.all_gather(at::zeros({400}), at::zeros({100}));                       // 1600 B payload
+  c.reduce_scatter(at::zeros({100}, at::kBFloat16), at::zeros({400}, at::kBFloat16), ReduceOp::Sum);  // 800 B
+  c.all_reduce(at::zeros({100}), ReduceOp::Avg);                          // 400 B
+  c.broadcast(at::zeros({10}), 0);
+  auto s = c.stats();
+  EXPECT_EQ(s[Collective::AllGather].payload_bytes, 1600);
+  EXPECT_EQ(s[Collective::AllGather].sent_bytes, 1200);      // 3/4 of it
+  EXPECT_EQ(s[Collective::ReduceScatter].sent_bytes, 600);
+  EXPECT_EQ(s[Collective::AllReduce].sent_bytes, 600);       // 2 x 3/4
+  EXPECT_EQ(s[Collective::Broadcast].sent_bytes, 40);        // the root sends it
+  EXPECT_EQ(s.sent_bytes(), 1200 + 600 + 600 + 40);
+  c.reset();
+  EXPECT_EQ(c.stats().sent_bytes(), 0);
+}
+
+// The same topology from the launcher, from torchrun --no-python, and (in the Slurm test)
+// from srun.
+std::set<std::string> topology_lines(const std::string& out) {
+  std::set<std::string> lines;
+  std::regex re("topology (rank=\\d+ world_size=\\d+ local_rank=\\d+ local_world_size=\\d+ node_rank=\\d+ num_nodes=\\d+)");
+  for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) lines.insert((*it)[1]);
+  return lines;
+}
+
+TEST(Launcher, TopologyMatchesTorchrun) {
+  auto mine = test::run_command(train() + " --nproc-per-node 2 --print-topology");
+  ASSERT_EQ(mine.exit_code, 0) << mine.err;
+  const std::string torchrun = (fs::path(test::venv_python()).parent_path() / "torchrun").string();
+  auto theirs = test::run_command(torchrun + " --standalone --nproc-per-node 2 --no-python " + train() +
+                                  " --print-topology");
+  ASSERT_EQ(theirs.exit_code, 0) << theirs.err;
+  EXPECT_EQ(topology_lines(mine.out).size(), 2u) << mine.out;
+  EXPECT_EQ(topology_lines(mine.out), topology_lines(theirs.out)) << mine.out << "\n---\n" << theirs.out;
+}
+
+TEST(Launcher, CheckCommPassesAndOutputIsPrefixedByRank) {
+  auto r = test::run_command(train() + " --nproc-per-node 2 --check-comm --rendezvous-timeout 30");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[rank0]: fsdpx-train: communication check passed on 2 ranks (gloo)"), std::string::npos) << r.out;
+}
+
+TEST(Launcher, AFailingRankStopsTheOthers) {
+  auto start = Clock::now();
+  auto r = test::run_command(worker() + " --nproc-per-node 3 --scenario exit --fail-rank 1 --code 7");
+  double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 7);
+  EXPECT_NE(r.err.find("comm_worker: rank 1 exited with status 7; stopping the other ranks"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("comm_worker: failed: rank 1 exited with status 7"), std::string::npos) << r.err;
+  EXPECT_LT(secs, 20.0) << "the sleeping ranks were not stopped within seconds";
+}
+
+TEST(Launcher, SigtermReachesEveryWorker) {
+  test::TempDir dir;
+  // Start the launcher, wait until both workers wrote their pids, SIGTERM the launcher.
+  const std::string cmd =
+      worker() + " --nproc-per-node 2 --scenario sleep --dir " + dir.path().string() + " & L=$!; "
+      "for i in $(seq 100); do [ -f " + (dir.path() / "pid.0").string() + " ] && [ -f " +
+      (dir.path() / "pid.1").string() + " ] && break; sleep 0.1; done; "
+      "kill -TERM $L; wait $L; echo launcher=$?";
+  auto r = test::run_command("bash -c '" + cmd + "'");
+  EXPECT_NE(r.out.find("launcher=143"), std::string::npos) << r.out << r.err;
+  EXPECT_NE(r.err.find("got Terminated; stopping all ranks"), std::string::npos) << r.err;
+  for (int k = 0; k < 2; ++k) {
+    std::ifstream in(dir.path() / ("pid." + std::to_string(k)));
+    int pid = 0;
+    in >> pid;
+    ASSERT_GT(pid, 0);
+    EXPECT_NE(::kill(pid, 0), 0) << "worker " << k << " (pid " << pid << ") is still alive";
+  }
+}
+
+// Faults: ranks started by hand (no launcher, which would stop the survivors itself).
+
+
+TEST(Faults, RankKilledDuringACollectiveIsNamedBySurvivors) {
+  test::TempDir dir;
+  const int port = free_port();
+  const std::string out0 = (dir.path() / "r0").string(), out2 = (dir.path() / "r2").string();
+  auto start = Clock::now();
+  auto r = test::run_command("bash -c '" + rank_cmd(0, 3, port, "--scenario die --collective-timeout 20") + " >" + out0 +
+                             " 2>&1 & " + rank_cmd(1, 3, port, "--scenario die") + " >/dev/null 2>&1 & " +
+                             rank_cmd(2, 3, port, "--scenario die --collective-timeout 20") + " >" + out2 +
+                             " 2>&1 & wait'");
+  double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  for (const auto& f : {out0, out2}) {
+    std::ifstream in(f);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("all_reduce on group 'world' (ranks 0, 1, 2) failed"), std::string::npos) << text;
+    EXPECT_NE(text.find("rank 1 is gone (no heartbeat for 2 s)"), std::string::npos) << text;
+  }
+  EXPECT_LT(secs, 30.0);
+}
+
+TEST(Faults, RendezvousWithAMissingRankTimesOut) {
+  const int port = free_port();
+  auto start = Clock::now();
+  auto r = test::run_command(rank_cmd(0, 2, port, "--scenario collectives --rendezvous-timeout 3"));
+  double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err, "comm_worker: rendezvous at 127.0.0.1:" + std::to_string(port) +
+                       " timed out after 3 s: 1 of 2 ranks joined; missing: rank 1 (raise "
+                       "--rendezvous-timeout if they are only slow to start)\n");
+  EXPECT_LT(secs, 15.0);
+}
+
+TEST(Faults, UnreachableMasterIsAClearError) {
+  const int port = free_port();  // nothing listens there: rank 1 never finds rank 0
+  auto start = Clock::now();
+  auto r = test::run_command(rank_cmd(1, 2, port, "--scenario collectives --rendezvous-timeout 3"));
+  double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("comm_worker: rank 1 cannot reach the rendezvous master at 127.0.0.1:" +
+                            std::to_string(port) + " (MASTER_ADDR/MASTER_PORT) within 3 s: is rank 0 "
+                            "running, and are the address and port right?", 0), 0u) << r.err;
+  EXPECT_LT(secs, 15.0);
+}
+
+}  // namespace
+}  // namespace fsdpx

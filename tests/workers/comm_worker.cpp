@@ -1,0 +1,167 @@
+// A worker for the multi-process runtime tests. Topology from the environment (torchrun's or
+// Slurm's variables, or the local launcher with --nproc-per-node); each --scenario checks one
+// thing and exits 0, or prints what went wrong and exits non-zero.
+//
+//   collectives  every collective at fp32 and bf16, uneven values and sizes, against values
+//                computed locally
+//   hybrid       shard and replicate sub-groups (needs LOCAL_WORLD_SIZE to divide WORLD_SIZE)
+//   die          one all-reduce, then rank 1 is killed; the others enter another all-reduce
+//                and must fail naming rank 1
+//   exit         rank --fail-rank exits with --code after a barrier; the others sleep
+//   sleep        every rank writes its pid to --dir and sleeps (to be signalled)
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/remainder.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/zeros.h>
+#include <boost/program_options.hpp>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/launcher.h"
+#include "fsdpx/framework/process_groups.h"
+#include "fsdpx/framework/topology_resolver.h"
+
+namespace po = boost::program_options;
+using namespace fsdpx;
+
+namespace {
+
+// Values that stay exact in bf16 through sums of up to 4 ranks and a division by 2 or 4:
+// multiples of 1/8 below 2, different on every rank and every element.
+at::Tensor values(int rank, int64_t n, at::ScalarType dtype, int64_t offset = 0) {
+  at::Tensor i = at::arange(offset, offset + n, at::kLong);
+  return at::remainder(i * 3 + rank * 7, 16).to(at::kFloat).mul(0.125).to(dtype);
+}
+
+void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  if (!got.to(at::kFloat).equal(want.to(at::kFloat)))
+    throw Error(what + ": got " + std::to_string(got.to(at::kFloat).sum().item<double>()) +
+                " (sum), expected " + std::to_string(want.to(at::kFloat).sum().item<double>()));
+}
+
+void collectives(Communicator& c) {
+  const int w = c.size(), r = c.rank();
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const std::string dt = dtype == at::kFloat ? "fp32" : "bf16";
+    for (int64_t n : {1, 7, 1000, 4097}) {
+      const std::string at_ = " (" + dt + ", n=" + std::to_string(n) + ", " + std::to_string(w) + " ranks)";
+      // all_gather: every rank's slice, in rank order.
+      at::Tensor out = at::empty({w * n}, dtype);
+      c.all_gather(out, values(r, n, dtype)).wait();
+      std::vector<at::Tensor> parts;
+      for (int k = 0; k < w; ++k) parts.push_back(values(k, n, dtype));
+      expect_equal(out, at::cat(parts), "all_gather" + at_);
+      // reduce_scatter: this rank's slice of the elementwise sum (and average).
+      for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
+        at::Tensor shard = at::empty({n}, dtype);
+        c.reduce_scatter(shard, values(r, w * n, dtype), op).wait();
+        at::Tensor want = at::zeros({n}, at::kFloat);
+        for (int k = 0; k < w; ++k) want += values(k, n, at::kFloat, r * n);
+        if (op == ReduceOp::Avg) want /= w;
+        expect_equal(shard, want.to(dtype), std::string(op == ReduceOp::Sum ? "reduce_scatter sum" : "reduce_scatter avg") + at_);
+      }
+      // all_reduce: sum, average, max.
+      for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+        at::Tensor t = values(r, n, dtype);
+        c.all_reduce(t, op).wait();
+        std::vector<at::Tensor> all;
+        for (int k = 0; k < w; ++k) all.push_back(values(k, n, at::kFloat));
+        at::Tensor s = at::stack(all);
+        at::Tensor want = op == ReduceOp::Max ? std::get<0>(s.max(0)) : s.sum(0);
+        if (op == ReduceOp::Avg) want /= w;
+        expect_equal(t, want.to(dtype), std::string("all_reduce ") +
+                     (op == ReduceOp::Sum ? "sum" : op == ReduceOp::Avg ? "avg" : "max") + at_);
+      }
+      // broadcast from the last rank.
+      at::Tensor b = values(r, n, dtype);
+      c.broadcast(b, w - 1).wait();
+      expect_equal(b, values(w - 1, n, dtype), "broadcast" + at_);
+    }
+  }
+  c.barrier().wait();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  try {
+    auto la = split_launcher_args(argc, argv);
+    if (la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED")) {
+      LaunchOptions lo;
+      lo.nproc = la.nproc_per_node;
+      lo.argv = la.rest;
+      lo.argv[0] = self_executable();
+      lo.name = "comm_worker";
+      lo.grace = std::chrono::milliseconds(3000);
+      return launch_local(lo);
+    }
+    po::options_description desc;
+    desc.add_options()("scenario", po::value<std::string>()->required(), "")
+        ("rendezvous-timeout", po::value<double>()->default_value(30), "")
+        ("collective-timeout", po::value<double>()->default_value(30), "")
+        ("fail-rank", po::value<int>()->default_value(1), "")
+        ("code", po::value<int>()->default_value(3), "")
+        ("dir", po::value<std::string>(), "");
+    po::variables_map vm;
+    po::store(po::command_line_parser(std::vector<std::string>(la.rest.begin() + 1, la.rest.end())).options(desc).run(), vm);
+    po::notify(vm);
+    const std::string scenario = vm["scenario"].as<std::string>();
+    TopologyFlags flags;
+    RuntimeOptions ro;
+    ro.topology = resolve_topology(flags, process_environment()).topology;
+    ro.rendezvous_timeout = std::chrono::milliseconds(static_cast<int64_t>(vm["rendezvous-timeout"].as<double>() * 1000));
+    ro.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(vm["collective-timeout"].as<double>() * 1000));
+    const int rank = ro.topology.rank;
+
+    if (scenario == "sleep") {
+      std::ofstream(vm["dir"].as<std::string>() + "/pid." + std::to_string(rank)) << ::getpid() << "\n";
+      std::this_thread::sleep_for(std::chrono::seconds(120));
+      return 0;
+    }
+    auto groups = ProcessGroups::create(ro);
+    if (scenario == "collectives") {
+      collectives(*groups->world());
+      std::printf("collectives ok\n");
+    } else if (scenario == "hybrid") {
+      auto h = groups->hybrid(ro.topology.local_world_size);
+      collectives(*h.shard);
+      collectives(*h.replicate);
+      // Which ranks are where: sum of global ranks in each group.
+      at::Tensor s = at::full({1}, static_cast<double>(rank));
+      h.shard->all_reduce(s, ReduceOp::Sum).wait();
+      at::Tensor t = at::full({1}, static_cast<double>(rank));
+      h.replicate->all_reduce(t, ReduceOp::Sum).wait();
+      std::printf("hybrid ok shard=%d/%d sum=%g replicate=%d/%d sum=%g\n", h.shard->rank(), h.shard->size(),
+                  s.item<double>(), h.replicate->rank(), h.replicate->size(), t.item<double>());
+    } else if (scenario == "die") {
+      at::Tensor t = at::ones({1024});
+      groups->world()->all_reduce(t, ReduceOp::Sum).wait();
+      if (rank == 1) ::raise(SIGKILL);
+      at::Tensor u = at::ones({1 << 20});
+      groups->world()->all_reduce(u, ReduceOp::Sum).wait();
+      std::printf("rank %d: the collective succeeded without rank 1\n", rank);
+      return 0;
+    } else if (scenario == "exit") {
+      groups->world()->barrier().wait();
+      if (rank == vm["fail-rank"].as<int>()) return vm["code"].as<int>();
+      std::this_thread::sleep_for(std::chrono::seconds(120));
+    } else {
+      throw Error("unknown scenario '" + scenario + "'");
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "comm_worker: %s\n", e.what());
+    return 1;
+  }
+}
