@@ -8,11 +8,12 @@ JOBS       ?= 2
 PYTHON     := $(shell bash scripts/setup.sh --print-python)
 CMAKE_ARGS ?=
 
-.PHONY: help setup configure build demo test clean
+.PHONY: help setup configure build demo test bench clean
 
 help:  ## list the targets
 	@echo "fsdpx make targets:"
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/' | expand -t 16
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## (.*)/\1|\2/' | \
+	  awk -F'|' '{ gsub(/\$$\(BUILD\)/, "$(BUILD)", $$2); printf "  make %-10s %s\n", $$1, $$2 }'
 	@echo
 	@echo "variables: BUILD=$(BUILD) (build directory), JOBS=$(JOBS) (parallel compile jobs)"
 	@echo "torch venv: $(dir $(PYTHON)).. (FSDPX_VENV or FSDPX_CACHE_DIR to move it)"
@@ -34,6 +35,9 @@ demo: build  ## set up, build, and run the demo
 
 test: build  ## set up, build, and run every test (ctest)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+bench: build  ## run the benchmarks (Gloo all-gather / reduce-scatter throughput on 2 ranks)
+	$(BUILD)/bin/fsdpx-comm-bench --nproc-per-node 2
 
 clean:  ## remove the build directory (the torch venv and ccache stay)
 	rm -rf $(BUILD)

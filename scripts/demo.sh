@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: what fsdpx can do today, on the build in $1 (default build/).
-# The training run on 2 CPU ranks (fsdpx-train) joins this script when the trainer lands.
+# The training run on 2 CPU ranks joins this script when the engine and trainer land.
 set -euo pipefail
 BUILD=${1:-build}
 bin=$BUILD/bin
@@ -23,10 +23,15 @@ if "$bin/fsdpx-plugins" config --config configs/demo.ini --wrap.min_params 4096;
   echo "demo: expected an error" >&2; exit 1
 fi
 
+step "fsdpx-train --nproc-per-node 2 --check-comm: two ranks, rendezvous, the real Gloo"
+"$bin/fsdpx-train" --nproc-per-node 2 --print-topology
+"$bin/fsdpx-train" --nproc-per-node 2 --check-comm
+
 cat <<MSG
 
-Training itself (fsdpx-train on 2 CPU ranks) is not built yet: it needs the runtime, the
-sharding engine and the trainer, which are the next pieces of work. Next to try now:
+Training itself (fsdpx-train on 2 CPU ranks) is not built yet: it needs the sharding engine
+and the trainer, which are the next pieces of work. Next to try now:
   - write a plugin of your own: sdk/README.md
+  - $bin/fsdpx-train --nproc-per-node 4 --check-comm   (or under torchrun / srun: README)
   - $bin/fsdpx-plugins help
 MSG

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what fsdpx needs to build and test, and is quick when everything is there:
-#   - Debian packages (compilers' companions: Boost 1.81, GoogleTest, nlohmann-json, ccache);
+#   - Debian packages (Boost 1.81, GoogleTest, nlohmann-json, ccache, CMake, Ninja, and Slurm with
+#     munge for the Slurm tests);
 #   - torch==2.11.0 from PyPI into a virtual environment cached outside the checkout.
 # Prints nothing but progress on stderr; the venv's python path on stdout when asked with --print-python.
 set -euo pipefail
@@ -13,6 +14,7 @@ DEB_PACKAGES=(
   libboost1.81-dev libboost-program-options1.81-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev
   python3-venv
+  slurmctld slurmd slurm-client munge   # the Slurm tests' one-node cluster
 )
 
 say() { printf 'setup: %s\n' "$*" >&2; }

@@ -16,6 +16,8 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout, int device) {
   int count = static_cast<int>(c10::cuda::device_count());
+  // Under `srun --gpus-per-task=1` each rank sees exactly one GPU: device 0.
+  if (count == 1) device = 0;
   if (device < 0 || device >= count)
     throw Error("CUDA device " + std::to_string(device) + " (from the local rank) does not exist: " +
                 std::to_string(count) + " visible; run at most one rank per GPU");
