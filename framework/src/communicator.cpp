@@ -13,10 +13,14 @@ const char* collective_name(Collective c) {
   return "collective";
 }
 
+Work::Work(std::function<void()> wait) : state_(std::make_shared<State>()) { state_->wait = std::move(wait); }
+
 void Work::wait() {
-  if (!wait_ || !*wait_) return;
-  (*wait_)();
-  *wait_ = nullptr;
+  if (!state_) return;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (!state_->wait) return;
+  state_->wait();
+  state_->wait = nullptr;
 }
 
 Communicator::~Communicator() = default;
@@ -50,31 +54,36 @@ int64_t bytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * st
 
 Work CountingCommunicator::all_gather(at::Tensor output, at::Tensor input) {
   const int64_t n = size(), payload = bytes(output);
+  Work w = inner_->all_gather(std::move(output), std::move(input));
   count(Collective::AllGather, payload, payload / n * (n - 1));
-  return inner_->all_gather(std::move(output), std::move(input));
+  return w;
 }
 
 Work CountingCommunicator::reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) {
   const int64_t n = size(), payload = bytes(input);
+  Work w = inner_->reduce_scatter(std::move(output), std::move(input), op);
   count(Collective::ReduceScatter, payload, payload / n * (n - 1));
-  return inner_->reduce_scatter(std::move(output), std::move(input), op);
+  return w;
 }
 
 Work CountingCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   const int64_t n = size(), payload = bytes(tensor);
+  Work w = inner_->all_reduce(std::move(tensor), op);
   count(Collective::AllReduce, payload, 2 * payload * (n - 1) / n);
-  return inner_->all_reduce(std::move(tensor), op);
+  return w;
 }
 
 Work CountingCommunicator::broadcast(at::Tensor tensor, int root) {
   const int64_t payload = bytes(tensor);
+  Work w = inner_->broadcast(std::move(tensor), root);
   count(Collective::Broadcast, payload, rank() == root && size() > 1 ? payload : 0);
-  return inner_->broadcast(std::move(tensor), root);
+  return w;
 }
 
 Work CountingCommunicator::barrier() {
+  Work w = inner_->barrier();
   count(Collective::Barrier, 0, 0);
-  return inner_->barrier();
+  return w;
 }
 
 CommStats CountingCommunicator::stats() const {

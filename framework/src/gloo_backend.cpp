@@ -14,9 +14,11 @@
 // ProcessGroupGloo::Options is sound: intrusive_ptr<T> has one layout for every T, is passed and
 // returned the same way, and Options derives from Backend::Options as its first and only base.
 // The object size (sizeof(ProcessGroupGloo)) is not visible without gloo's headers: 488 bytes
-// in LibTorch 2.11.0 (read from the operator new call in ProcessGroupGloo::split);
-// kObjectBytes leaves a wide margin. The object is released by its own virtual destructor,
-// whose sized operator delete frees this allocation (both go through malloc).
+// in LibTorch 2.11.0, read from the operator new call in ProcessGroupGloo::split. The object is
+// released by its own virtual destructor, which calls the sized operator delete with that size,
+// so the allocation must be exactly that size (a sized-delete allocator such as tcmalloc trusts
+// it). GlooBackend.ObjectSizeMatchesLibTorch intercepts that operator delete and fails if
+// LibTorch's size ever differs from kGlooObjectBytes.
 #include <dlfcn.h>
 
 #include <new>
@@ -32,7 +34,7 @@ constexpr const char* kCreateDefaultSymbol =
 constexpr const char* kConstructorSymbol =
     "_ZN4c10d16ProcessGroupGlooC1ERKN3c1013intrusive_ptrINS_5StoreENS1_6detail34intrusive_target_"
     "default_null_typeIS3_EEEEiiNS2_INS0_7OptionsENS5_ISA_EEEE";
-constexpr size_t kObjectBytes = 4096;
+constexpr size_t kObjectBytes = kGlooObjectBytes;
 
 using OptionsPtr = c10::intrusive_ptr<c10d::Backend::Options>;
 using CreateDefaultFn = OptionsPtr (*)(std::chrono::milliseconds);

@@ -15,6 +15,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
+
+extern char** environ;
 
 #include "fsdpx/error.h"
 
@@ -143,15 +146,57 @@ int launch_local(const LaunchOptions& o) {
   for (const auto& a : o.argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   const pid_t launcher_pid = ::getpid();
+  // If starting the workers fails half-way: stop those started, release everything, rethrow.
+  auto abandon = [&](const std::string& why) {
+    for (auto& w : workers) {
+      if (w.running) {
+        ::kill(w.pid, SIGKILL);
+        ::waitpid(w.pid, nullptr, 0);
+      }
+      for (auto& s : w.streams)
+        if (s.fd >= 0) ::close(s.fd);
+    }
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    ::close(g_signal_pipe[0]);
+    ::close(g_signal_pipe[1]);
+    throw Error(why);
+  };
 
   for (int r = 0; r < o.nproc; ++r) {
     Worker& w = workers[r];
     w.rank = r;
-    int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
-      throw Error(std::string("cannot create a pipe: ") + std::strerror(errno));
+    // The environment is built before fork: the child only calls async-signal-safe functions.
+    const std::map<std::string, std::string> mine = {
+        {"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(o.nproc)},
+        {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
+        {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"ROLE_RANK", std::to_string(r)},
+        {"ROLE_WORLD_SIZE", std::to_string(o.nproc)}, {"MASTER_ADDR", o.master_addr},
+        {"MASTER_PORT", std::to_string(port)}, {"FSDPX_LAUNCHED", "1"}};
+    std::vector<std::string> env;
+    for (char** e = environ; e && *e; ++e) {
+      std::string kv = *e;
+      if (!mine.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+    }
+    for (const auto& [k, v] : mine) env.push_back(k + "=" + v);
+    std::vector<char*> cenv;
+    for (auto& kv : env) cenv.push_back(kv.data());
+    cenv.push_back(nullptr);
+    const std::string cannot_run = o.name + ": cannot run " + o.argv[0] + "\n";
+
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      int e = errno;
+      for (int fd : {out[0], out[1], err[0], err[1]})
+        if (fd >= 0) ::close(fd);
+      abandon(std::string("cannot create a pipe for worker ") + std::to_string(r) + ": " + std::strerror(e));
+    }
     pid_t pid = ::fork();
-    if (pid < 0) throw Error(std::string("cannot start worker: fork failed: ") + std::strerror(errno));
+    if (pid < 0) {
+      int e = errno;
+      for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+      abandon(std::string("cannot start worker ") + std::to_string(r) + ": fork failed: " + std::strerror(e));
+    }
     if (pid == 0) {
       // Worker: die with the launcher; own stdout/stderr; torchrun's variables; exec.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -160,20 +205,9 @@ int launch_local(const LaunchOptions& o) {
       ::signal(SIGTERM, SIG_DFL);
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
-      auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
-      set("RANK", std::to_string(r));
-      set("WORLD_SIZE", std::to_string(o.nproc));
-      set("LOCAL_RANK", std::to_string(r));
-      set("LOCAL_WORLD_SIZE", std::to_string(o.nproc));
-      set("GROUP_RANK", "0");
-      set("GROUP_WORLD_SIZE", "1");
-      set("ROLE_RANK", std::to_string(r));
-      set("ROLE_WORLD_SIZE", std::to_string(o.nproc));
-      set("MASTER_ADDR", o.master_addr);
-      set("MASTER_PORT", std::to_string(port));
-      set("FSDPX_LAUNCHED", "1");
-      ::execvp(cargv[0], cargv.data());
-      std::fprintf(stderr, "%s: cannot run %s: %s\n", o.name.c_str(), cargv[0], std::strerror(errno));
+      ::execvpe(cargv[0], cargv.data(), cenv.data());
+      ssize_t rc = ::write(STDERR_FILENO, cannot_run.data(), cannot_run.size());
+      (void)rc;
       ::_exit(127);
     }
     ::close(out[1]);
@@ -237,7 +271,11 @@ int launch_local(const LaunchOptions& o) {
       if (!w.running) continue;
       int status = 0;
       pid_t p = ::waitpid(w.pid, &status, WNOHANG);
-      if (p != w.pid) continue;
+      if (p == -1 && errno == ECHILD) {
+        status = 0xff00;  // reaped elsewhere (SIGCHLD ignored): gone, status unknown (reads as 255)
+      } else if (p != w.pid) {
+        continue;
+      }
       w.running = false;
       w.status = status;
       bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;

@@ -60,6 +60,7 @@ std::pair<Options::Value, std::string> parse_value(const std::string& where, con
       int64_t v = 0;
       const char* first = text.data() + (!text.empty() && text[0] == '+' ? 1 : 0);
       const char* last = text.data() + text.size();
+      if (first != text.data() && first < last && *first == '-') throw bad();
       auto res = std::from_chars(first, last, v);
       if (text.empty() || res.ec == std::errc::result_out_of_range)
         throw bad(res.ec == std::errc::result_out_of_range ? " (out of the 64-bit range)" : "");
@@ -70,11 +71,17 @@ std::pair<Options::Value, std::string> parse_value(const std::string& where, con
       double v = 0;
       const char* first = text.data() + (!text.empty() && text[0] == '+' ? 1 : 0);
       const char* last = text.data() + text.size();
+      if (first != text.data() && first < last && *first == '-') throw bad();
       auto res = std::from_chars(first, last, v);
       if (text.empty() || res.ec != std::errc() || res.ptr != last || !std::isfinite(v)) throw bad();
       return {v, format_double(v)};
     }
     case OptionType::String:
+      // An INI file cannot hold these (Boost cuts at '#', lines end at newlines, values are
+      // trimmed), and the resolved configuration must reproduce the run.
+      if (raw.find_first_of("#\n") != std::string::npos || raw != trim(raw))
+        throw Error(where + " cannot hold '#', a newline, or leading/trailing spaces (an INI file "
+                    "could not reproduce it), got '" + raw + "'");
       return {raw, raw};
     case OptionType::Choice: {
       if (std::find(spec.choices.begin(), spec.choices.end(), text) == spec.choices.end())

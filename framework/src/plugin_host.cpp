@@ -1,6 +1,7 @@
 #include "fsdpx/framework/plugin_host.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -37,10 +38,16 @@ bool valid_name(const std::string& name) {
 
 std::string str(const char* s) { return s ? std::string(s) : std::string(); }
 
-// Refuses a directory (or file) that users other than its owner's group can write to.
+// Refuses a directory (or file) that other users can write to: writable by everyone, or owned by
+// someone who is neither this user nor root. (Group-writable is allowed: Debian's user private
+// groups make it the norm.)
 void check_not_world_writable(const fs::path& p, const char* what) {
   struct stat st {};
   if (::stat(p.c_str(), &st) != 0) return;  // reported by whoever opens it
+  if (st.st_uid != ::geteuid() && st.st_uid != 0)
+    throw Error(std::string("refusing ") + what + " " + p.string() + ": it belongs to another user (uid " +
+                std::to_string(st.st_uid) + "), and a plugin is code that runs with your rights; pass "
+                "--allow-insecure-plugin-dir to load from it anyway");
   if (st.st_mode & S_IWOTH) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
@@ -145,13 +152,14 @@ std::vector<std::string> PluginHost::discover(const PluginSearch& search) {
     try {
       auto more = load_directory(dir, search.allow_insecure);
       errors.insert(errors.end(), more.begin(), more.end());
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       errors.push_back(e.what());
     }
   };
+  std::error_code ec;
   if (search.default_dir) {
     fs::path dir = default_plugin_dir();
-    if (fs::is_directory(dir)) scan(dir);
+    if (fs::is_directory(dir, ec)) scan(dir);
   }
   if (search.environment) {
     if (const char* env = std::getenv("FSDPX_PLUGIN_PATH")) {
@@ -162,7 +170,7 @@ std::vector<std::string> PluginHost::discover(const PluginSearch& search) {
         if (colon == std::string::npos) colon = list.size();
         std::string dir = list.substr(start, colon - start);
         if (!dir.empty()) {
-          if (fs::is_directory(dir)) {
+          if (fs::is_directory(dir, ec)) {
             scan(dir);
           } else {
             errors.push_back("FSDPX_PLUGIN_PATH names " + dir + ", which is not a directory");
@@ -180,7 +188,7 @@ std::vector<std::string> PluginHost::discover(const PluginSearch& search) {
         check_not_world_writable(canonical_or_self(file).parent_path(), "plugin directory");
       }
       load(file, /*named=*/true);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       errors.push_back(e.what());
     }
   }
@@ -188,12 +196,17 @@ std::vector<std::string> PluginHost::discover(const PluginSearch& search) {
 }
 
 std::vector<std::string> PluginHost::load_directory(const fs::path& dir, bool allow_insecure) {
-  if (!fs::is_directory(dir))
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
     throw Error("plugin directory " + dir.string() + " does not exist or is not a directory");
   if (!allow_insecure) check_not_world_writable(dir, "plugin directory");
   std::vector<fs::path> files;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    if (entry.path().extension() == ".so" && !entry.is_directory()) files.push_back(entry.path());
+  fs::directory_iterator it(dir, ec), end;
+  if (ec) throw Error("plugin directory " + dir.string() + " cannot be read: " + ec.message());
+  for (; it != end; it.increment(ec)) {
+    if (ec) throw Error("plugin directory " + dir.string() + " cannot be read: " + ec.message());
+    std::error_code dir_ec;
+    if (it->path().extension() == ".so" && !it->is_directory(dir_ec)) files.push_back(it->path());
   }
   std::sort(files.begin(), files.end());
   std::vector<std::string> errors;
@@ -201,7 +214,7 @@ std::vector<std::string> PluginHost::load_directory(const fs::path& dir, bool al
     try {
       if (!allow_insecure) check_not_world_writable(f, "plugin file");
       load(f, /*named=*/false);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       errors.push_back(e.what());
     }
   }
@@ -212,15 +225,15 @@ void PluginHost::load(const fs::path& file, bool named) {
   const fs::path canonical = canonical_or_self(file);
   if (std::find(loaded_files_.begin(), loaded_files_.end(), canonical) != loaded_files_.end())
     return;
-  if (!fs::exists(file)) throw Error("plugin file " + file.string() + " does not exist");
-  if (fs::is_directory(file))
+  std::error_code ec;
+  if (!fs::exists(file, ec)) throw Error("plugin file " + file.string() + " does not exist");
+  if (fs::is_directory(file, ec))
     throw Error("plugin file " + file.string() + " is a directory; use --plugin-dir for directories");
 
   const std::string where = file.string();
   std::shared_ptr<PluginLibrary> library = PluginLibrary::open(file);
   fsdpx_plugin_entry_fn entry = library->entry();
   if (!entry) {
-    loaded_files_.push_back(canonical);
     if (!named) {
       services_->log(LogLevel::Debug, "skipping " + where + ": no " FSDPX_PLUGIN_ENTRY_SYMBOL " symbol");
       return;
@@ -282,6 +295,7 @@ void PluginHost::load(const fs::path& file, bool named) {
     throw Error(plugin + " failed while registering its components (a non-standard exception); "
                 "none of its components were registered");
   }
+  if (!registrar.refusal().empty()) throw Error(registrar.refusal());  // the plugin caught it
   auto pending = registrar.take();
   if (pending.empty()) {
     services_->log(LogLevel::Warning, plugin + " registered no components");
@@ -338,6 +352,7 @@ namespace {
 // Owns a component object and the library its code lives in; the object goes first.
 struct KeepAlive {
   std::shared_ptr<PluginLibrary> library;
+  std::shared_ptr<const HostServices> services;  // the object may log through it
   std::shared_ptr<void> object;
 };
 }  // namespace
@@ -354,7 +369,7 @@ std::shared_ptr<void> PluginHost::create_erased(Kind kind, const std::string& na
     throw Error(c.title() + " could not be created: " + e.what());
   }
   if (!object) throw Error(c.title() + ": its factory returned nothing (a bug in the plugin)");
-  auto keep = std::make_shared<KeepAlive>(KeepAlive{c.plugin->library, std::move(object)});
+  auto keep = std::make_shared<KeepAlive>(KeepAlive{c.plugin->library, services_, std::move(object)});
   void* raw = keep->object.get();
   return std::shared_ptr<void>(std::move(keep), raw);
 }

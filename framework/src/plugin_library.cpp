@@ -33,8 +33,12 @@ std::shared_ptr<PluginLibrary> PluginLibrary::open(const std::filesystem::path& 
   try {
     impl->library.load(file, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
-    throw Error("cannot load plugin " + file.string() + ": not a loadable library: " +
-                loader_message(e.what()));
+    const std::string msg = loader_message(e.what());
+    const bool undefined = msg.find("undefined symbol") != std::string::npos;
+    throw Error("cannot load plugin " + file.string() + ": " +
+                (undefined ? "it needs a symbol this process lacks (" + msg +
+                                 "); it was probably built against another fsdpx or LibTorch"
+                           : "not a loadable library: " + msg));
   }
   // Pin the library for the life of the process: the loader then never unmaps it, whatever
   // happens to the handles (this call only adds the flag; the library is already loaded).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -41,6 +42,14 @@ std::string join_ints(const std::vector<int>& v) {
   std::string out;
   for (int x : v) out += (out.empty() ? "" : ", ") + std::to_string(x);
   return out;
+}
+
+// Set once a collective failed on this rank: the process groups then linger a little before
+// tearing down, so that peers still diagnosing can read this rank's heartbeat (and, on rank 0,
+// reach the store it serves).
+std::atomic<bool>& failure_seen() {
+  static std::atomic<bool> seen{false};
+  return seen;
 }
 
 // Every rank bumps a counter in the store twice a second. After a failed collective, a rank
@@ -88,11 +97,13 @@ class PeerMonitor {
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
+      lock.unlock();
       try {
         store_->add(key(rank_), 1);
       } catch (const std::exception&) {
-        return;  // the store is gone; diagnose() will say so
+        // The store may be gone (diagnose() will say so) or briefly unreachable: keep trying.
       }
+      lock.lock();
       cv_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stop_; });
     }
   }
@@ -104,7 +115,8 @@ class PeerMonitor {
   bool stop_ = false;
 };
 
-class BackendCommunicator final : public Communicator {
+class BackendCommunicator final : public Communicator,
+                                  public std::enable_shared_from_this<BackendCommunicator> {
  public:
   BackendCommunicator(std::string name, c10::intrusive_ptr<c10d::Backend> backend,
                       std::vector<int> global_ranks, int global_rank,
@@ -129,6 +141,7 @@ class BackendCommunicator final : public Communicator {
   Work reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) override {
     check_pair("reduce_scatter", output, input, input.numel() == output.numel() * size(),
                "input must have size() x output's elements");
+    check_average("reduce_scatter", output, op);
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op);
     opts.timeout = timeout_;
@@ -138,6 +151,7 @@ class BackendCommunicator final : public Communicator {
 
   Work all_reduce(at::Tensor tensor, ReduceOp op) override {
     check_one("all_reduce", tensor);
+    check_average("all_reduce", tensor, op);
     std::vector<at::Tensor> ts{tensor};
     c10d::AllreduceOptions opts;
     opts.reduceOp = to_c10d(op);
@@ -178,6 +192,11 @@ class BackendCommunicator final : public Communicator {
     if (!t.defined() || !t.is_contiguous())
       throw Error(std::string(what) + " on group '" + name_ + "': the tensor must be defined and contiguous");
   }
+  void check_average(const char* what, const at::Tensor& t, ReduceOp op) const {
+    if (op == ReduceOp::Avg && !at::isFloatingType(t.scalar_type()))
+      throw Error(std::string(what) + " on group '" + name_ + "': an average of " +
+                  c10::toString(t.scalar_type()) + " values is not representable; use Sum");
+  }
   void check_pair(const char* what, const at::Tensor& out, const at::Tensor& in, bool sizes_ok,
                   const char* rule) const {
     check_one(what, out);
@@ -191,28 +210,33 @@ class BackendCommunicator final : public Communicator {
                   ", group size " + std::to_string(size()) + ")");
   }
 
+  // The returned Work holds this communicator (and so its backend and monitor) alive.
   template <class Issue>
   Work issue(const char* what, Issue&& start, std::function<void()> finish = nullptr) {
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = start();
     } catch (const std::exception& e) {
-      throw failure(what, e);
+      throw failure(what, e, /*diagnose=*/false);  // refused at once: a local problem
     }
-    return Work([this, work, finish, what] {
+    auto self = shared_from_this();
+    return Work([self, work, finish, what] {
       try {
-        work->wait(timeout_);
+        work->wait(self->timeout_);
       } catch (const std::exception& e) {
-        throw failure(what, e);
+        throw self->failure(what, e, /*diagnose=*/true);
       }
       if (finish) finish();
     });
   }
 
-  Error failure(const char* what, const std::exception& e) const {
+  Error failure(const char* what, const std::exception& e, bool diagnose) const {
     std::string msg = "rank " + std::to_string(global_rank_) + ": " + what + " on group '" + name_ +
                       "' (ranks " + join_ints(global_ranks_) + ") failed: " + first_line(e);
-    if (monitor_) msg += "; " + monitor_->diagnose(global_ranks_);
+    if (diagnose && monitor_) {
+      failure_seen().store(true);
+      msg += "; " + monitor_->diagnose(global_ranks_);
+    }
     return Error(msg);
   }
 
@@ -241,7 +265,7 @@ struct ProcessGroups::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<const PeerMonitor> monitor;
   std::shared_ptr<Communicator> world;
-  int groups_created = 0;
+  std::map<std::string, int> groups_created;  // per (name, members): agreed by the members alone
 
   std::shared_ptr<Communicator> make(const std::string& name, const std::vector<int>& ranks) {
     const int me = options.topology.rank;
@@ -252,8 +276,8 @@ struct ProcessGroups::Impl {
     const int group_rank = static_cast<int>(it - ranks.begin());
     const int size = static_cast<int>(ranks.size());
     // A unique store namespace per group: its name, its members and its creation order.
-    auto prefix = c10::make_intrusive<c10d::PrefixStore>(
-        "fsdpx/group/" + name + "/" + join_ints(ranks) + "/" + std::to_string(groups_created++), store);
+    const std::string key = "fsdpx/group/" + name + "/" + join_ints(ranks);
+    auto prefix = c10::make_intrusive<c10d::PrefixStore>(key + "/" + std::to_string(groups_created[key]++), store);
     c10::intrusive_ptr<c10d::Backend> backend;
     try {
       if (options.device == DeviceKind::Cuda) {
@@ -333,7 +357,12 @@ std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& optio
 }
 
 ProcessGroups::ProcessGroups(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ProcessGroups::~ProcessGroups() = default;
+ProcessGroups::~ProcessGroups() {
+  if (failure_seen().load()) {
+    // Let peers finish diagnosing against this rank's heartbeat and, on rank 0, its store.
+    std::this_thread::sleep_for(std::chrono::milliseconds(impl_->options.topology.rank == 0 ? 3000 : 1500));
+  }
+}
 
 const Topology& ProcessGroups::topology() const { return impl_->options.topology; }
 DeviceKind ProcessGroups::device() const { return impl_->options.device; }

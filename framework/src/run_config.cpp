@@ -70,7 +70,12 @@ po::parsed_options parse_file(const fs::path& file, const po::options_descriptio
 po::parsed_options parse_args(const std::vector<std::string>& args,
                               const po::options_description& desc) {
   try {
-    return po::command_line_parser(args).options(desc).allow_unregistered().run();
+    // No abbreviations: --sharding.reshard must not quietly mean reshard_after_forward.
+    return po::command_line_parser(args)
+        .options(desc)
+        .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+        .allow_unregistered()
+        .run();
   } catch (const po::error& e) {
     throw Error(std::string("command line: ") + e.what());
   }

@@ -1,5 +1,6 @@
 #include "fsdpx/framework/topology_resolver.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -153,18 +154,22 @@ std::vector<int> expand_tasks_per_node(const std::string& spec) {
   return out;
 }
 
-int slurm_master_port(long long job_id) { return 10000 + static_cast<int>(job_id % 20000); }
+int slurm_master_port(long long job_id, long long step_id) {
+  return 10000 + static_cast<int>((job_id + 7919 * std::max(0LL, step_id)) % 20000);
+}
 
 ResolvedTopology resolve_topology(const TopologyFlags& flags, const Environment& env) {
   ResolvedTopology r;
   Topology& t = r.topology;
-  const bool torchrun = pair(env, "RANK", "WORLD_SIZE", "torchrun");
-  const bool slurm = get(env, "SLURM_PROCID").has_value();
+  // Each source's own consistency is checked only when that source decides.
+  const bool by_flags = flags.rank || flags.world_size;
+  const bool torchrun = !by_flags && pair(env, "RANK", "WORLD_SIZE", "torchrun");
+  const bool slurm = !by_flags && !torchrun && get(env, "SLURM_PROCID").has_value();
   if (slurm && !get(env, "SLURM_NTASKS") && !get(env, "SLURM_NPROCS"))
     throw Error("SLURM_PROCID is set but SLURM_NTASKS is not; run the workers with srun");
 
   // Rank and world size, from one source.
-  if (flags.rank || flags.world_size) {
+  if (by_flags) {
     if (!flags.rank || !flags.world_size)
       throw Error(std::string(flags.rank ? "--rank" : "--world-size") + " is given but " +
                   (flags.rank ? "--world-size" : "--rank") + " is not; give both");
@@ -199,7 +204,11 @@ ResolvedTopology resolve_topology(const TopologyFlags& flags, const Environment&
     slurm_local = get_int(env, "SLURM_LOCALID");
     slurm_node = get_int(env, "SLURM_NODEID");
     slurm_nodes = get_int(env, "SLURM_NNODES");
-    if (auto list = get(env, "SLURM_JOB_NODELIST") ? get(env, "SLURM_JOB_NODELIST") : get(env, "SLURM_NODELIST")) {
+    // The step's nodes, where the tasks (and rank 0) run; the job's when there is no step.
+    std::optional<std::string> list;
+    for (const char* v : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})
+      if (!list) list = get(env, v);
+    if (list) {
       slurm_hosts = expand_hostlist(*list);
       if (!slurm_nodes) slurm_nodes = static_cast<int>(slurm_hosts.size());
     }
@@ -260,7 +269,9 @@ ResolvedTopology resolve_topology(const TopologyFlags& flags, const Environment&
   } else if (auto p = get(env, "MASTER_PORT")) {
     t.master_port = static_cast<int>(parse_int(*p, "MASTER_PORT"));
   } else if (r.source == "slurm" && get(env, "SLURM_JOB_ID")) {
-    t.master_port = slurm_master_port(parse_int(*get(env, "SLURM_JOB_ID"), "SLURM_JOB_ID"));
+    auto step = get(env, "SLURM_STEP_ID");
+    t.master_port = slurm_master_port(parse_int(*get(env, "SLURM_JOB_ID"), "SLURM_JOB_ID"),
+                                      step ? parse_int(*step, "SLURM_STEP_ID") : 0);
   } else if (r.source == "torchrun") {
     throw Error("RANK/WORLD_SIZE are set but MASTER_PORT is not; torchrun sets MASTER_ADDR and MASTER_PORT");
   }

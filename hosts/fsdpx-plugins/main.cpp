@@ -172,11 +172,11 @@ int main(int argc, char** argv) {
                  dym.empty() ? "." : dym.c_str(), fsdpx::join_names(commands).c_str());
     return 2;
   }
-  fsdpx::PluginHost host;
-  auto errors = host.discover(cli.search);
-  for (const auto& e : errors) std::fprintf(stderr, "fsdpx-plugins: %s\n", e.c_str());
-  int status = errors.empty() ? 0 : 1;
   try {
+    fsdpx::PluginHost host;
+    auto errors = host.discover(cli.search);
+    for (const auto& e : errors) std::fprintf(stderr, "fsdpx-plugins: %s\n", e.c_str());
+    int status = errors.empty() ? 0 : 1;
     int rc = 0;
     if (cli.command == "list") rc = cmd_list(host);
     if (cli.command == "show") rc = cmd_show(host, cli.args);

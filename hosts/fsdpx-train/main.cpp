@@ -58,8 +58,10 @@ fsdpx::TopologyFlags flags_from(const po::variables_map& vm) {
   return f;
 }
 
-std::chrono::milliseconds ms(double seconds) {
-  if (!(seconds > 0)) throw fsdpx::Error("timeouts must be positive numbers of seconds");
+std::chrono::milliseconds ms(const char* option, double seconds) {
+  if (!(seconds >= 0.001 && seconds <= 1e7))
+    throw fsdpx::Error(std::string("--") + option + " must be between 0.001 and 10000000 seconds, got " +
+                       std::to_string(seconds));
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
 }
 
@@ -68,7 +70,8 @@ int check_comm(const fsdpx::RuntimeOptions& ro) {
   auto groups = fsdpx::ProcessGroups::create(ro);
   auto world = groups->world();
   const int w = world->size(), r = world->rank();
-  auto dev = ro.device == fsdpx::DeviceKind::Cuda ? at::Device(at::kCUDA, ro.topology.local_rank) : at::Device(at::kCPU);
+  // CUDA: the device the NCCL backend made current.
+  auto dev = ro.device == fsdpx::DeviceKind::Cuda ? at::Device(at::kCUDA) : at::Device(at::kCPU);
   at::Tensor sum = at::full({4}, static_cast<double>(r + 1), at::TensorOptions().device(dev));
   world->all_reduce(sum, fsdpx::ReduceOp::Sum).wait();
   const double expect = w * (w + 1) / 2.0;
@@ -76,9 +79,12 @@ int check_comm(const fsdpx::RuntimeOptions& ro) {
   at::Tensor gathered = at::zeros({w}, at::TensorOptions().device(dev));
   world->all_gather(gathered, ids).wait();
   world->barrier().wait();
-  if (!sum.cpu().eq(expect).all().item<bool>() || !gathered.cpu().equal(at::arange(w).to(at::kFloat)))
+  if (!sum.cpu().eq(expect).all().item<bool>())
     throw fsdpx::Error("communication check failed on rank " + std::to_string(r) + ": all_reduce gave " +
                        std::to_string(sum.cpu()[0].item<double>()) + ", expected " + std::to_string(expect));
+  if (!gathered.cpu().equal(at::arange(w).to(at::kFloat)))
+    throw fsdpx::Error("communication check failed on rank " + std::to_string(r) +
+                       ": all_gather of the ranks' ids did not give 0.." + std::to_string(w - 1));
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (r == 0)
     std::printf("fsdpx-train: communication check passed on %d ranks (%s) in %.2f s\n", w,
@@ -93,6 +99,13 @@ int main(int argc, char** argv) {
   try {
     auto la = fsdpx::split_launcher_args(argc, argv);
     if (la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED")) {
+      // Inside torchrun or an srun step of several tasks, every task would start its own job.
+      const char* steps = std::getenv("SLURM_STEP_ID");
+      const char* ntasks = std::getenv("SLURM_NTASKS");
+      if (std::getenv("RANK") || (steps && ntasks && std::atoi(ntasks) > 1))
+        throw fsdpx::Error(std::string("--nproc-per-node starts workers itself, but this process is already one of ") +
+                           (std::getenv("RANK") ? "torchrun's workers (RANK is set)" : "Slurm's tasks (SLURM_STEP_ID and SLURM_NTASKS > 1)") +
+                           "; drop --nproc-per-node and let the launcher place the ranks");
       fsdpx::LaunchOptions lo;
       lo.nproc = la.nproc_per_node;
       lo.argv = la.rest;
@@ -102,9 +115,13 @@ int main(int argc, char** argv) {
     }
     po::variables_map vm;
     auto desc = options();
-    po::store(po::command_line_parser(la.rest.size() > 1 ? std::vector<std::string>(la.rest.begin() + 1, la.rest.end())
-                                                         : std::vector<std::string>{})
-                  .options(desc).run(), vm);
+    po::positional_options_description none;  // stray words are errors, not ignored
+    po::store(po::command_line_parser(std::vector<std::string>(la.rest.begin() + 1, la.rest.end()))
+                  .options(desc)
+                  .positional(none)
+                  .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+                  .run(),
+              vm);
     po::notify(vm);
     if (vm.count("help")) {
       std::cout << "usage: fsdpx-train [OPTIONS]\n" << desc << "\n";
@@ -125,8 +142,8 @@ int main(int argc, char** argv) {
     fsdpx::RuntimeOptions ro;
     ro.topology = resolved.topology;
     ro.device = device == "cuda" ? fsdpx::DeviceKind::Cuda : fsdpx::DeviceKind::Cpu;
-    ro.rendezvous_timeout = ms(vm["rendezvous-timeout"].as<double>());
-    ro.collective_timeout = ms(vm["collective-timeout"].as<double>());
+    ro.rendezvous_timeout = ms("rendezvous-timeout", vm["rendezvous-timeout"].as<double>());
+    ro.collective_timeout = ms("collective-timeout", vm["collective-timeout"].as<double>());
     if (vm.count("check-comm")) return check_comm(ro);
     std::fprintf(stderr,
                  "fsdpx-train: training is not available in this build yet (it arrives with the "

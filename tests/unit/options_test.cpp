@@ -69,6 +69,11 @@ TEST(Options, BadValuesNameOptionAndExpectedType) {
             "'99999999999999999999' (out of the 64-bit range)");
   EXPECT_EQ(with("lr", "fast"),
             "optimizer 'x' (plugin p): option optimizer.lr expects a finite number, got 'fast'");
+  EXPECT_EQ(with("limit", "+-5"),
+            "optimizer 'x' (plugin p): option optimizer.limit expects an integer, got '+-5'");
+  EXPECT_EQ(with("label", "a#b"),
+            "optimizer 'x' (plugin p): option optimizer.label cannot hold '#', a newline, or "
+            "leading/trailing spaces (an INI file could not reproduce it), got 'a#b'");
   EXPECT_EQ(with("lr", "inf"),
             "optimizer 'x' (plugin p): option optimizer.lr expects a finite number, got 'inf'");
   EXPECT_EQ(with("dtype", "bf61"),

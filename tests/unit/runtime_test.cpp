@@ -6,7 +6,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <new>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -56,6 +59,41 @@ TEST(GlooBackend, SymbolsExistAndWork) {
   std::vector<at::Tensor> t{at::ones({3})};
   backend->allreduce(t)->wait();
   EXPECT_TRUE(t[0].equal(at::ones({3})));
+}
+
+}  // namespace
+}  // namespace fsdpx
+
+// Sized operator delete, replaced for this test binary so that the next test can see the size
+// LibTorch's own destructor frees the Gloo object with. It frees like the default one.
+namespace {
+std::atomic<void*> g_watched{nullptr};
+std::atomic<size_t> g_freed_size{0};
+}  // namespace
+__attribute__((visibility("default"))) void operator delete(void* p, std::size_t size) noexcept {
+  if (p && p == g_watched.load()) g_freed_size.store(size);
+  std::free(p);
+}
+
+namespace fsdpx {
+namespace {
+
+TEST(GlooBackend, ObjectSizeMatchesLibTorch) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto backend = make_gloo_backend(store, 0, 1, std::chrono::seconds(10));
+  g_watched.store(backend.get());
+  backend.reset();
+  g_watched.store(nullptr);
+  EXPECT_EQ(g_freed_size.load(), kGlooObjectBytes)
+      << "LibTorch's ProcessGroupGloo is " << g_freed_size.load() << " bytes, not kGlooObjectBytes ("
+      << kGlooObjectBytes << "): update it in c10d_backends.h";
+}
+
+TEST(Runtime, SubgroupsOfSomeRanksThenOfAll) {
+  auto r = test::run_command(worker() + " --nproc-per-node 4 --scenario subgroups --collective-timeout 20");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int k = 0; k < 4; ++k)
+    EXPECT_NE(r.out.find("[rank" + std::to_string(k) + "]: subgroups ok"), std::string::npos) << r.out;
 }
 
 TEST(Runtime, CollectivesAtTwoRanks) {

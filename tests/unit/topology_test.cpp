@@ -76,6 +76,12 @@ TEST(Topology, Slurm) {
   EXPECT_EQ(describe(r), "rank 5/7 local 1/2 node 2/4 master gpu01:" +
                              std::to_string(slurm_master_port(123456)) + " (slurm)");
   EXPECT_EQ(slurm_master_port(123456), 13456);
+  EXPECT_EQ(slurm_master_port(123456, 1), 21375);  // another step of the job, another port
+  Environment step = kSlurm;
+  step["SLURM_STEP_NODELIST"] = "gpu03";  // srun -w gpu03 inside the allocation
+  step["SLURM_STEP_ID"] = "1";
+  EXPECT_EQ(resolve_topology({}, step).topology.master_addr, "gpu03");
+  EXPECT_EQ(resolve_topology({}, step).topology.master_port, 21375);
   Environment last = kSlurm;
   last["SLURM_PROCID"] = "6";
   last["SLURM_NODEID"] = "3";
@@ -125,6 +131,15 @@ TEST(Topology, PartialOrContradictorySettingsNameTheVariables) {
   TopologyFlags f;
   f.rank = 1;
   EXPECT_EQ(error_of([&] { resolve_topology(f, {}); }), "--rank is given but --world-size is not; give both");
+  // Settings of a source that does not decide are not checked: flags win over a stray RANK, and
+  // torchrun inside a batch step (SLURM_PROCID without SLURM_NTASKS) is fine.
+  TopologyFlags g;
+  g.rank = 0;
+  g.world_size = 1;
+  EXPECT_EQ(resolve_topology(g, {{"RANK", "3"}}).source, "flags");
+  Environment tr = kTorchrun;
+  tr["SLURM_PROCID"] = "0";
+  EXPECT_EQ(resolve_topology({}, tr).source, "torchrun");
   Environment s = kSlurm;
   s["SLURM_NODEID"] = "9";
   s["SLURM_NNODES"] = "";

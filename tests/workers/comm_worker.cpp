@@ -144,6 +144,19 @@ int main(int argc, char** argv) {
       h.replicate->all_reduce(t, ReduceOp::Sum).wait();
       std::printf("hybrid ok shard=%d/%d sum=%g replicate=%d/%d sum=%g\n", h.shard->rank(), h.shard->size(),
                   s.item<double>(), h.replicate->rank(), h.replicate->size(), t.item<double>());
+    } else if (scenario == "subgroups") {
+      // A group of some ranks, then groups of all: creation must agree per group, not per rank.
+      if (rank < 2) {
+        auto pair = groups->new_group("pair", {0, 1});
+        at::Tensor t = at::ones({3});
+        pair->all_reduce(t, ReduceOp::Sum).wait();
+        expect_equal(t, at::full({3}, 2.0), "pair all_reduce");
+      }
+      auto h = groups->hybrid(2);
+      at::Tensor s = at::full({1}, static_cast<double>(rank));
+      h.shard->all_reduce(s, ReduceOp::Sum).wait();
+      expect_equal(s, at::full({1}, rank < 2 ? 1.0 : 5.0), "shard all_reduce after a subset group");
+      std::printf("subgroups ok\n");
     } else if (scenario == "die") {
       at::Tensor t = at::ones({1024});
       groups->world()->all_reduce(t, ReduceOp::Sum).wait();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -9,6 +10,9 @@
 #include "fsdpx/export.h"
 
 namespace fsdpx {
+
+// sizeof(c10d::ProcessGroupGloo) in LibTorch 2.11.0; see gloo_backend.cpp.
+constexpr size_t kGlooObjectBytes = 488;
 
 // LibTorch's ProcessGroupGloo over `store` (rank, size within the group), with the default
 // device (GLOO_SOCKET_IFNAME, else this host's address, else loopback) and `timeout` for every

@@ -26,11 +26,17 @@ enum class ReduceOp { Sum, Avg, Max };
 class FSDPX_API Work {
  public:
   Work() = default;
-  explicit Work(std::function<void()> wait) : wait_(std::make_shared<std::function<void()>>(std::move(wait))) {}
+  explicit Work(std::function<void()> wait);
+  // Copies share one completion: whichever thread waits first completes it, the others block
+  // until then; the finishing step runs once.
   void wait();
 
  private:
-  std::shared_ptr<std::function<void()>> wait_;  // cleared after the first successful wait
+  struct State {
+    std::mutex mutex;
+    std::function<void()> wait;  // cleared after the first successful wait
+  };
+  std::shared_ptr<State> state_;
 };
 
 // The collectives of one process group. All ranks of the group call the same collectives in the

@@ -24,9 +24,9 @@ struct RuntimeOptions {
 class FSDPX_API ProcessGroups {
  public:
   // Rendezvous through a c10d TCPStore at master_addr:master_port (rank 0 serves it): waits
-  // until every rank has joined, then builds the world group. Throws fsdpx::Error after
-  // rendezvous_timeout naming the ranks that did not join, or at once if the master cannot be
-  // reached or served.
+  // until every rank has joined, then builds the world group. Throws fsdpx::Error naming the
+  // ranks that did not join after rendezvous_timeout, naming the address if the master cannot be
+  // reached within rendezvous_timeout, or at once if rank 0 cannot serve the port.
   static std::shared_ptr<ProcessGroups> create(const RuntimeOptions& options);
   ~ProcessGroups();
 

@@ -1,0 +1,602 @@
+#include "fsdpx/framework/sharding_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/suggest.h"
+#include "fsdpx/unit.h"
+
+namespace fsdpx {
+
+// ---- Wrappable-layer registry (fsdpx/unit.h) -------------------------------------------------
+
+UnitHooks::~UnitHooks() = default;
+
+namespace {
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<const torch::nn::Module*, std::weak_ptr<torch::nn::Module>>& wrappable() {
+  static std::unordered_map<const torch::nn::Module*, std::weak_ptr<torch::nn::Module>> w;
+  return w;
+}
+std::unordered_map<const torch::nn::Module*, UnitHooks*>& installed_hooks() {
+  static std::unordered_map<const torch::nn::Module*, UnitHooks*> h;
+  return h;
+}
+bool is_wrappable(const torch::nn::Module* m) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = wrappable().find(m);
+  return it != wrappable().end() && it->second.lock().get() == m;
+}
+}  // namespace
+
+namespace detail {
+void mark_wrappable(const std::shared_ptr<torch::nn::Module>& module) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  wrappable()[module.get()] = module;
+}
+UnitHooks* hooks_of(const torch::nn::Module* module) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = installed_hooks().find(module);
+  return it == installed_hooks().end() ? nullptr : it->second;
+}
+}  // namespace detail
+
+// ---- Seeds -------------------------------------------------------------------------------------
+
+uint64_t parameter_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over the name, then splitmix64 with the seed
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;
+  uint64_t z = h ^ (seed + 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// ---- Units -------------------------------------------------------------------------------------
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+void resize_storage(const c10::Storage& storage, size_t bytes) {
+  at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), bytes);
+}
+
+// A tensor of `sizes` over `storage` from element `offset`, with its own version counter (so
+// refilling the storage never trips autograd's check on tensors it saved).
+at::Tensor tensor_over(const c10::Storage& storage, int64_t offset, at::IntArrayRef sizes,
+                       at::ScalarType dtype) {
+  at::NoGradGuard no_grad;
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (int64_t i = static_cast<int64_t>(sizes.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * sizes[i + 1];
+  t.set_(storage, offset, sizes, strides);
+  return t;
+}
+
+struct Param {
+  std::string name;
+  at::Tensor param;  // the module's registered parameter; its data is swapped, never the object
+  std::vector<int64_t> shape;
+  int64_t d0 = 1, row = 1, rows_per_shard = 1, shard_numel = 1, offset = 0;
+  at::Tensor shard;  // leaf [rows_per_shard, ...] over the unit's flat shard
+};
+
+}  // namespace
+
+struct Unit;
+
+struct ShardingEngine::Impl {
+  std::shared_ptr<Model> model;
+  EngineComms comms;
+  EngineOptions options;
+  int shard_size = 1, shard_rank = 0;
+  std::vector<std::unique_ptr<Unit>> units;  // root first
+  UnitPlan plan;
+  bool sync = true;
+  bool in_backward = false;
+  std::vector<Unit*> forward_order, last_forward_order;
+
+  void prefetch_after(Unit* u, const std::vector<Unit*>& order);
+  void finish_backward();
+};
+
+namespace {
+
+struct PostBackward;
+
+}  // namespace
+
+struct Unit final : UnitHooks {
+  ShardingEngine::Impl* engine = nullptr;
+  std::string fqn;
+  torch::nn::Module* module = nullptr;
+  bool root = false;
+  std::vector<Param> params;
+  int64_t total = 0;  // shard elements (padded)
+  at::Tensor flat_shard, flat_grad;
+  c10::Storage unsharded;      // shard_size * total elements while gathered (shard_size > 1)
+  at::Tensor unsharded_flat;   // over `unsharded`, for the copy-out
+  enum class State { Sharded, Gathering, Unsharded } state = State::Sharded;
+  Work gather_work;
+  at::Tensor gather_out;
+  Work reduce_work;
+  at::Tensor reduce_in;
+  int forward_calls = 0;
+  bool pre_backward_done = false, post_backward_done = false, reduced = false;
+
+  bool sharded_layout() const { return engine->shard_size > 1; }
+  bool reshard_after_forward() const { return sharded_layout() && !root && engine->options.layout.reshard_after_forward; }
+
+  void start_gather() {
+    if (state != State::Sharded) return;
+    state = State::Gathering;
+    if (!sharded_layout()) return;
+    gather_out = at::empty({engine->shard_size * total}, flat_shard.options());
+    gather_work = engine->comms.shard->all_gather(gather_out, flat_shard);
+  }
+
+  void unshard() {
+    if (state == State::Unsharded) return;
+    start_gather();
+    if (sharded_layout()) {
+      gather_work.wait();
+      const int64_t s = engine->shard_size;
+      resize_storage(unsharded, static_cast<size_t>(s * total) * flat_shard.element_size());
+      at::NoGradGuard no_grad;
+      at::Tensor src = gather_out.view({s, total});
+      for (const Param& p : params) {
+        unsharded_flat.narrow(0, s * p.offset, s * p.shard_numel)
+            .view({s, p.shard_numel})
+            .copy_(src.narrow(1, p.offset, p.shard_numel));
+      }
+      gather_out = at::Tensor();
+    }
+    state = State::Unsharded;
+  }
+
+  void reshard() {
+    if (!sharded_layout() || state != State::Unsharded) return;
+    resize_storage(unsharded, 0);
+    state = State::Sharded;
+  }
+
+  // Reduce-scatter (or, unsharded, all-reduce) of this unit's gradients into flat_grad; async.
+  void reduce_grads() {
+    at::NoGradGuard no_grad;
+    const int64_t s = engine->shard_size;
+    reduce_in = at::zeros({s * total}, flat_grad.options());
+    at::Tensor dst = reduce_in.view({s, total});
+    for (Param& p : params) {
+      at::Tensor g = p.param.grad();
+      if (!g.defined()) continue;
+      at::Tensor flat = g.reshape({-1});
+      for (int64_t r = 0; r < s; ++r) {
+        int64_t rows = std::min(p.rows_per_shard, p.d0 - r * p.rows_per_shard);
+        if (rows <= 0) break;
+        dst[r].narrow(0, p.offset, rows * p.row).copy_(flat.narrow(0, r * p.rows_per_shard * p.row, rows * p.row));
+      }
+      p.param.mutable_grad() = at::Tensor();
+    }
+    if (sharded_layout()) {
+      reduce_work = engine->comms.shard->reduce_scatter(flat_grad, reduce_in, ReduceOp::Avg);
+    } else {
+      flat_grad.copy_(reduce_in);
+      reduce_in = at::Tensor();
+      if (engine->comms.replicate) reduce_work = engine->comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
+    }
+    reduced = true;
+  }
+
+  void finish_reduce() {
+    if (!reduced) return;
+    reduce_work.wait();
+    reduce_in = at::Tensor();
+    if (sharded_layout() && engine->comms.replicate)
+      engine->comms.replicate->all_reduce(flat_grad, ReduceOp::Avg).wait();
+    reduced = false;
+  }
+
+  std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs) override;
+  at::Tensor post_forward(at::Tensor output) override;
+
+  void pre_backward() {
+    if (pre_backward_done) return;
+    pre_backward_done = true;
+    if (!engine->in_backward) {
+      engine->in_backward = true;
+      ShardingEngine::Impl* e = engine;
+      torch::autograd::Engine::get_default_engine().queue_callback([e] { e->finish_backward(); });
+    }
+    unshard();
+    if (engine->options.overlap) {
+      std::vector<Unit*> reverse(engine->last_forward_order.rbegin(), engine->last_forward_order.rend());
+      engine->prefetch_after(this, reverse);
+    }
+  }
+
+  void post_backward() {
+    if (post_backward_done) return;
+    post_backward_done = true;
+    if (engine->sync) reduce_grads();
+    reshard();
+  }
+
+  void begin_step() {
+    forward_calls = 0;
+    pre_backward_done = post_backward_done = false;
+  }
+};
+
+namespace {
+
+// The identity on a unit's inputs. Its backward runs once the unit's backward has produced the
+// gradients of its inputs, after its parameters' gradients were accumulated: post-backward.
+struct PostBackward : public torch::autograd::Function<PostBackward> {
+  static variable_list forward(AutogradContext* ctx, int64_t unit, variable_list inputs) {
+    ctx->saved_data["unit"] = unit;
+    variable_list out;
+    for (auto& t : inputs) out.push_back(t.view_as(t));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt())->post_backward();
+    variable_list out{at::Tensor()};
+    out.insert(out.end(), grads.begin(), grads.end());
+    return out;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
+  if (forward_calls++ > 0)
+    throw Error("unit '" + fqn + "' ran its forward twice in one step; fsdpx gathers and reduces a unit once per "
+                "step, so a layer called twice must not be a unit (wrap its parent instead)");
+  engine->forward_order.push_back(this);
+  unshard();
+  if (engine->options.overlap) engine->prefetch_after(this, engine->last_forward_order);
+  if (!at::GradMode::is_enabled()) return inputs;
+  std::vector<size_t> idx;
+  variable_list needs;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].defined() && inputs[i].requires_grad()) {
+      idx.push_back(i);
+      needs.push_back(inputs[i]);
+    }
+  if (needs.empty()) return inputs;
+  variable_list wrapped = PostBackward::apply(reinterpret_cast<int64_t>(this), needs);
+  for (size_t k = 0; k < idx.size(); ++k) inputs[idx[k]] = wrapped[k];
+  return inputs;
+}
+
+at::Tensor Unit::post_forward(at::Tensor output) {
+  if (reshard_after_forward()) reshard();
+  if (at::GradMode::is_enabled() && output.defined() && output.requires_grad()) {
+    output.register_hook([this](const at::Tensor& grad) {
+      pre_backward();
+      return grad;
+    });
+  }
+  return output;
+}
+
+void ShardingEngine::Impl::prefetch_after(Unit* u, const std::vector<Unit*>& order) {
+  auto it = std::find(order.begin(), order.end(), u);
+  if (it == order.end()) return;
+  int issued = 0;
+  for (++it; it != order.end() && issued < options.prefetch; ++it) {
+    if ((*it)->state == Unit::State::Sharded) (*it)->start_gather();
+    ++issued;
+  }
+}
+
+void ShardingEngine::Impl::finish_backward() {
+  // Units whose post-backward did not fire (inputs that need no gradient, such as token ids,
+  // and the root), latest first.
+  for (auto it = units.rbegin(); it != units.rend(); ++it) (*it)->post_backward();
+  if (sync)
+    for (auto& u : units) u->finish_reduce();
+  in_backward = false;
+}
+
+// ---- Construction ------------------------------------------------------------------------------
+
+namespace {
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<UnitSelection>& selected,
+                               EngineComms comms, EngineOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& e = *impl_;
+  e.model = std::move(model);
+  e.comms = std::move(comms);
+  e.options = options;
+  const ShardingLayout& layout = options.layout;
+  const int world = e.comms.world ? e.comms.world->size() : 1;
+  if (layout.shard_group_size * layout.replicate_group_size != world)
+    throw Error("sharding layout " + std::to_string(layout.shard_group_size) + " (shard) x " +
+                std::to_string(layout.replicate_group_size) + " (replicate) does not cover the world of " +
+                std::to_string(world) + " ranks");
+  if ((layout.shard_group_size > 1) != static_cast<bool>(e.comms.shard) ||
+      (e.comms.shard && e.comms.shard->size() != layout.shard_group_size) ||
+      (layout.replicate_group_size > 1) != static_cast<bool>(e.comms.replicate) ||
+      (e.comms.replicate && e.comms.replicate->size() != layout.replicate_group_size))
+    throw Error("the engine's communicators do not match the sharding layout (a bug in the host)");
+  if (options.prefetch < 1) throw Error("prefetch must be at least 1, got " + std::to_string(options.prefetch));
+  e.shard_size = layout.shard_group_size;
+  e.shard_rank = e.comms.shard ? e.comms.shard->rank() : 0;
+
+  std::shared_ptr<torch::nn::Module> root = e.model->module();
+  if (!root) throw Error("the model has no module");
+
+  // Which module is which unit; every module once.
+  std::map<std::string, bool> chosen;
+  for (const auto& s : selected) {
+    if (s.fqn.empty()) throw Error("the wrap policy selected the root; the root is always a unit and is not listed");
+    if (!chosen.emplace(s.fqn, s.activation_checkpoint).second)
+      throw Error("the wrap policy selected '" + s.fqn + "' twice");
+  }
+  std::map<const torch::nn::Module*, std::string> seen_modules;
+  std::map<const c10::TensorImpl*, std::pair<std::string, std::string>> seen_params;  // -> (param, unit)
+  std::vector<std::string> all_fqns;
+  e.units.push_back(std::make_unique<Unit>());
+  e.units[0]->engine = &e;
+  e.units[0]->root = true;
+  e.units[0]->module = root.get();
+
+  std::function<void(torch::nn::Module&, const std::string&, Unit*)> walk = [&](torch::nn::Module& m, const std::string& fqn,
+                                                                                Unit* unit) {
+    auto [it, fresh] = seen_modules.emplace(&m, fqn);
+    if (!fresh)
+      throw Error("module '" + fqn + "' is the same object as '" + it->second +
+                  "'; a module reachable from two places cannot be sharded (its parameters would belong to two units)");
+    if (!fqn.empty()) all_fqns.push_back(fqn);
+    if (!fqn.empty() && chosen.count(fqn)) {
+      if (!is_wrappable(&m))
+        throw Error("unit '" + fqn + "' is a " + m.name() +
+                    ", which fsdpx cannot hook: only layers declared with FSDPX_MODULE (fsdpx/unit.h) can be units; "
+                    "this model's wrappable layer types: " + join_names(e.model->layer_types()));
+      e.units.push_back(std::make_unique<Unit>());
+      unit = e.units.back().get();
+      unit->engine = &e;
+      unit->fqn = fqn;
+      unit->module = &m;
+    }
+    for (const auto& p : m.named_parameters(/*recurse=*/false)) {
+      const std::string name = fqn.empty() ? p.key() : fqn + "." + p.key();
+      const at::Tensor& t = p.value();
+      if (!t.defined()) continue;
+      auto [pit, new_param] = seen_params.emplace(t.unsafeGetTensorImpl(), std::make_pair(name, unit->fqn));
+      if (!new_param) {
+        if (pit->second.second != unit->fqn)
+          throw Error("parameter '" + name + "' is the same tensor as '" + pit->second.first +
+                      "', but they are in different units ('" + unit->fqn + "' and '" + pit->second.second +
+                      "'); shared parameters must stay in one unit: wrap a module that holds both");
+        continue;  // tied within one unit: one shard serves both names
+      }
+      Param q;
+      q.name = name;
+      q.param = t;
+      q.shape = t.sizes().vec();
+      unit->params.push_back(std::move(q));
+    }
+    for (const auto& c : m.named_children())
+      walk(*c.value(), fqn.empty() ? c.key() : fqn + "." + c.key(), unit);
+  };
+  walk(*root, "", e.units[0].get());
+  for (const auto& [fqn, ckpt] : chosen) {
+    (void)ckpt;
+    if (std::find(all_fqns.begin(), all_fqns.end(), fqn) == all_fqns.end())
+      throw Error("the wrap policy selected '" + fqn + "', which is not a submodule of the model" + did_you_mean(fqn, all_fqns));
+  }
+  if (seen_params.empty()) throw Error("the model has no parameters: there is nothing to shard or train");
+
+  // Every rank must have built the same model: compare a checksum of names and shapes.
+  uint64_t checksum = 1469598103934665603ULL;
+  for (const auto& u : e.units)
+    for (const auto& p : u->params) {
+      checksum = parameter_seed(checksum, p.name + shape_str(p.shape) + "@" + u->fqn);
+    }
+  if (e.comms.world && e.comms.world->size() > 1) {
+    const int n = e.comms.world->size();
+    at::Tensor mine = at::full({1}, static_cast<int64_t>(checksum & 0x7fffffffffffffffULL), at::kLong);
+    at::Tensor all = at::empty({n}, at::kLong);
+    e.comms.world->all_gather(all, mine).wait();
+    std::vector<int> differ;
+    for (int r = 0; r < n; ++r)
+      if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ.push_back(r);
+    if (!differ.empty()) {
+      std::string ranks;
+      for (int r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      throw Error("the model differs between ranks: the parameter names and shapes (or the units) of rank(s) " + ranks +
+                  " do not match rank 0's; every rank must build the same model with the same options");
+    }
+  }
+
+  // Shard layout, storage, and world-size-invariant initialisation, one parameter at a time.
+  const int64_t S = e.shard_size;
+  for (auto& up : e.units) {
+    Unit& u = *up;
+    for (Param& p : u.params) {
+      p.d0 = p.shape.empty() ? 1 : p.shape[0];
+      p.row = p.shape.empty() ? 1 : numel_of(std::vector<int64_t>(p.shape.begin() + 1, p.shape.end()));
+      p.rows_per_shard = (p.d0 + S - 1) / S;
+      if (p.d0 == 0) p.rows_per_shard = 0;
+      p.shard_numel = p.rows_per_shard * p.row;
+      p.offset = u.total;
+      u.total += p.shard_numel;
+    }
+    const auto opts = at::TensorOptions().dtype(at::kFloat);
+    u.flat_shard = at::zeros({u.total}, opts);
+    u.flat_grad = at::zeros({u.total}, opts);
+    if (S > 1) {
+      u.unsharded = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * u.total) * sizeof(float),
+                                 c10::GetAllocator(at::kCPU), /*resizable=*/true);
+      u.unsharded_flat = tensor_over(u.unsharded, 0, {S * u.total}, at::kFloat);
+    }
+    for (Param& p : u.params) {
+      std::vector<int64_t> shard_shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
+      shard_shape[0] = p.rows_per_shard;
+      {
+        at::NoGradGuard no_grad;
+        p.shard = tensor_over(u.flat_shard.storage(), p.offset, shard_shape, at::kFloat);
+        p.shard.requires_grad_(true);
+        p.shard.mutable_grad() = tensor_over(u.flat_grad.storage(), p.offset, shard_shape, at::kFloat);
+        // The whole parameter exists only for this moment.
+        at::Tensor full = at::empty(p.shape, opts);
+        at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(options.seed, p.name));
+        e.model->init_parameter(p.name, full, gen);
+        at::Tensor rows = full.reshape({p.d0, p.row});
+        int64_t first = e.shard_rank * p.rows_per_shard;
+        int64_t mine = std::max<int64_t>(0, std::min(p.rows_per_shard, p.d0 - first));
+        if (mine > 0) p.shard.view({p.rows_per_shard, p.row}).narrow(0, 0, mine).copy_(rows.narrow(0, first, mine));
+      }
+      // The module's parameter becomes a view of the unit's unsharded storage (or, unsharded,
+      // of the shard itself); its object stays, so the model and autograd keep using it.
+      at::Tensor view = S > 1 ? tensor_over(u.unsharded, S * p.offset, p.shape, at::kFloat)
+                              : tensor_over(u.flat_shard.storage(), p.offset, p.shape, at::kFloat);
+      p.param.set_data(view);
+    }
+    if (S > 1) resize_storage(u.unsharded, 0);
+    if (!u.root) {
+      std::lock_guard<std::mutex> lock(registry_mutex());
+      installed_hooks()[u.module] = &u;
+    }
+  }
+  // The plan, in the form wrap policies print it.
+  std::vector<UnitSelection> sel;
+  for (size_t i = 1; i < e.units.size(); ++i) sel.push_back({e.units[i]->fqn, chosen[e.units[i]->fqn]});
+  e.plan = plan_units(*root, sel);
+}
+
+ShardingEngine::~ShardingEngine() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (auto& u : impl_->units)
+    if (!u->root) installed_hooks().erase(u->module);
+}
+
+at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
+  Impl& e = *impl_;
+  if (e.in_backward) throw Error("forward called while a backward is still running");
+  for (auto& u : e.units) {
+    if (u->state == Unit::State::Unsharded && !u->root) u->reshard();  // left over from a forward without backward
+    u->begin_step();
+  }
+  e.forward_order.clear();
+  Unit& root = *e.units[0];
+  root.pre_forward({});
+  at::Tensor out = f();
+  out = root.post_forward(out);
+  for (auto& u : e.units)
+    if (!u->root && !u->params.empty() && u->forward_calls == 0)
+      throw Error("unit '" + u->fqn + "' did not run in this forward; call it through its FSDPX_MODULE holder (`layer(x)`), "
+                  "not layer->forward(x)");
+  e.last_forward_order = e.forward_order;
+  if (!at::GradMode::is_enabled() || !out.requires_grad())
+    for (auto& u : e.units) u->reshard();  // no backward will follow
+  return out;
+}
+
+void ShardingEngine::backward(const at::Tensor& loss) {
+  loss.backward();
+  if (impl_->in_backward) impl_->finish_backward();  // the callback did not run (no hook fired)
+}
+
+void ShardingEngine::set_requires_gradient_sync(bool sync) { impl_->sync = sync; }
+
+double ShardingEngine::clip_grad_norm(double max_norm) {
+  Impl& e = *impl_;
+  at::Tensor sq = at::zeros({1}, at::kDouble);
+  for (auto& u : e.units) sq += u->flat_grad.to(at::kDouble).pow(2).sum();
+  if (e.comms.shard) e.comms.shard->all_reduce(sq, ReduceOp::Sum).wait();
+  const double norm = std::sqrt(sq.item<double>());
+  const double scale = max_norm / (norm + 1e-6);
+  if (scale < 1.0) {
+    at::NoGradGuard no_grad;
+    for (auto& u : e.units) u->flat_grad.mul_(scale);
+  }
+  return norm;
+}
+
+std::vector<ParamShard> ShardingEngine::shards() const {
+  std::vector<ParamShard> out;
+  for (auto& u : impl_->units)
+    for (auto& p : u->params) out.push_back({p.name, p.shard});
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardingEngine::full_parameters() {
+  Impl& e = *impl_;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& u : e.units) {
+    at::Tensor all = u->flat_shard;
+    if (e.shard_size > 1) {
+      all = at::empty({e.shard_size * u->total}, u->flat_shard.options());
+      e.comms.shard->all_gather(all, u->flat_shard).wait();
+    }
+    at::Tensor grid = all.view({e.shard_size, u->total});
+    for (auto& p : u->params) {
+      at::Tensor full = grid.narrow(1, p.offset, p.shard_numel).reshape({e.shard_size * p.rows_per_shard, p.row});
+      out.emplace_back(p.name, full.narrow(0, 0, p.d0).reshape(p.shape).clone());
+    }
+  }
+  return out;
+}
+
+const UnitPlan& ShardingEngine::plan() const { return impl_->plan; }
+
+MemoryReport ShardingEngine::memory() const {
+  MemoryReport m;
+  for (auto& u : impl_->units) {
+    m.param_bytes += static_cast<int64_t>(u->flat_shard.storage().nbytes());
+    m.grad_bytes += static_cast<int64_t>(u->flat_grad.storage().nbytes());
+    if (impl_->shard_size > 1) m.unsharded_bytes += static_cast<int64_t>(u->unsharded.nbytes());
+  }
+  return m;
+}
+
+std::vector<int64_t> ShardingEngine::unit_shard_numels() const {
+  std::vector<int64_t> out;
+  for (auto& u : impl_->units) out.push_back(u->total);
+  return out;
+}
+
+std::vector<bool> ShardingEngine::unit_reshards_after_forward() const {
+  std::vector<bool> out;
+  for (auto& u : impl_->units) out.push_back(u->reshard_after_forward());
+  return out;
+}
+
+}  // namespace fsdpx
