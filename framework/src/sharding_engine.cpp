@@ -58,6 +58,14 @@ UnitHooks* hooks_of(const torch::nn::Module* module) {
 }
 }  // namespace detail
 
+// ---- Deferred parameters (fsdpx/model.h) -----------------------------------------------------
+
+at::Tensor deferred_tensor(at::IntArrayRef shape) {
+  at::Tensor t = at::empty({0}, at::kFloat);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);  // sizes only; the storage stays empty
+  return t;
+}
+
 // ---- Seeds -------------------------------------------------------------------------------------
 
 uint64_t parameter_seed(uint64_t seed, const std::string& name) {
@@ -250,11 +258,13 @@ namespace {
 
 // The identity on a unit's inputs. Its backward runs once the unit's backward has produced the
 // gradients of its inputs, after its parameters' gradients were accumulated: post-backward.
+// (The inputs travel as at::TensorList: LibTorch's custom functions take a std::vector of
+// tensors for a plain argument, and the outputs would then have no history.)
 struct PostBackward : public torch::autograd::Function<PostBackward> {
-  static variable_list forward(AutogradContext* ctx, int64_t unit, variable_list inputs) {
+  static variable_list forward(AutogradContext* ctx, int64_t unit, at::TensorList inputs) {
     ctx->saved_data["unit"] = unit;
     variable_list out;
-    for (auto& t : inputs) out.push_back(t.view_as(t));
+    for (const auto& t : inputs) out.push_back(t.view_as(t));
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -283,7 +293,7 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
       needs.push_back(inputs[i]);
     }
   if (needs.empty()) return inputs;
-  variable_list wrapped = PostBackward::apply(reinterpret_cast<int64_t>(this), needs);
+  variable_list wrapped = PostBackward::apply(reinterpret_cast<int64_t>(this), at::TensorList(needs));
   for (size_t k = 0; k < idx.size(); ++k) inputs[idx[k]] = wrapped[k];
   return inputs;
 }

@@ -62,14 +62,12 @@ TEST_F(SizeBasedTest, WrapsEachBlockWhenABlockReachesTheThreshold) {
 TEST_F(SizeBasedTest, SmallLeftoversStayWithTheRoot) {
   Net net(100, 8, 3);
   UnitPlan p = plan(net, 850);
-  // No single block reaches 850; two blocks do not form a module; the block list (1656) does.
-  // The embedding (800) stays with the root; the head (900) is its own unit.
-  ASSERT_EQ(p.units.size(), 3u);
+  // No single block reaches 850; the block list (1656) is a container, never a unit (as in
+  // PyTorch); so the blocks and the embedding (800) stay with the root; the head (900) is a unit.
+  ASSERT_EQ(p.units.size(), 2u);
   EXPECT_EQ(p.units[0].fqn, "");
-  EXPECT_EQ(p.units[0].num_params, 800);
-  EXPECT_EQ(p.units[1].fqn, "blocks");
-  EXPECT_EQ(p.units[1].num_params, 1656);
-  EXPECT_EQ(p.units[2].fqn, "head");
+  EXPECT_EQ(p.units[0].num_params, 800 + 1656);
+  EXPECT_EQ(p.units[1].fqn, "head");
 }
 
 TEST_F(SizeBasedTest, NestedUnitsTakeTheirOwnParameters) {
@@ -77,21 +75,30 @@ TEST_F(SizeBasedTest, NestedUnitsTakeTheirOwnParameters) {
   UnitPlan p = plan(net, 288);  // each `up` (288) is a unit; each block's rest (264) is not
   std::vector<std::string> fqns;
   for (const auto& u : p.units) fqns.push_back(u.fqn);
-  // The block list takes what the `up`s left: three `down`s (264 each, 792 >= 288).
-  EXPECT_EQ(fqns, (std::vector<std::string>{"", "embed", "blocks", "blocks.0.up", "blocks.1.up",
-                                            "blocks.2.up", "head"}));
-  EXPECT_EQ(p.units[2].num_params, 3 * 264);
+  // What the `up`s leave (three `down`s, 264 each) passes through the block list, a container,
+  // to the root.
+  EXPECT_EQ(fqns, (std::vector<std::string>{"", "embed", "blocks.0.up", "blocks.1.up", "blocks.2.up", "head"}));
+  EXPECT_EQ(p.units[0].num_params, 3 * 264);
   int64_t sum = 0;
   for (const auto& u : p.units) sum += u.num_params;
   EXPECT_EQ(sum, p.total_params);  // every parameter belongs to exactly one unit
 }
 
-TEST_F(SizeBasedTest, ThresholdAboveTheModelLeavesOnlyTheRoot) {
+TEST_F(SizeBasedTest, ThresholdAboveEverySubmoduleIsAnError) {
   Net net(100, 8, 3);
-  UnitPlan p = plan(net, 100000000);
-  ASSERT_EQ(p.units.size(), 1u);
-  EXPECT_EQ(p.units[0].num_params, p.total_params);
-  EXPECT_NE(p.table().find("1 units, 3356 parameters"), std::string::npos) << p.table();
+  try {
+    plan(net, 100000000);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "size_based selected no unit: no submodule holds min_num_params=100000000 "
+                           "parameters (the largest holds 900); lower min_num_params");
+  }
+}
+
+TEST_F(SizeBasedTest, PlanTableShowsUnitsAndRatio) {
+  Net net(100, 8, 3);
+  UnitPlan p = plan(net, 552);
+  EXPECT_NE(p.table().find("6 units, 3356 parameters; largest/smallest unit = 1.63"), std::string::npos) << p.table();
 }
 
 TEST_F(SizeBasedTest, SharedParametersAreCountedOnce) {

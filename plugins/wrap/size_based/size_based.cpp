@@ -1,6 +1,9 @@
 // size_based: PyTorch's size_based_auto_wrap_policy. Walking the module tree bottom-up, a
 // submodule becomes a unit when the parameters under it that no nested unit has taken number at
 // least min_num_params; those parameters then belong to it. What is left goes to the root.
+// Containers without a forward of their own (ModuleList, ModuleDict) are never units, as in
+// PyTorch (its exclude_wrap_modules default): their parameters count toward their parent.
+#include <algorithm>
 #include <set>
 
 #include <fsdpx/error.h>
@@ -16,24 +19,31 @@ class SizeBasedWrap final : public fsdpx::WrapPolicy {
   std::vector<fsdpx::UnitSelection> select(const torch::nn::Module& root) const override {
     std::set<const void*> seen;
     std::vector<fsdpx::UnitSelection> units;
-    int64_t left = visit(root, "", seen, units);
-    (void)left;  // stays with the root
+    int64_t largest = 0;
+    visit(root, "", seen, units, largest);  // what is left stays with the root
+    if (units.empty())
+      throw fsdpx::Error("size_based selected no unit: no submodule holds min_num_params=" +
+                         std::to_string(min_num_params_) + " parameters (the largest holds " +
+                         std::to_string(largest) + "); lower min_num_params");
     return units;
   }
 
  private:
   // Returns the parameter elements under `m` not taken by a unit at or below it.
   int64_t visit(const torch::nn::Module& m, const std::string& fqn, std::set<const void*>& seen,
-                std::vector<fsdpx::UnitSelection>& units) const {
+                std::vector<fsdpx::UnitSelection>& units, int64_t& largest) const {
     int64_t count = 0;
     for (const auto& p : m.named_parameters(/*recurse=*/false)) {
       if (p.value().defined() && seen.insert(p.value().unsafeGetTensorImpl()).second)
         count += p.value().numel();
     }
     for (const auto& child : m.named_children()) {
-      count += visit(*child.value(), fqn.empty() ? child.key() : fqn + "." + child.key(), seen, units);
+      count += visit(*child.value(), fqn.empty() ? child.key() : fqn + "." + child.key(), seen, units, largest);
     }
-    if (!fqn.empty() && count >= min_num_params_) {
+    const std::string type = m.name();
+    const bool container = type == "torch::nn::ModuleListImpl" || type == "torch::nn::ModuleDictImpl";
+    if (!fqn.empty() && !container) largest = std::max(largest, count);
+    if (!fqn.empty() && !container && count >= min_num_params_) {
       units.push_back({fqn, false});
       return 0;
     }

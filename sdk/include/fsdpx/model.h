@@ -23,6 +23,12 @@ struct Batch {
   int64_t tokens = 0;  // for throughput; equals samples for non-sequence models
 };
 
+// A parameter to be materialised later: an fp32 CPU tensor of `shape` with no memory behind it.
+// Models create their parameters this way (register_parameter("w", deferred_tensor({n, m})));
+// the sharding engine then gives each one memory, one at a time, and fills it through
+// Model::init_parameter. Reading it before that is an error.
+FSDPX_API at::Tensor deferred_tensor(at::IntArrayRef shape);
+
 class FSDPX_API Model {
  public:
   static constexpr Kind kKind = Kind::Model;

@@ -74,6 +74,7 @@ class UnitHolder : public torch::nn::ModuleHolder<Impl> {
   using Base = torch::nn::ModuleHolder<Impl>;
 
  public:
+  UnitHolder() : Base() { mark(); }  // default-constructs the layer, if it can be
   UnitHolder(std::nullptr_t) : Base(nullptr) {}
   UnitHolder(std::shared_ptr<Impl> module) : Base(std::move(module)) { mark(); }
   template <class Head, class... Tail,

@@ -1,0 +1,64 @@
+// layer_type: every submodule whose class is one of layer_types becomes a unit (PyTorch's
+// transformer_auto_wrap_policy). A class is its module name (torch::nn::Module("Block")) or its
+// C++ type name without namespaces and a trailing "Impl".
+#include <set>
+
+#include <fsdpx/error.h>
+#include <fsdpx/plugin.h>
+#include <fsdpx/wrap_policy.h>
+
+namespace {
+
+std::string short_name(const std::string& name) {
+  std::string s = name.substr(name.rfind("::") == std::string::npos ? 0 : name.rfind("::") + 2);
+  if (s.size() > 4 && s.compare(s.size() - 4, 4, "Impl") == 0) s.resize(s.size() - 4);
+  return s;
+}
+
+class LayerTypeWrap final : public fsdpx::WrapPolicy {
+ public:
+  explicit LayerTypeWrap(std::vector<std::string> types) : types_(types.begin(), types.end()) {}
+
+  std::vector<fsdpx::UnitSelection> select(const torch::nn::Module& root) const override {
+    std::vector<fsdpx::UnitSelection> units;
+    std::set<std::string> present;
+    visit(root, "", units, present);
+    if (units.empty()) {
+      std::string list;
+      for (const auto& p : present) list += (list.empty() ? "" : ", ") + p;
+      std::string wanted;
+      for (const auto& t : types_) wanted += (wanted.empty() ? "" : ", ") + t;
+      throw fsdpx::Error("layer_type selected no unit: no submodule is a " + wanted +
+                         "; the model's submodule types are: " + list);
+    }
+    return units;
+  }
+
+ private:
+  void visit(const torch::nn::Module& m, const std::string& fqn, std::vector<fsdpx::UnitSelection>& units,
+             std::set<std::string>& present) const {
+    for (const auto& c : m.named_children()) {
+      const std::string child = fqn.empty() ? c.key() : fqn + "." + c.key();
+      const std::string type = short_name(c.value()->name());
+      present.insert(type);
+      if (types_.count(type)) units.push_back({child, false});
+      visit(*c.value(), child, units, present);
+    }
+  }
+  std::set<std::string> types_;
+};
+
+void register_components(fsdpx::Registrar& r) {
+  r.add<fsdpx::WrapPolicy>(
+      "layer_type", "every submodule of the given layer types is a unit (PyTorch's transformer_auto_wrap_policy)",
+      {fsdpx::list_option("layer_types", "Block", "layer class names, comma-separated, e.g. Block")},
+      [](const fsdpx::ComponentContext& ctx) {
+        auto types = ctx.options.get_list("layer_types");
+        if (types.empty()) throw fsdpx::Error("layer_types is empty; name at least one layer class, e.g. Block");
+        return std::make_shared<LayerTypeWrap>(types);
+      });
+}
+
+}  // namespace
+
+FSDPX_PLUGIN("wrap_layer_type", "0.1.0", register_components)

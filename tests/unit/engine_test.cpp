@@ -1,0 +1,292 @@
+// The sharding engine on the gpt plugin (size tiny, sequence 16), trained with SGD by
+// tests/workers/engine_worker at world sizes 1 to 4, against plain single-process LibTorch.
+//
+// Tolerance for parity: |a - b| <= 1e-6 + 1e-5 |b|. Sharded runs add the same fp32 numbers in a
+// different order (per-rank means, then the reduce-scatter's average, instead of one mean over
+// the global batch): about one rounding (6e-8 relative) per operation, which four SGD steps of
+// a two-layer model keep far below 1e-6 (observed: ~1e-7). A real sharding error (a wrong row, a
+// missing gradient, a lost padding) moves results by 1e-3 or more.
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/sharding_engine.h"
+#include "fsdpx/unit.h"
+#include "test_paths.h"
+
+namespace fsdpx {
+namespace {
+namespace fs = std::filesystem;
+
+struct Param {
+  int64_t rows = 0;
+  std::vector<float> values;
+};
+using Params = std::map<std::string, Param>;
+
+std::string worker() { return (test::build_dir() / "tests" / "engine_worker").string(); }
+
+struct WorkerRun {
+  std::vector<double> losses;
+  Params params;
+  std::vector<std::map<std::string, std::vector<int64_t>>> ranks;  // per rank: key -> numbers
+  std::vector<std::string> units;                                   // non-root unit names
+};
+
+WorkerRun run(const std::string& args, int nproc) {
+  static int counter = 0;
+  static test::TempDir dir;
+  const std::string prefix = (dir.path() / ("run" + std::to_string(counter++))).string();
+  const std::string launch = nproc > 0 ? " --nproc-per-node " + std::to_string(nproc) : "";
+  auto r = test::run_command(worker() + launch + " " + args + " --out " + prefix);
+  EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.out << r.err;
+  WorkerRun out;
+  std::ifstream losses(prefix + ".losses");
+  for (double v; losses >> v;) out.losses.push_back(v);
+  std::ifstream params(prefix + ".params", std::ios::binary);
+  for (std::string line; std::getline(params, line);) {
+    std::istringstream head(line);
+    std::string name;
+    int64_t numel = 0, rows = 0;
+    head >> name >> numel >> rows;
+    Param p;
+    p.rows = rows;
+    p.values.resize(numel);
+    params.read(reinterpret_cast<char*>(p.values.data()), numel * sizeof(float));
+    out.params[name] = std::move(p);
+  }
+  for (int r = 0; r < std::max(nproc, 1); ++r) {
+    std::map<std::string, std::vector<int64_t>> m;
+    std::ifstream in(prefix + ".rank" + std::to_string(r));
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream ls(line);
+      std::string key;
+      ls >> key;
+      for (int64_t v; ls >> v;) m[key].push_back(v);
+    }
+    out.ranks.push_back(m);
+  }
+  std::ifstream plan(prefix + ".plan");
+  std::regex unit_line("^  (\\S+) +\\d+ +\\d+ +(yes|no)$");
+  for (std::string line; std::getline(plan, line);) {
+    std::smatch m;
+    if (std::regex_match(line, m, unit_line) && m[1] != "(root)" && m[1] != "unit") out.units.push_back(m[1]);
+  }
+  return out;
+}
+
+bool close(double a, double b) { return std::abs(a - b) <= 1e-6 + 1e-5 * std::abs(b); }
+
+void expect_same(const WorkerRun& got, const WorkerRun& want, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    EXPECT_TRUE(close(got.losses[i], want.losses[i])) << what << ": step " << i << " loss " << got.losses[i]
+                                                     << " vs " << want.losses[i];
+  ASSERT_EQ(got.params.size(), want.params.size()) << what;
+  for (const auto& [name, p] : want.params) {
+    const auto& g = got.params.at(name).values;
+    ASSERT_EQ(g.size(), p.values.size()) << what << " " << name;
+    double worst = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (!close(g[i], p.values[i])) ++bad;
+      worst = std::max(worst, std::abs(double(g[i]) - p.values[i]));
+    }
+    EXPECT_EQ(bad, 0u) << what << ": parameter " << name << " differs, max |diff| " << worst;
+  }
+}
+
+const char* kSteps = " --steps 4 --global-batch 12 --lr 0.1";
+
+class Parity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Parity, EveryWorldSizeMatchesOneProcess) {
+  const WorkerRun ref = run(std::string("--reference") + kSteps, 0);
+  ASSERT_EQ(ref.losses.size(), 4u);
+  for (int n : {2, 3, 4}) {  // 3 pads: 64 rows do not split in 3
+    const WorkerRun got = run("--strategy " + GetParam() + kSteps, n);
+    expect_same(got, ref, GetParam() + " at " + std::to_string(n) + " ranks");
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Strategies, Parity, ::testing::Values("full_shard", "shard_grad_op", "no_shard"));
+
+// Which unit holds a parameter: the longest unit name that prefixes it.
+std::string unit_of(const std::string& param, const std::vector<std::string>& units) {
+  std::string best;
+  for (const auto& u : units)
+    if (param.rfind(u + ".", 0) == 0 && u.size() > best.size()) best = u;
+  return best;
+}
+
+TEST(Engine, MemoryAndBytesMovedMatchTheFormulas) {
+  std::printf("%-14s %3s %14s %14s %14s %16s\n", "strategy", "N", "param bytes", "grad bytes", "expected", "sent bytes/step");
+  for (std::string strategy : {"full_shard", "shard_grad_op", "no_shard"}) {
+    for (int n : {1, 2, 4}) {
+      const WorkerRun got = run("--strategy " + strategy + " --steps 2 --global-batch 8", n);
+      const int64_t S = strategy == "no_shard" ? 1 : n;
+      // Persistent bytes: every parameter's rows split over S ranks, padded up.
+      int64_t expect_bytes = 0;
+      std::map<std::string, int64_t> unit_elems;
+      for (const auto& [name, p] : got.params) {
+        const int64_t row = static_cast<int64_t>(p.values.size()) / p.rows;
+        const int64_t elems = (p.rows + S - 1) / S * row;
+        expect_bytes += elems * 4;
+        unit_elems[unit_of(name, got.units)] += elems;
+      }
+      // Bytes each rank sends per step: every unit all-gathers in forward, again in backward if
+      // it is resharded (full_shard, except the root), and reduce-scatters once; DDP all-reduces.
+      int64_t expect_sent = 0;
+      for (const auto& [unit, elems] : unit_elems) {
+        if (n == 1) break;
+        if (strategy == "no_shard") expect_sent += 2 * (n - 1) * elems * 4 / n;
+        else expect_sent += ((strategy == "full_shard" && !unit.empty()) ? 3 : 2) * (n - 1) * elems * 4;
+      }
+      for (int r = 0; r < n; ++r) {
+        auto m = got.ranks[r];
+        EXPECT_EQ(m["memory"], (std::vector<int64_t>{expect_bytes, expect_bytes})) << strategy << " N=" << n << " rank " << r;
+        EXPECT_EQ(m["memory_after"], (std::vector<int64_t>{expect_bytes, expect_bytes, 0}))
+            << strategy << " N=" << n << " rank " << r << " (nothing gathered stays after a step)";
+        if (n > 1) EXPECT_EQ(m["comm"], (std::vector<int64_t>{expect_sent, expect_sent})) << strategy << " N=" << n;
+      }
+      std::printf("%-14s %3d %14lld %14lld %14lld %16lld\n", strategy.c_str(), n,
+                  (long long)got.ranks[0].at("memory")[0], (long long)got.ranks[0].at("memory")[1], (long long)expect_bytes,
+                  n > 1 ? (long long)got.ranks[0].at("comm")[0] : 0LL);
+    }
+  }
+}
+
+TEST(Engine, InitialisationIsTheSameAtEveryWorldSize) {
+  const WorkerRun ref = run("--reference --steps 0", 0);
+  for (int n : {1, 2, 3, 4}) {
+    const WorkerRun got = run("--strategy full_shard --steps 0", n);
+    ASSERT_EQ(got.params.size(), ref.params.size());
+    for (const auto& [name, p] : ref.params)
+      EXPECT_EQ(got.params.at(name).values, p.values) << name << " at " << n << " ranks is not bit-identical";
+  }
+}
+
+TEST(Engine, ClippingEqualsUnshardedClipping) {
+  const WorkerRun ref = run(std::string("--reference --clip 0.05") + kSteps, 0);
+  expect_same(run(std::string("--strategy full_shard --clip 0.05") + kSteps, 2), ref, "clip at 2 ranks");
+  expect_same(run(std::string("--strategy full_shard --clip 0.05") + kSteps, 3), ref, "clip at 3 ranks");
+}
+
+TEST(Engine, AccumulationEqualsOneLargerBatch) {
+  const WorkerRun ref = run(std::string("--reference") + kSteps, 0);  // 12 sequences at once
+  expect_same(run(std::string("--strategy full_shard --accum 3") + kSteps, 2), ref, "3 micro-batches of 2 per rank");
+  expect_same(run(std::string("--strategy shard_grad_op --accum 2") + kSteps, 3), ref, "2 micro-batches of 2 per rank");
+}
+
+TEST(Engine, OverlapDoesNotChangeResults) {
+  const WorkerRun on = run(std::string("--strategy full_shard --overlap 1") + kSteps, 2);
+  const WorkerRun off = run(std::string("--strategy full_shard --overlap 0") + kSteps, 2);
+  ASSERT_EQ(on.losses, off.losses);  // the same collectives on the same data: bitwise
+}
+
+TEST(Engine, WrapPoliciesGiveTheirUnits) {
+  EXPECT_EQ(run("--strategy full_shard --steps 1 --wrap fqn_regex --wrap-option pattern=layers\\\\.[0-9]+\\\\.attention", 2).units,
+            (std::vector<std::string>{"layers.0.attention", "layers.1.attention"}));
+  EXPECT_EQ(run("--strategy full_shard --steps 1 --wrap size_based --wrap-option min_num_params=20000", 2).units,
+            (std::vector<std::string>{"layers.0.feed_forward", "layers.1.feed_forward"}));
+}
+
+TEST(Engine, MismatchedModelsAcrossRanksAreRefused) {
+  auto r = test::run_command(worker() + " --nproc-per-node 2 --skew-rank1 --out /dev/null");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("the model differs between ranks: the parameter names and shapes (or the units) of rank(s) 1 "
+                       "do not match rank 0's"),
+            std::string::npos)
+      << r.err;
+}
+
+TEST(Engine, WrapPolicyThatSelectsNothingIsAnError) {
+  auto r = test::run_command(worker() + " --nproc-per-node 2 --wrap size_based --out /dev/null");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("size_based selected no unit: no submodule holds min_num_params=100000000 parameters"),
+            std::string::npos)
+      << r.err;
+}
+
+// In-process models for the engine's refusals (one process, no communicators).
+struct LeafImpl : torch::nn::Module {
+  LeafImpl() : torch::nn::Module("Leaf") { w = register_parameter("w", deferred_tensor({4, 4})); }
+  at::Tensor forward(const at::Tensor& x) { return x.matmul(w); }
+  at::Tensor w;
+};
+FSDPX_MODULE(Leaf);
+
+struct TiedImpl : torch::nn::Module {
+  explicit TiedImpl(at::Tensor t) : torch::nn::Module("Tied") { w = register_parameter("w", t); }
+  at::Tensor forward(const at::Tensor& x) { return x.matmul(w); }
+  at::Tensor w;
+};
+FSDPX_MODULE(Tied);
+
+class TinyModel final : public Model {
+ public:
+  explicit TinyModel(std::shared_ptr<torch::nn::Module> root) : root_(std::move(root)) {}
+  std::shared_ptr<torch::nn::Module> module() override { return root_; }
+  void init_parameter(const std::string&, at::Tensor& p, at::Generator&) const override { p.fill_(0.5); }
+  at::Tensor loss(const Batch&) override { return {}; }
+  std::vector<std::string> layer_types() const override { return {"Leaf"}; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> root_;
+};
+
+std::string engine_error(std::shared_ptr<torch::nn::Module> root, std::vector<UnitSelection> units) {
+  try {
+    EngineOptions o;
+    o.layout = ShardingLayout{1, 1, true, false};
+    ShardingEngine e(std::make_shared<TinyModel>(std::move(root)), units, EngineComms{}, o);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(EngineErrors, ClearMessages) {
+  auto empty = std::make_shared<torch::nn::Module>("Empty");
+  EXPECT_EQ(engine_error(empty, {}), "the model has no parameters: there is nothing to shard or train");
+
+  auto plain = std::make_shared<torch::nn::Module>("Root");
+  auto child = std::make_shared<torch::nn::Module>("Plain");
+  child->register_parameter("w", deferred_tensor({2}));
+  plain->register_module("child", child);
+  EXPECT_EQ(engine_error(plain, {{"child", false}}),
+            "unit 'child' is a Plain, which fsdpx cannot hook: only layers declared with FSDPX_MODULE "
+            "(fsdpx/unit.h) can be units; this model's wrappable layer types: Leaf");
+
+  auto shared = std::make_shared<torch::nn::Module>("Root");
+  Tied a(deferred_tensor({4, 4}));
+  Tied b(a->w);  // one tensor in two layers
+  shared->register_module("a", a.ptr());
+  shared->register_module("b", b.ptr());
+  EXPECT_EQ(engine_error(shared, {{"a", false}, {"b", false}}),
+            "parameter 'b.w' is the same tensor as 'a.w', but they are in different units ('b' and 'a'); shared "
+            "parameters must stay in one unit: wrap a module that holds both");
+
+  auto twice = std::make_shared<torch::nn::Module>("Root");
+  Leaf c;
+  twice->register_module("first", c.ptr());
+  twice->register_module("second", c.ptr());
+  EXPECT_EQ(engine_error(twice, {{"first", false}}),
+            "module 'second' is the same object as 'first'; a module reachable from two places cannot be sharded "
+            "(its parameters would belong to two units)");
+
+  auto root = std::make_shared<torch::nn::Module>("Root");
+  Leaf d;
+  root->register_module("d", d.ptr());
+  EXPECT_EQ(engine_error(root, {{"e", false}}),
+            "the wrap policy selected 'e', which is not a submodule of the model; did you mean 'd'?");
+}
+
+}  // namespace
+}  // namespace fsdpx
