@@ -12,6 +12,8 @@
 #include "fsdpx/framework/plugin_host.h"
 #include "fsdpx/framework/run_config.h"
 #include "fsdpx/framework/suggest.h"
+#include "fsdpx/framework/unit_plan.h"
+#include "fsdpx/model.h"
 
 namespace {
 
@@ -23,6 +25,9 @@ commands:
                           (NAME or KIND.NAME, e.g. size_based or wrap.size_based)
   config [OPTIONS]        resolve a configuration (--config FILE, --<section>.<option> VALUE)
                           and print it as the INI file that reproduces it
+  plan [OPTIONS]          the sharding units a wrap policy makes of a model: parameters per
+                          unit, largest/smallest ratio (needs --model.name and --wrap.name;
+                          nothing is allocated, so any model size plans at once)
   info                    versions: fsdpx, plugin ABI, LibTorch, C++ ABI, CUDA, NCCL
   help                    this text
 
@@ -134,6 +139,20 @@ int cmd_config(const fsdpx::PluginHost& host, const std::vector<std::string>& ar
   return 0;
 }
 
+int cmd_plan(const fsdpx::PluginHost& host, const std::vector<std::string>& args) {
+  auto config = fsdpx::RunConfig::resolve(host, args, fsdpx::ConfigRequest{});
+  const auto* model_choice = config.choice(fsdpx::Kind::Model);
+  const auto* wrap_choice = config.choice(fsdpx::Kind::Wrap);
+  if (!model_choice || !wrap_choice)
+    throw fsdpx::Error("plan needs a model and a wrap policy: --model.name NAME --wrap.name NAME (or [model] and [wrap] in --config)");
+  auto model = host.create<fsdpx::Model>(model_choice->name, model_choice->options);
+  auto policy = host.create<fsdpx::WrapPolicy>(wrap_choice->name, wrap_choice->options);
+  auto root = model->module();
+  auto plan = fsdpx::plan_units(*root, policy->select(*root));
+  std::printf("model %s, wrap policy %s\n%s", model_choice->name.c_str(), wrap_choice->name.c_str(), plan.table().c_str());
+  return 0;
+}
+
 int cmd_info() {
   auto b = fsdpx::build_info();
   std::printf("fsdpx         %s\n", b.fsdpx_version.c_str());
@@ -165,8 +184,8 @@ int main(int argc, char** argv) {
     return cli.command.empty() ? 2 : 0;
   }
   if (cli.command == "info") return cmd_info();
-  const std::vector<std::string> commands = {"list", "show", "config", "info", "help"};
-  if (cli.command != "list" && cli.command != "show" && cli.command != "config") {
+  const std::vector<std::string> commands = {"list", "show", "config", "plan", "info", "help"};
+  if (cli.command != "list" && cli.command != "show" && cli.command != "config" && cli.command != "plan") {
     std::string dym = fsdpx::did_you_mean(cli.command, commands);
     std::fprintf(stderr, "fsdpx-plugins: unknown command '%s'%s Commands: %s.\n", cli.command.c_str(),
                  dym.empty() ? "." : dym.c_str(), fsdpx::join_names(commands).c_str());
@@ -181,6 +200,7 @@ int main(int argc, char** argv) {
     if (cli.command == "list") rc = cmd_list(host);
     if (cli.command == "show") rc = cmd_show(host, cli.args);
     if (cli.command == "config") rc = cmd_config(host, cli.args);
+    if (cli.command == "plan") rc = cmd_plan(host, cli.args);
     return rc != 0 ? rc : status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fsdpx-plugins: %s\n", e.what());

@@ -197,6 +197,14 @@ TEST(Engine, WrapPoliciesGiveTheirUnits) {
             (std::vector<std::string>{"layers.0.feed_forward", "layers.1.feed_forward"}));
 }
 
+TEST(Engine, NestedUnitsMatchOneProcess) {
+  const WorkerRun ref = run(std::string("--reference") + kSteps, 0);
+  const WorkerRun got = run(std::string("--strategy full_shard --wrap layer_type --wrap-option layer_types=Block,Attention,FeedForward") + kSteps, 3);
+  EXPECT_EQ(got.units, (std::vector<std::string>{"layers.0", "layers.0.attention", "layers.0.feed_forward", "layers.1",
+                                                 "layers.1.attention", "layers.1.feed_forward"}));
+  expect_same(got, ref, "blocks with their attention and feed-forward as nested units");
+}
+
 TEST(Engine, MismatchedModelsAcrossRanksAreRefused) {
   auto r = test::run_command(worker() + " --nproc-per-node 2 --skew-rank1 --out /dev/null");
   EXPECT_NE(r.exit_code, 0);

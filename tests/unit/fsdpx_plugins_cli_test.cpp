@@ -45,7 +45,7 @@ TEST(FsdpxPluginsCli, ErrorsExitNonZeroWithOneClearLine) {
   r = test::run_command(tool() + " lsit");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err, "fsdpx-plugins: unknown command 'lsit'; did you mean 'list'? Commands: list, "
-                   "show, config, info, help.\n");
+                   "show, config, plan, info, help.\n");
   r = test::run_command(tool() + " --plugin " + test::fixture("wrong_torch").string() + " list");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("was built against LibTorch 1.13.1"), std::string::npos) << r.err;
@@ -64,6 +64,18 @@ TEST(FsdpxPluginsCli, ConfigPrintsTheResolvedIni) {
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_EQ(bad.err, "fsdpx-plugins: wrap policy 'size_based' (plugin wrap_size_based): option "
                      "wrap.min_num_params expects an integer, got 'x'\n");
+}
+
+TEST(FsdpxPluginsCli, PlanPrintsTheUnitsOfAPolicy) {
+  auto r = test::run_command(tool() + " plan --model.name gpt --model.size 7b --wrap.name layer_type");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // Llama-2-7B's shape: 32 blocks of 202,383,360 parameters; embedding, norm and output in the root.
+  EXPECT_NE(r.out.find("  layers.31      202383360         9  no"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("33 units, 6738415616 parameters"), std::string::npos) << r.out;
+  auto bad = test::run_command(tool() + " plan --model.name gpt --wrap.name layer_type --wrap.layer_types Blok");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("layer_type selected no unit: no submodule is a Blok; the model's submodule types are: "),
+            std::string::npos) << bad.err;
 }
 
 TEST(FsdpxPluginsCli, InfoReportsVersions) {
