@@ -15,6 +15,9 @@ step "fsdpx-plugins list: the installed plugins"
 step "fsdpx-plugins show size_based: a component's options"
 "$bin/fsdpx-plugins" show size_based
 
+step "fsdpx-plugins plan: the units layer_type makes of gpt tiny"
+"$bin/fsdpx-plugins" plan --model.name gpt --wrap.name layer_type
+
 step "fsdpx-plugins config: configs/demo.ini plus a command-line override, resolved"
 "$bin/fsdpx-plugins" config --config configs/demo.ini --wrap.min_num_params 4096
 

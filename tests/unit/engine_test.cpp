@@ -13,6 +13,7 @@
 #include <regex>
 #include <sstream>
 
+#include <ATen/ops/ones.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 
@@ -248,6 +249,36 @@ class TinyModel final : public Model {
  private:
   std::shared_ptr<torch::nn::Module> root_;
 };
+
+// A model whose forward calls the same unit twice.
+class TwiceModel final : public Model {
+ public:
+  TwiceModel() : root_(std::make_shared<torch::nn::Module>("Root")), leaf_() { root_->register_module("leaf", leaf_.ptr()); }
+  std::shared_ptr<torch::nn::Module> module() override { return root_; }
+  void init_parameter(const std::string&, at::Tensor& p, at::Generator&) const override { p.fill_(0.5); }
+  at::Tensor loss(const Batch& b) override { return leaf_(leaf_(b.inputs)).sum(); }
+  std::vector<std::string> layer_types() const override { return {"Leaf"}; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> root_;
+  Leaf leaf_;
+};
+
+TEST(EngineErrors, AUnitCalledTwiceInOneStep) {
+  auto model = std::make_shared<TwiceModel>();
+  EngineOptions o;
+  o.layout = ShardingLayout{1, 1, true, false};
+  ShardingEngine engine(model, {{"leaf", false}}, EngineComms{}, o);
+  Batch b;
+  b.inputs = at::ones({2, 4});
+  try {
+    engine.forward([&] { return model->loss(b); });
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "unit 'leaf' ran its forward twice in one step; fsdpx gathers and reduces a unit once per "
+                           "step, so a layer called twice must not be a unit (wrap its parent instead)");
+  }
+}
 
 std::string engine_error(std::shared_ptr<torch::nn::Module> root, std::vector<UnitSelection> units) {
   try {

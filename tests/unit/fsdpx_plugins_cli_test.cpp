@@ -70,7 +70,7 @@ TEST(FsdpxPluginsCli, PlanPrintsTheUnitsOfAPolicy) {
   auto r = test::run_command(tool() + " plan --model.name gpt --model.size 7b --wrap.name layer_type");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   // Llama-2-7B's shape: 32 blocks of 202,383,360 parameters; embedding, norm and output in the root.
-  EXPECT_NE(r.out.find("  layers.31      202383360         9  no"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  layers.31       202383360         9  no"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("33 units, 6738415616 parameters"), std::string::npos) << r.out;
   auto bad = test::run_command(tool() + " plan --model.name gpt --wrap.name layer_type --wrap.layer_types Blok");
   EXPECT_EQ(bad.exit_code, 1);
