@@ -24,22 +24,15 @@ using namespace fsdpx;
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
-    auto la = split_launcher_args(argc, argv);
-    if (la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED")) {
-      LaunchOptions lo;
-      lo.nproc = la.nproc_per_node;
-      lo.argv = la.rest;
-      lo.argv[0] = self_executable();
-      lo.name = "fsdpx-comm-bench";
-      return launch_local(lo);
-    }
+    std::vector<std::string> args;
+    if (auto rc = launch_if_requested(argc, argv, "fsdpx-comm-bench", args)) return *rc;
     po::options_description desc("fsdpx-comm-bench [--nproc-per-node N] [options]");
     desc.add_options()("sizes-mib", po::value<std::string>()->default_value("1,16,64"), "buffer sizes in MiB")
         ("dtype", po::value<std::string>()->default_value("fp32"), "fp32 or bf16")
         ("seconds", po::value<double>()->default_value(2.0), "time budget per size and collective")
         ("help,h", "this help");
     po::variables_map vm;
-    po::store(po::command_line_parser(std::vector<std::string>(la.rest.begin() + 1, la.rest.end())).options(desc).run(), vm);
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
     po::notify(vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";

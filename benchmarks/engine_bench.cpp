@@ -28,15 +28,8 @@ using namespace fsdpx;
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
-    auto la = split_launcher_args(argc, argv);
-    if (la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED")) {
-      LaunchOptions lo;
-      lo.nproc = la.nproc_per_node;
-      lo.argv = la.rest;
-      lo.argv[0] = self_executable();
-      lo.name = "fsdpx-engine-bench";
-      return launch_local(lo);
-    }
+    std::vector<std::string> args;
+    if (auto rc = launch_if_requested(argc, argv, "fsdpx-engine-bench", args)) return *rc;
     po::options_description desc("fsdpx-engine-bench [--nproc-per-node N] [options]");
     desc.add_options()("size", po::value<std::string>()->default_value("small"), "gpt size")
         ("batch", po::value<int64_t>()->default_value(8), "sequences per rank")
@@ -46,7 +39,7 @@ int main(int argc, char** argv) {
         ("threads", po::value<int>()->default_value(1), "compute threads per rank")
         ("help,h", "this help");
     po::variables_map vm;
-    po::store(po::command_line_parser(std::vector<std::string>(la.rest.begin() + 1, la.rest.end())).options(desc).run(), vm);
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
     po::notify(vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";

@@ -127,6 +127,26 @@ LauncherArgs split_launcher_args(int argc, char** argv) {
   return a;
 }
 
+std::optional<int> launch_if_requested(int argc, char** argv, const std::string& name,
+                                       std::vector<std::string>& worker_args) {
+  LauncherArgs la = split_launcher_args(argc, argv);
+  worker_args.assign(la.rest.begin() + 1, la.rest.end());
+  if (la.nproc_per_node == 0 || std::getenv("FSDPX_LAUNCHED")) return std::nullopt;
+  const char* step = std::getenv("SLURM_STEP_ID");
+  const char* ntasks = std::getenv("SLURM_NTASKS");
+  if (std::getenv("RANK") || (step && ntasks && std::atoi(ntasks) > 1))
+    throw Error(std::string("--nproc-per-node starts workers itself, but this process is already one of ") +
+                (std::getenv("RANK") ? "torchrun's workers (RANK is set)"
+                                     : "Slurm's tasks (SLURM_STEP_ID and SLURM_NTASKS > 1)") +
+                "; drop --nproc-per-node and let the launcher place the ranks");
+  LaunchOptions lo;
+  lo.nproc = la.nproc_per_node;
+  lo.argv = la.rest;
+  lo.argv[0] = self_executable();
+  lo.name = name;
+  return launch_local(lo);
+}
+
 int launch_local(const LaunchOptions& o) {
   if (o.nproc < 1) throw Error("--nproc-per-node must be at least 1, got " + std::to_string(o.nproc));
   if (o.argv.empty()) throw Error("launch_local: no worker command");

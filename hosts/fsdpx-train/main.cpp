@@ -97,26 +97,12 @@ int check_comm(const fsdpx::RuntimeOptions& ro) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
-    auto la = fsdpx::split_launcher_args(argc, argv);
-    if (la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED")) {
-      // Inside torchrun or an srun step of several tasks, every task would start its own job.
-      const char* steps = std::getenv("SLURM_STEP_ID");
-      const char* ntasks = std::getenv("SLURM_NTASKS");
-      if (std::getenv("RANK") || (steps && ntasks && std::atoi(ntasks) > 1))
-        throw fsdpx::Error(std::string("--nproc-per-node starts workers itself, but this process is already one of ") +
-                           (std::getenv("RANK") ? "torchrun's workers (RANK is set)" : "Slurm's tasks (SLURM_STEP_ID and SLURM_NTASKS > 1)") +
-                           "; drop --nproc-per-node and let the launcher place the ranks");
-      fsdpx::LaunchOptions lo;
-      lo.nproc = la.nproc_per_node;
-      lo.argv = la.rest;
-      lo.argv[0] = fsdpx::self_executable();
-      lo.name = "fsdpx-train";
-      return fsdpx::launch_local(lo);
-    }
+    std::vector<std::string> args;
+    if (auto rc = fsdpx::launch_if_requested(argc, argv, "fsdpx-train", args)) return *rc;
     po::variables_map vm;
     auto desc = options();
     po::positional_options_description none;  // stray words are errors, not ignored
-    po::store(po::command_line_parser(std::vector<std::string>(la.rest.begin() + 1, la.rest.end()))
+    po::store(po::command_line_parser(args)
                   .options(desc)
                   .positional(none)
                   .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)

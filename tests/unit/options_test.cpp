@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include "test_paths.h"
+
 #include "fsdpx/error.h"
 #include "fsdpx/options.h"
 
@@ -18,14 +20,7 @@ std::vector<OptionSpec> specs() {
           list_option("layers", "Block,Embedding", "class names")};
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 const char* kOwner = "optimizer 'x' (plugin p)";
 

@@ -17,14 +17,7 @@ namespace {
 namespace fs = std::filesystem;
 using test::fixture;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 fs::path size_based() { return test::plugin_dir() / "wrap_size_based.so"; }
 

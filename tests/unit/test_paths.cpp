@@ -1,6 +1,7 @@
 #include "test_paths.h"
 
 #include "test_config.h"
+#include "fsdpx/error.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +40,15 @@ TempDir::~TempDir() {
   std::error_code ec;
   fs::permissions(path_, fs::perms::owner_all, fs::perm_options::replace, ec);
   fs::remove_all(path_, ec);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const fsdpx::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
 }
 
 void write_file(const fs::path& p, const std::string& text) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 
 namespace fsdpx::test {
@@ -26,6 +27,9 @@ class TempDir {
 };
 
 void write_file(const std::filesystem::path& p, const std::string& text);
+
+// The message of the fsdpx::Error that `f` throws, or "(no error)".
+std::string error_of(const std::function<void()>& f);
 
 // Runs a command through the shell; captures stdout and stderr (merged unless split).
 struct CommandResult {

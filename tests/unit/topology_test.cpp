@@ -3,20 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include "test_paths.h"
+
 #include "fsdpx/error.h"
 #include "fsdpx/framework/topology_resolver.h"
 
 namespace fsdpx {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(Hostlist, Expands) {
   struct Case { const char* in; std::vector<std::string> out; };

@@ -96,16 +96,8 @@ void collectives(Communicator& c) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
-    auto la = split_launcher_args(argc, argv);
-    if (la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED")) {
-      LaunchOptions lo;
-      lo.nproc = la.nproc_per_node;
-      lo.argv = la.rest;
-      lo.argv[0] = self_executable();
-      lo.name = "comm_worker";
-      lo.grace = std::chrono::milliseconds(3000);
-      return launch_local(lo);
-    }
+    std::vector<std::string> args;
+    if (auto rc = launch_if_requested(argc, argv, "comm_worker", args)) return *rc;
     po::options_description desc;
     desc.add_options()("scenario", po::value<std::string>()->required(), "")
         ("rendezvous-timeout", po::value<double>()->default_value(30), "")
@@ -114,7 +106,7 @@ int main(int argc, char** argv) {
         ("code", po::value<int>()->default_value(3), "")
         ("dir", po::value<std::string>(), "");
     po::variables_map vm;
-    po::store(po::command_line_parser(std::vector<std::string>(la.rest.begin() + 1, la.rest.end())).options(desc).run(), vm);
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
     po::notify(vm);
     const std::string scenario = vm["scenario"].as<std::string>();
     TopologyFlags flags;

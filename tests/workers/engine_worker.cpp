@@ -66,15 +66,8 @@ void write_params(const std::string& path, const std::vector<std::pair<std::stri
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
-    auto la = split_launcher_args(argc, argv);
-    if (la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED")) {
-      LaunchOptions lo;
-      lo.nproc = la.nproc_per_node;
-      lo.argv = la.rest;
-      lo.argv[0] = self_executable();
-      lo.name = "engine_worker";
-      return launch_local(lo);
-    }
+    std::vector<std::string> args;
+    if (auto rc = launch_if_requested(argc, argv, "engine_worker", args)) return *rc;
     po::options_description desc;
     desc.add_options()("strategy", po::value<std::string>()->default_value("full_shard"), "")
         ("wrap", po::value<std::string>()->default_value("layer_type"), "")
@@ -91,7 +84,7 @@ int main(int argc, char** argv) {
         ("skew-rank1", "rank 1 builds a model with one more layer (a deliberate mismatch)")
         ("out", po::value<std::string>()->required(), "");
     po::variables_map vm;
-    po::store(po::command_line_parser(std::vector<std::string>(la.rest.begin() + 1, la.rest.end())).options(desc).run(), vm);
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
     po::notify(vm);
     const std::string out = vm["out"].as<std::string>();
     const int steps = vm["steps"].as<int>(), accum = vm["accum"].as<int>();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,15 @@ FSDPX_API int launch_local(const LaunchOptions& options);
 
 // This executable's absolute path (/proc/self/exe).
 FSDPX_API std::string self_executable();
+
+// The front of every fsdpx program that can launch itself. If argv has --nproc-per-node N and
+// this process is not already a worker (FSDPX_LAUNCHED unset), runs N copies of this program
+// with the other arguments and returns the launcher's exit status. Otherwise returns nullopt
+// and sets `worker_args` to the arguments without the program name. Throws fsdpx::Error when
+// --nproc-per-node is given inside torchrun or an srun step of several tasks (each task would
+// start its own job).
+FSDPX_API std::optional<int> launch_if_requested(int argc, char** argv, const std::string& name,
+                                                 std::vector<std::string>& worker_args);
 
 // --nproc-per-node N taken out of argv (the workers get every other argument, so a
 // --master-port among them is the workers' to apply).
