@@ -120,11 +120,20 @@ struct ShardingEngine::Impl {
   std::vector<std::unique_ptr<Unit>> units;  // root first
   UnitPlan plan;
   bool sync = true;
-  bool in_backward = false;
+  // Each forward is a generation; its hooks and autograd nodes carry it, so a backward that
+  // reaches an earlier forward's graph, or a second backward over one forward, is refused.
+  uint64_t generation = 0, finished_generation = 0;
+  bool in_backward = false;       // a backward of `generation` has started and not finished
+  bool awaiting_backward = false; // the last forward's output needs a backward
   std::vector<Unit*> forward_order, last_forward_order;
 
   void prefetch_after(Unit* u, const std::vector<Unit*>& order);
   void finish_backward();
+  // Brings every unit back to rest after a forward without backward or a failed backward:
+  // pending gathers and reductions waited for and dropped, parameters resharded; with
+  // drop_grads, unsharded gradients discarded too.
+  void abort_step(bool drop_grads);
+  void check_generation(uint64_t gen, const std::string& unit) const;
 };
 
 namespace {
@@ -226,19 +235,27 @@ struct Unit final : UnitHooks {
   std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs) override;
   at::Tensor post_forward(at::Tensor output) override;
 
-  void pre_backward() {
+  void pre_backward(uint64_t gen) {
+    engine->check_generation(gen, fqn);
     if (pre_backward_done) return;
     pre_backward_done = true;
     if (!engine->in_backward) {
       engine->in_backward = true;
       ShardingEngine::Impl* e = engine;
-      torch::autograd::Engine::get_default_engine().queue_callback([e] { e->finish_backward(); });
+      torch::autograd::Engine::get_default_engine().queue_callback([e, gen] {
+        if (e->generation == gen && e->in_backward) e->finish_backward();
+      });
     }
     unshard();
     if (engine->options.overlap) {
       std::vector<Unit*> reverse(engine->last_forward_order.rbegin(), engine->last_forward_order.rend());
       engine->prefetch_after(this, reverse);
     }
+  }
+
+  void post_backward(uint64_t gen) {
+    engine->check_generation(gen, fqn);
+    post_backward();
   }
 
   void post_backward() {
@@ -261,15 +278,17 @@ namespace {
 // (The inputs travel as at::TensorList: LibTorch's custom functions take a std::vector of
 // tensors for a plain argument, and the outputs would then have no history.)
 struct PostBackward : public torch::autograd::Function<PostBackward> {
-  static variable_list forward(AutogradContext* ctx, int64_t unit, at::TensorList inputs) {
+  static variable_list forward(AutogradContext* ctx, int64_t unit, int64_t generation, at::TensorList inputs) {
     ctx->saved_data["unit"] = unit;
+    ctx->saved_data["generation"] = generation;
     variable_list out;
     for (const auto& t : inputs) out.push_back(t.view_as(t));
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt())->post_backward();
-    variable_list out{at::Tensor()};
+    reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt())
+        ->post_backward(static_cast<uint64_t>(ctx->saved_data["generation"].toInt()));
+    variable_list out{at::Tensor(), at::Tensor()};
     out.insert(out.end(), grads.begin(), grads.end());
     return out;
   }
@@ -293,7 +312,8 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
       needs.push_back(inputs[i]);
     }
   if (needs.empty()) return inputs;
-  variable_list wrapped = PostBackward::apply(reinterpret_cast<int64_t>(this), at::TensorList(needs));
+  variable_list wrapped = PostBackward::apply(reinterpret_cast<int64_t>(this), static_cast<int64_t>(engine->generation),
+                                             at::TensorList(needs));
   for (size_t k = 0; k < idx.size(); ++k) inputs[idx[k]] = wrapped[k];
   return inputs;
 }
@@ -301,8 +321,9 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
 at::Tensor Unit::post_forward(at::Tensor output) {
   if (reshard_after_forward()) reshard();
   if (at::GradMode::is_enabled() && output.defined() && output.requires_grad()) {
-    output.register_hook([this](const at::Tensor& grad) {
-      pre_backward();
+    const uint64_t gen = engine->generation;
+    output.register_hook([this, gen](const at::Tensor& grad) {
+      pre_backward(gen);
       return grad;
     });
   }
@@ -314,9 +335,21 @@ void ShardingEngine::Impl::prefetch_after(Unit* u, const std::vector<Unit*>& ord
   if (it == order.end()) return;
   int issued = 0;
   for (++it; it != order.end() && issued < options.prefetch; ++it) {
+    if ((*it)->post_backward_done) continue;  // already through its backward
     if ((*it)->state == Unit::State::Sharded) (*it)->start_gather();
     ++issued;
   }
+}
+
+void ShardingEngine::Impl::check_generation(uint64_t gen, const std::string& unit) const {
+  const std::string name = unit.empty() ? "the root" : "unit '" + unit + "'";
+  if (gen != generation)
+    throw Error("backward reached " + name + " of an earlier forward: fsdpx needs each forward's backward before the "
+                "next forward (for gradient accumulation, run forward and backward per micro-batch with "
+                "set_requires_gradient_sync(false))");
+  if (gen == finished_generation)
+    throw Error("a second backward reached " + name + " of the same forward: fsdpx gathers and reduces each unit "
+                "once per forward; run forward again");
 }
 
 void ShardingEngine::Impl::finish_backward() {
@@ -325,7 +358,37 @@ void ShardingEngine::Impl::finish_backward() {
   for (auto it = units.rbegin(); it != units.rend(); ++it) (*it)->post_backward();
   if (sync)
     for (auto& u : units) u->finish_reduce();
+  abort_step(/*drop_grads=*/false);  // gathers prefetched for units whose backward never came
+  finished_generation = generation;
   in_backward = false;
+  awaiting_backward = false;
+}
+
+void ShardingEngine::Impl::abort_step(bool drop_grads) {
+  for (auto& u : units) {
+    if (u->state == Unit::State::Gathering) {
+      try {
+        u->gather_work.wait();
+      } catch (const std::exception&) {
+        // the step is being abandoned; the failure was or will be reported by the collective
+      }
+      u->gather_out = at::Tensor();
+      u->state = Unit::State::Sharded;
+    }
+    if (u->reduced) {
+      try {
+        u->reduce_work.wait();
+      } catch (const std::exception&) {
+      }
+      u->reduce_in = at::Tensor();
+      u->reduced = false;
+    }
+    u->reshard();
+    if (drop_grads)
+      for (auto& p : u->params) p.param.mutable_grad() = at::Tensor();
+  }
+  in_backward = false;
+  awaiting_backward = false;
 }
 
 // ---- Construction ------------------------------------------------------------------------------
@@ -365,6 +428,8 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
       (e.comms.replicate && e.comms.replicate->size() != layout.replicate_group_size))
     throw Error("the engine's communicators do not match the sharding layout (a bug in the host)");
   if (options.prefetch < 1) throw Error("prefetch must be at least 1, got " + std::to_string(options.prefetch));
+  if (layout.offload_to_cpu)
+    throw Error("CPU offload is not implemented by this engine yet; choose a strategy without offload");
   e.shard_size = layout.shard_group_size;
   e.shard_rank = e.comms.shard ? e.comms.shard->rank() : 0;
 
@@ -377,6 +442,9 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
     if (s.fqn.empty()) throw Error("the wrap policy selected the root; the root is always a unit and is not listed");
     if (!chosen.emplace(s.fqn, s.activation_checkpoint).second)
       throw Error("the wrap policy selected '" + s.fqn + "' twice");
+    if (s.activation_checkpoint)
+      throw Error("the wrap policy asks to recompute the activations of '" + s.fqn +
+                  "', but activation checkpointing is not implemented by this engine yet");
   }
   std::map<const torch::nn::Module*, std::string> seen_modules;
   std::map<const c10::TensorImpl*, std::pair<std::string, std::string>> seen_params;  // -> (param, unit)
@@ -408,6 +476,9 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
       const std::string name = fqn.empty() ? p.key() : fqn + "." + p.key();
       const at::Tensor& t = p.value();
       if (!t.defined()) continue;
+      if (t.scalar_type() != at::kFloat)
+        throw Error("parameter '" + name + "' is " + std::string(c10::toString(t.scalar_type())) +
+                    "; the engine keeps fp32 parameters (other dtypes come through a precision policy)");
       auto [pit, new_param] = seen_params.emplace(t.unsafeGetTensorImpl(), std::make_pair(name, unit->fqn));
       if (!new_param) {
         if (pit->second.second != unit->fqn)
@@ -434,7 +505,12 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
   if (seen_params.empty()) throw Error("the model has no parameters: there is nothing to shard or train");
 
   // Every rank must have built the same model: compare a checksum of names and shapes.
-  uint64_t checksum = 1469598103934665603ULL;
+  // Every rank must also run the same collectives: the layout and the overlap settings count.
+  uint64_t checksum = parameter_seed(options.seed, "layout/" + std::to_string(layout.shard_group_size) + "x" +
+                                                       std::to_string(layout.replicate_group_size) + "/" +
+                                                       std::to_string(layout.reshard_after_forward) + "/" +
+                                                       std::to_string(options.overlap) + "/" +
+                                                       std::to_string(options.prefetch));
   for (const auto& u : e.units)
     for (const auto& p : u->params) {
       checksum = parameter_seed(checksum, p.name + shape_str(p.shape) + "@" + u->fqn);
@@ -450,7 +526,8 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
     if (!differ.empty()) {
       std::string ranks;
       for (int r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-      throw Error("the model differs between ranks: the parameter names and shapes (or the units) of rank(s) " + ranks +
+      throw Error("the model differs between ranks: the parameter names and shapes, the units, the sharding layout or "
+                  "the overlap settings of rank(s) " + ranks +
                   " do not match rank 0's; every rank must build the same model with the same options");
     }
   }
@@ -482,8 +559,12 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
       {
         at::NoGradGuard no_grad;
         p.shard = tensor_over(u.flat_shard.storage(), p.offset, shard_shape, at::kFloat);
-        p.shard.requires_grad_(true);
-        p.shard.mutable_grad() = tensor_over(u.flat_grad.storage(), p.offset, shard_shape, at::kFloat);
+        // A frozen parameter stays frozen (no gradient view); a trainable one sees its slice of
+        // the unit's flat gradient (zeros where no rank produced a gradient).
+        if (p.param.requires_grad()) {
+          p.shard.requires_grad_(true);
+          p.shard.mutable_grad() = tensor_over(u.flat_grad.storage(), p.offset, shard_shape, at::kFloat);
+        }
         // The whole parameter exists only for this moment.
         at::Tensor full = at::empty(p.shape, opts);
         at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(parameter_seed(options.seed, p.name));
@@ -500,10 +581,15 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
       p.param.set_data(view);
     }
     if (S > 1) resize_storage(u.unsharded, 0);
-    if (!u.root) {
-      std::lock_guard<std::mutex> lock(registry_mutex());
-      installed_hooks()[u.module] = &u;
-    }
+  }
+  // Hook the units only now that nothing can fail, all at once.
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    for (auto& u : e.units)
+      if (!u->root && installed_hooks().count(u->module))
+        throw Error("unit '" + u->fqn + "' is already a unit of another live ShardingEngine; one model, one engine");
+    for (auto& u : e.units)
+      if (!u->root) installed_hooks()[u->module] = u.get();
   }
   // The plan, in the form wrap policies print it.
   std::vector<UnitSelection> sel;
@@ -513,17 +599,24 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
 
 ShardingEngine::~ShardingEngine() {
   std::lock_guard<std::mutex> lock(registry_mutex());
-  for (auto& u : impl_->units)
-    if (!u->root) installed_hooks().erase(u->module);
+  for (auto& u : impl_->units) {
+    auto it = installed_hooks().find(u->module);
+    if (!u->root && it != installed_hooks().end() && it->second == u.get()) installed_hooks().erase(it);
+  }
 }
 
 at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   Impl& e = *impl_;
-  if (e.in_backward) throw Error("forward called while a backward is still running");
+  // A forward whose backward never came (validation with grad on, a skipped step), or a
+  // backward that failed half-way: bring everything back to rest. Everything is resharded, the
+  // root too, so that the new forward gathers what the optimizer last wrote.
+  if (e.in_backward) e.abort_step(/*drop_grads=*/true);
+  if (e.awaiting_backward) e.abort_step(/*drop_grads=*/false);
   for (auto& u : e.units) {
-    if (u->state == Unit::State::Unsharded && !u->root) u->reshard();  // left over from a forward without backward
+    u->reshard();
     u->begin_step();
   }
+  ++e.generation;
   e.forward_order.clear();
   Unit& root = *e.units[0];
   root.pre_forward({});
@@ -534,14 +627,24 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
       throw Error("unit '" + u->fqn + "' did not run in this forward; call it through its FSDPX_MODULE holder (`layer(x)`), "
                   "not layer->forward(x)");
   e.last_forward_order = e.forward_order;
-  if (!at::GradMode::is_enabled() || !out.requires_grad())
+  if (!at::GradMode::is_enabled() || !out.requires_grad()) {
     for (auto& u : e.units) u->reshard();  // no backward will follow
+  } else {
+    e.awaiting_backward = true;
+  }
   return out;
 }
 
 void ShardingEngine::backward(const at::Tensor& loss) {
-  loss.backward();
-  if (impl_->in_backward) impl_->finish_backward();  // the callback did not run (no hook fired)
+  Impl& e = *impl_;
+  try {
+    loss.backward();
+    // The final callback did not run: no unit's hook fired (the loss does not depend on them).
+    if (e.awaiting_backward && e.finished_generation != e.generation) e.finish_backward();
+  } catch (...) {
+    e.abort_step(/*drop_grads=*/true);
+    throw;
+  }
 }
 
 void ShardingEngine::set_requires_gradient_sync(bool sync) { impl_->sync = sync; }

@@ -209,8 +209,8 @@ TEST(Engine, NestedUnitsMatchOneProcess) {
 TEST(Engine, MismatchedModelsAcrossRanksAreRefused) {
   auto r = test::run_command(worker() + " --nproc-per-node 2 --skew-rank1 --out /dev/null");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("the model differs between ranks: the parameter names and shapes (or the units) of rank(s) 1 "
-                       "do not match rank 0's"),
+  EXPECT_NE(r.err.find("the model differs between ranks: the parameter names and shapes, the units, the sharding "
+                       "layout or the overlap settings of rank(s) 1 do not match rank 0's"),
             std::string::npos)
       << r.err;
 }
@@ -278,6 +278,76 @@ TEST(EngineErrors, AUnitCalledTwiceInOneStep) {
     EXPECT_STREQ(e.what(), "unit 'leaf' ran its forward twice in one step; fsdpx gathers and reduces a unit once per "
                            "step, so a layer called twice must not be a unit (wrap its parent instead)");
   }
+}
+
+// Two units in a chain: loss = sum(leaf2(leaf1(x))).
+class ChainModel final : public Model {
+ public:
+  ChainModel() : root_(std::make_shared<torch::nn::Module>("Root")) {
+    root_->register_module("one", one_.ptr());
+    root_->register_module("two", two_.ptr());
+  }
+  std::shared_ptr<torch::nn::Module> module() override { return root_; }
+  void init_parameter(const std::string& name, at::Tensor& p, at::Generator&) const override {
+    p.fill_(name == "one.w" ? 0.5 : 0.25);
+  }
+  at::Tensor loss(const Batch& b) override { return two_(one_(b.inputs)).sum(); }
+  std::vector<std::string> layer_types() const override { return {"Leaf"}; }
+
+ private:
+  std::shared_ptr<torch::nn::Module> root_;
+  Leaf one_, two_;
+};
+
+struct Chain {
+  std::shared_ptr<ChainModel> model = std::make_shared<ChainModel>();
+  std::unique_ptr<ShardingEngine> engine;
+  Batch batch;
+  Chain() {
+    EngineOptions o;
+    o.layout = ShardingLayout{1, 1, true, false};
+    engine = std::make_unique<ShardingEngine>(model, std::vector<UnitSelection>{{"one", false}, {"two", false}},
+                                              EngineComms{}, o);
+    batch.inputs = at::ones({2, 4});
+  }
+  at::Tensor forward() { return engine->forward([&] { return model->loss(batch); }); }
+  at::Tensor grad_of(const std::string& name) {
+    for (auto& p : engine->shards())
+      if (p.name == name) return p.param.grad().clone();
+    return {};
+  }
+};
+
+TEST(EngineSteps, ForwardWithoutBackwardThenANormalStep) {
+  Chain fresh, skipped;
+  fresh.engine->backward(fresh.forward());
+  skipped.forward();  // e.g. a validation pass with gradients on: no backward follows
+  skipped.engine->backward(skipped.forward());
+  EXPECT_TRUE(skipped.grad_of("one.w").equal(fresh.grad_of("one.w")));
+  EXPECT_TRUE(skipped.grad_of("two.w").equal(fresh.grad_of("two.w")));
+  EXPECT_EQ(skipped.engine->memory().unsharded_bytes, 0);
+}
+
+TEST(EngineSteps, BackwardOverTwoForwardsIsRefused) {
+  Chain c;
+  at::Tensor first = c.forward();
+  at::Tensor second = c.forward();
+  EXPECT_EQ(test::error_of([&] { c.engine->backward(first + second); }),
+            "backward reached the root of an earlier forward: fsdpx needs each forward's backward before the next "
+            "forward (for gradient accumulation, run forward and backward per micro-batch with "
+            "set_requires_gradient_sync(false))");
+  // The engine recovers: the next step works.
+  c.engine->backward(c.forward());
+  EXPECT_TRUE(c.grad_of("one.w").defined());
+}
+
+TEST(EngineSteps, SecondBackwardOverOneForwardIsRefused) {
+  Chain c;
+  at::Tensor loss = c.forward();
+  loss.backward({}, /*retain_graph=*/true);
+  EXPECT_EQ(test::error_of([&] { c.engine->backward(loss); }),
+            "a second backward reached the root of the same forward: fsdpx gathers and reduces each unit once per "
+            "forward; run forward again");
 }
 
 std::string engine_error(std::shared_ptr<torch::nn::Module> root, std::vector<UnitSelection> units) {

@@ -13,7 +13,9 @@
 namespace fsdpx {
 
 // A parameter shard as the optimizer sees it: an ordinary leaf tensor, updated in place, whose
-// .grad() is this rank's reduced gradient shard (undefined if the parameter got no gradient).
+// .grad() is this rank's reduced gradient shard (zeros where no rank produced a gradient;
+// undefined for a frozen parameter, which keeps requires_grad() false). Modify the gradient in
+// place only: the engine writes the next step's gradient into the same memory.
 struct ParamShard {
   std::string name;  // fully-qualified parameter name, e.g. "blocks.0.attn.wq.weight"
   at::Tensor param;
