@@ -39,12 +39,13 @@ std::unordered_map<const torch::nn::Module*, UnitHooks*>& installed_hooks() {
   static std::unordered_map<const torch::nn::Module*, UnitHooks*> h;
   return h;
 }
-bool is_wrappable(const torch::nn::Module* m) {
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto it = wrappable().find(m);
-  return it != wrappable().end() && it->second.lock().get() == m;
-}
 }  // namespace
+
+bool is_wrappable(const torch::nn::Module& module) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto it = wrappable().find(&module);
+  return it != wrappable().end() && it->second.lock().get() == &module;
+}
 
 namespace detail {
 void mark_wrappable(const std::shared_ptr<torch::nn::Module>& module) {
@@ -462,7 +463,7 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
                   "'; a module reachable from two places cannot be sharded (its parameters would belong to two units)");
     if (!fqn.empty()) all_fqns.push_back(fqn);
     if (!fqn.empty() && chosen.count(fqn)) {
-      if (!is_wrappable(&m))
+      if (!is_wrappable(m))
         throw Error("unit '" + fqn + "' is a " + m.name() +
                     ", which fsdpx cannot hook: only layers declared with FSDPX_MODULE (fsdpx/unit.h) can be units; "
                     "this model's wrappable layer types: " + join_names(e.model->layer_types()));

@@ -218,7 +218,7 @@ TEST(Engine, MismatchedModelsAcrossRanksAreRefused) {
 TEST(Engine, WrapPolicyThatSelectsNothingIsAnError) {
   auto r = test::run_command(worker() + " --nproc-per-node 2 --wrap size_based --out /dev/null");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("size_based selected no unit: no submodule holds min_num_params=100000000 parameters"),
+  EXPECT_NE(r.err.find("size_based selected no unit: no wrappable layer holds min_num_params=100000000 parameters"),
             std::string::npos)
       << r.err;
 }

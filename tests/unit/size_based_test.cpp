@@ -9,30 +9,58 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/plugin_host.h"
 #include "fsdpx/framework/unit_plan.h"
+#include "fsdpx/unit.h"
 #include "test_paths.h"
 
 namespace fsdpx {
 namespace {
 
-// A small transformer-shaped tree: embedding, 3 blocks of two linears, a head.
-struct Block : torch::nn::Module {
-  Block(int64_t d) {
-    up = register_module("up", torch::nn::Linear(d, 4 * d));    // 4d^2 + 4d
-    down = register_module("down", torch::nn::Linear(4 * d, d));  // 4d^2 + d
+// Wrappable layers (FSDPX_MODULE), shaped like torch::nn's.
+struct LinImpl : torch::nn::Module {
+  LinImpl(int64_t in, int64_t out) : torch::nn::Module("Lin") {
+    weight = register_parameter("weight", at::ones({out, in}));
+    bias = register_parameter("bias", at::ones({out}));
   }
-  torch::nn::Linear up{nullptr}, down{nullptr};
+  at::Tensor forward(const at::Tensor& x) { return x.matmul(weight.t()) + bias; }
+  at::Tensor weight, bias;
 };
+FSDPX_MODULE(Lin);
+
+struct EmbImpl : torch::nn::Module {
+  EmbImpl(int64_t vocab, int64_t d) : torch::nn::Module("Emb") { weight = register_parameter("weight", at::ones({vocab, d})); }
+  at::Tensor forward(const at::Tensor& x) { return weight.index_select(0, x); }
+  at::Tensor weight;
+};
+FSDPX_MODULE(Emb);
+
+struct TiedImpl : torch::nn::Module {
+  explicit TiedImpl(at::Tensor t) : torch::nn::Module("Tied") { weight = register_parameter("weight", t); }
+  at::Tensor forward(const at::Tensor& x) { return x.matmul(weight); }
+  at::Tensor weight;
+};
+FSDPX_MODULE(Tied);
+
+// A small transformer-shaped tree: embedding, 3 blocks of two linears, a head.
+struct BlockImpl : torch::nn::Module {
+  BlockImpl(int64_t d) : torch::nn::Module("Block") {
+    up = register_module("up", Lin(d, 4 * d));    // 4d^2 + 4d
+    down = register_module("down", Lin(4 * d, d));  // 4d^2 + d
+  }
+  at::Tensor forward(const at::Tensor& x) { return down(up(x)); }
+  Lin up{nullptr}, down{nullptr};
+};
+FSDPX_MODULE(Block);
 
 struct Net : torch::nn::Module {
   Net(int64_t vocab, int64_t d, int n) {
-    embed = register_module("embed", torch::nn::Embedding(vocab, d));
+    embed = register_module("embed", Emb(vocab, d));
     blocks = register_module("blocks", torch::nn::ModuleList());
-    for (int i = 0; i < n; ++i) blocks->push_back(std::make_shared<Block>(d));
-    head = register_module("head", torch::nn::Linear(d, vocab));
+    for (int i = 0; i < n; ++i) blocks->push_back(Block(d));
+    head = register_module("head", Lin(d, vocab));
   }
-  torch::nn::Embedding embed{nullptr};
+  Emb embed{nullptr};
   torch::nn::ModuleList blocks{nullptr};
-  torch::nn::Linear head{nullptr};
+  Lin head{nullptr};
 };
 
 class SizeBasedTest : public ::testing::Test {
@@ -62,8 +90,9 @@ TEST_F(SizeBasedTest, WrapsEachBlockWhenABlockReachesTheThreshold) {
 TEST_F(SizeBasedTest, SmallLeftoversStayWithTheRoot) {
   Net net(100, 8, 3);
   UnitPlan p = plan(net, 850);
-  // No single block reaches 850; the block list (1656) is a container, never a unit (as in
-  // PyTorch); so the blocks and the embedding (800) stay with the root; the head (900) is a unit.
+  // No single block reaches 850; the block list (1656) cannot be hooked, so it is never a unit
+  // (PyTorch excludes ModuleList too); the blocks and the embedding (800) stay with the root; the
+  // head (900) is a unit.
   ASSERT_EQ(p.units.size(), 2u);
   EXPECT_EQ(p.units[0].fqn, "");
   EXPECT_EQ(p.units[0].num_params, 800 + 1656);
@@ -90,7 +119,7 @@ TEST_F(SizeBasedTest, ThresholdAboveEverySubmoduleIsAnError) {
     plan(net, 100000000);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "size_based selected no unit: no submodule holds min_num_params=100000000 "
+    EXPECT_STREQ(e.what(), "size_based selected no unit: no wrappable layer holds min_num_params=100000000 "
                            "parameters (the largest holds 900); lower min_num_params");
   }
 }
@@ -102,20 +131,29 @@ TEST_F(SizeBasedTest, PlanTableShowsUnitsAndRatio) {
 }
 
 TEST_F(SizeBasedTest, SharedParametersAreCountedOnce) {
-  // One tensor registered under two modules, as tied embeddings are.
-  at::Tensor tied = at::ones({50, 4});
-  auto a = std::make_shared<torch::nn::Module>();
-  auto b = std::make_shared<torch::nn::Module>();
-  a->register_parameter("weight", tied);
-  b->register_parameter("weight", tied);
+  // One tensor registered under two layers, as tied embeddings are.
+  Tied a(at::ones({50, 4}));
+  Tied b(a->weight);
   torch::nn::Module root;
-  root.register_module("a", a);
-  root.register_module("b", b);
+  root.register_module("a", a.ptr());
+  root.register_module("b", b.ptr());
   UnitPlan p = plan(root, 150);
   EXPECT_EQ(p.total_params, 200);
   ASSERT_EQ(p.units.size(), 2u);  // `a` reaches 150 and takes the tensor; `b` has nothing new
   EXPECT_EQ(p.units[1].fqn, "a");
   EXPECT_EQ(p.units[1].num_params, 200);
+}
+
+TEST_F(SizeBasedTest, LayersFsdpxCannotHookAreNeverUnits) {
+  // A plain torch::nn::Linear of 900 parameters: its parameters go to the nearest wrappable
+  // layer above it (here the root), whatever their number.
+  torch::nn::Module root;
+  root.register_module("plain", torch::nn::Linear(8, 100));
+  root.register_module("head", Lin(8, 100));
+  UnitPlan p = plan(root, 500);
+  ASSERT_EQ(p.units.size(), 2u);
+  EXPECT_EQ(p.units[0].num_params, 900);
+  EXPECT_EQ(p.units[1].fqn, "head");
 }
 
 TEST(UnitPlan, RejectsNamesThatAreNotSubmodules) {

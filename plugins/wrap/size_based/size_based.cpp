@@ -1,13 +1,15 @@
 // size_based: PyTorch's size_based_auto_wrap_policy. Walking the module tree bottom-up, a
 // submodule becomes a unit when the parameters under it that no nested unit has taken number at
 // least min_num_params; those parameters then belong to it. What is left goes to the root.
-// Containers without a forward of their own (ModuleList, ModuleDict) are never units, as in
-// PyTorch (its exclude_wrap_modules default): their parameters count toward their parent.
+// Only layers the engine can hook (declared with FSDPX_MODULE) are candidates; the parameters
+// of any other module (a plain Linear, a ModuleList, which PyTorch excludes too) count toward
+// the nearest candidate above it, or the root.
 #include <algorithm>
 #include <set>
 
 #include <fsdpx/error.h>
 #include <fsdpx/plugin.h>
+#include <fsdpx/unit.h>
 #include <fsdpx/wrap_policy.h>
 
 namespace {
@@ -22,7 +24,7 @@ class SizeBasedWrap final : public fsdpx::WrapPolicy {
     int64_t largest = 0;
     visit(root, "", seen, units, largest);  // what is left stays with the root
     if (units.empty())
-      throw fsdpx::Error("size_based selected no unit: no submodule holds min_num_params=" +
+      throw fsdpx::Error("size_based selected no unit: no wrappable layer holds min_num_params=" +
                          std::to_string(min_num_params_) + " parameters (the largest holds " +
                          std::to_string(largest) + "); lower min_num_params");
     return units;
@@ -40,10 +42,9 @@ class SizeBasedWrap final : public fsdpx::WrapPolicy {
     for (const auto& child : m.named_children()) {
       count += visit(*child.value(), fqn.empty() ? child.key() : fqn + "." + child.key(), seen, units, largest);
     }
-    const std::string type = m.name();
-    const bool container = type == "torch::nn::ModuleListImpl" || type == "torch::nn::ModuleDictImpl";
-    if (!fqn.empty() && !container) largest = std::max(largest, count);
-    if (!fqn.empty() && !container && count >= min_num_params_) {
+    const bool candidate = !fqn.empty() && fsdpx::is_wrappable(m);
+    if (candidate) largest = std::max(largest, count);
+    if (candidate && count >= min_num_params_) {
       units.push_back({fqn, false});
       return 0;
     }

@@ -40,6 +40,10 @@ class FSDPX_API UnitHooks {
   virtual at::Tensor post_forward(at::Tensor output) = 0;
 };
 
+// Whether `module` was declared with FSDPX_MODULE, so that it can be a unit. Wrap policies that
+// choose by size use this to pass over layers the engine cannot hook.
+FSDPX_API bool is_wrappable(const torch::nn::Module& module);
+
 namespace detail {
 // Records that `module` was declared with FSDPX_MODULE, so the engine may make it a unit.
 FSDPX_API void mark_wrappable(const std::shared_ptr<torch::nn::Module>& module);
