@@ -45,9 +45,9 @@ int main(int argc, char** argv) {
     auto world = groups->world();
     const int n = world->size();
     if (world->rank() == 0)
-      std::printf("fsdpx-comm-bench: %d ranks, gloo, %s, %s\n%-14s %6s %11s %12s %12s\n", n,
+      std::printf("fsdpx-comm-bench: %d ranks, gloo, %s, %s\n%-14s %6s %11s %12s %12s %14s\n", n,
                   vm["dtype"].as<std::string>().c_str(), describe(resolve_topology({}, process_environment())).c_str(),
-                  "collective", "MiB", "ms/call", "algbw GB/s", "busbw GB/s");
+                  "collective", "MiB", "ms/call", "algbw GB/s", "busbw GB/s", "wire/formula");
     std::stringstream sizes(vm["sizes-mib"].as<std::string>());
     for (std::string item; std::getline(sizes, item, ',');) {
       const int64_t bytes = static_cast<int64_t>(std::stod(item) * 1024 * 1024);
@@ -67,13 +67,16 @@ int main(int argc, char** argv) {
         world->broadcast(iters, 0).wait();
         const int k = static_cast<int>(iters.item<float>());
         world->barrier().wait();
+        const int64_t wire0 = tcp_bytes_sent();
         t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < k; ++i) call();
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / k;
+        world->barrier().wait();
+        const double wire = static_cast<double>(tcp_bytes_sent() - wire0) / k;
         double algbw = static_cast<double>(elems * at::elementSize(dtype)) / secs / 1e9;
         if (world->rank() == 0)
-          std::printf("%-14s %6s %11.3f %12.3f %12.3f\n", what, item.c_str(), secs * 1e3, algbw,
-                      algbw * (n - 1) / n);
+          std::printf("%-14s %6s %11.3f %12.3f %12.3f %14.3f\n", what, item.c_str(), secs * 1e3, algbw,
+                      algbw * (n - 1) / n, wire / (static_cast<double>(elems * at::elementSize(dtype)) * (n - 1) / n));
       }
     }
     return 0;

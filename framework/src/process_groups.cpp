@@ -10,6 +10,7 @@
 #include <thread>
 
 #include <c10/util/Logging.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -126,7 +127,8 @@ class BackendCommunicator final : public Communicator,
         global_ranks_(std::move(global_ranks)),
         global_rank_(global_rank),
         monitor_(std::move(monitor)),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        gloo_(backend_->getBackendName() == "gloo") {}
 
   int rank() const override { return backend_->getRank(); }
   int size() const override { return backend_->getSize(); }
@@ -142,6 +144,32 @@ class BackendCommunicator final : public Communicator,
     check_pair("reduce_scatter", output, input, input.numel() == output.numel() * size(),
                "input must have size() x output's elements");
     check_average("reduce_scatter", output, op);
+    if (gloo_) {
+      // LibTorch's Gloo reduce-scatter is an all-reduce underneath: each rank sends 2(n-1)/n of
+      // the buffer instead of (n-1)/n (measured on the sockets, see fsdpx-comm-bench). An
+      // all-to-all moves exactly the (n-1)/n: rank r receives everyone's slice r and sums the
+      // slices locally, in rank order (so every rank adds in the same order).
+      at::Tensor received = at::empty_like(input);
+      std::vector<int64_t> even;
+      c10d::AllToAllOptions opts;
+      opts.timeout = timeout_;
+      const int64_t n = size();
+      return issue("reduce_scatter", [&] { return backend_->alltoall_base(received, input, even, even, opts); },
+                   [received, output, op, n]() mutable {
+                     at::NoGradGuard no_grad;
+                     at::Tensor slices = received.view({n, output.numel()});
+                     if (op == ReduceOp::Max) {
+                       output.copy_(std::get<0>(slices.max(0)));
+                     } else {
+                       // Accumulate in fp32 (or wider), slice by slice in rank order, then round once.
+                       const auto acc_type = slices.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+                       at::Tensor sum = slices[0].to(acc_type, /*non_blocking=*/false, /*copy=*/true);
+                       for (int64_t r = 1; r < n; ++r) sum.add_(slices[r]);
+                       if (op == ReduceOp::Avg) sum.div_(n);
+                       output.copy_(sum.view_as(output));
+                     }
+                   });
+    }
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = to_c10d(op);
     opts.timeout = timeout_;
@@ -246,6 +274,7 @@ class BackendCommunicator final : public Communicator,
   int global_rank_;
   std::shared_ptr<const PeerMonitor> monitor_;
   std::chrono::milliseconds timeout_;
+  bool gloo_;
 };
 
 // c10d logs its own warnings and errors (socket timeouts, retries) to stderr before fsdpx turns

@@ -9,7 +9,8 @@
 // PREFIX.losses  (rank 0): one line per step, the mean loss over the global batch
 // PREFIX.params  (rank 0): every parameter whole, "name numel rows" then numel float32 values
 // PREFIX.rankR   (each rank): "memory <param_bytes> <grad_bytes>", "comm <sent bytes per step>"
-//                and "expect_comm <bytes per step from the formula>"
+//                (counted by the wrapper), "wire <bytes per step>" (sent on this process's TCP
+//                sockets, from the kernel) and "expect_comm <bytes per step from the formula>"
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -188,6 +189,8 @@ int main(int argc, char** argv) {
     for (int s = 0; s < steps; ++s) {
       at::Tensor tokens = global_tokens(seed, s, global);
       const int64_t before = counted ? counted->stats().sent_bytes() : 0;
+      groups->world()->barrier().wait();
+      const int64_t wire_before = tcp_bytes_sent();
       double step_loss = 0;
       for (int m = 0; m < accum; ++m) {
         engine.set_requires_gradient_sync(m == accum - 1);
@@ -202,6 +205,8 @@ int main(int argc, char** argv) {
         at::NoGradGuard no_grad;
         for (auto& p : engine.shards()) p.param.sub_(p.param.grad() * lr);
       }
+      groups->world()->barrier().wait();
+      if (world > 1) mine << "wire " << tcp_bytes_sent() - wire_before << "\n";  // what the kernel sent
       if (counted) mine << "comm " << counted->stats().sent_bytes() - before << "\n";
       at::Tensor l = at::full({1}, step_loss, at::kDouble);
       groups->world()->all_reduce(l, ReduceOp::Avg).wait();
