@@ -7,6 +7,7 @@
 #include <set>
 
 #include "fsdpx/error.h"
+#include "fsdpx/optimizer.h"
 #include "fsdpx/framework/suggest.h"
 
 namespace fsdpx {
@@ -204,6 +205,20 @@ const std::vector<std::string>& Options::get_list(const std::string& name) const
 bool Options::was_given(const std::string& name) const {
   auto it = given_.find(name);
   return it != given_.end() && it->second;
+}
+
+std::pair<double, double> adam_betas(const Options& o) {
+  const auto& items = o.get_list("betas");
+  if (items.size() != 2)
+    throw Error("betas takes two numbers, e.g. 0.9,0.999; got " + std::to_string(items.size()));
+  double b[2];
+  for (int i = 0; i < 2; ++i) {
+    char* end = nullptr;
+    b[i] = std::strtod(items[i].c_str(), &end);
+    if (*end || !(b[i] >= 0.0 && b[i] < 1.0))
+      throw Error("betas must be two numbers in [0, 1), got '" + items[i] + "'");
+  }
+  return {b[0], b[1]};
 }
 
 }  // namespace fsdpx

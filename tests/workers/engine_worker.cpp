@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
         ("seed", po::value<uint64_t>()->default_value(7), "")
         ("overlap", po::value<int>()->default_value(1), "")
         ("reference", "")
+        ("optimizer", po::value<std::string>(), "an optimizer plugin instead of the built-in SGD")
         ("skew-rank1", "rank 1 builds a model with one more layer (a deliberate mismatch)")
         ("out", po::value<std::string>()->required(), "");
     po::variables_map vm;
@@ -119,6 +120,13 @@ int main(int argc, char** argv) {
         params.emplace_back(p.key(), p.value());
       }
       losses.open(out + ".losses");
+      std::shared_ptr<Optimizer> ref_opt;
+      if (vm.count("optimizer")) {
+        ref_opt = host.create<Optimizer>(vm["optimizer"].as<std::string>(), {{"lr", std::to_string(lr)}});
+        std::vector<ParamShard> whole;
+        for (auto& [n, p] : params) whole.push_back({n, p});
+        ref_opt->init(whole);
+      }
       for (int s = 0; s < steps; ++s) {
         at::Tensor tokens = global_tokens(seed, s, global);
         double step_loss = 0;
@@ -134,8 +142,9 @@ int main(int argc, char** argv) {
           double scale = clip / (std::sqrt(sq) + 1e-6);
           if (scale < 1) for (auto& [n, p] : params) p.mutable_grad().mul_(scale);
         }
+        if (ref_opt) ref_opt->step(lr);
         for (auto& [n, p] : params) {
-          p.sub_(p.grad() * lr);
+          if (!ref_opt) p.sub_(p.grad() * lr);
           p.mutable_grad() = at::Tensor();
         }
         char line[64];
@@ -186,6 +195,11 @@ int main(int argc, char** argv) {
       std::ofstream(out + ".plan") << engine.plan().table();
     }
     const int64_t local = global / world / accum;
+    std::shared_ptr<Optimizer> opt;
+    if (vm.count("optimizer")) {
+      opt = host.create<Optimizer>(vm["optimizer"].as<std::string>(), {{"lr", std::to_string(lr)}});
+      opt->init(engine.shards());
+    }
     for (int s = 0; s < steps; ++s) {
       at::Tensor tokens = global_tokens(seed, s, global);
       const int64_t before = counted ? counted->stats().sent_bytes() : 0;
@@ -201,7 +215,9 @@ int main(int argc, char** argv) {
         step_loss += loss.item<double>();
       }
       if (clip > 0) engine.clip_grad_norm(clip);
-      {
+      if (opt) {
+        opt->step(lr);
+      } else {
         at::NoGradGuard no_grad;
         for (auto& p : engine.shards()) p.param.sub_(p.param.grad() * lr);
       }
@@ -215,6 +231,13 @@ int main(int argc, char** argv) {
         std::snprintf(line, sizeof line, "%.9g\n", l.item<double>());
         losses << line;
       }
+    }
+    if (opt) {
+      int64_t state_bytes = 0;  // per-parameter state (the scalar step counts are not)
+      for (auto& p : engine.shards())
+        for (const auto& [key, t] : opt->state(p.name))
+          if (t.dim() > 0) state_bytes += t.numel() * t.element_size();
+      mine << "optimizer_state " << state_bytes << "\n";
     }
     mem = engine.memory();
     mine << "memory_after " << mem.param_bytes << " " << mem.grad_bytes << " " << mem.unsharded_bytes << "\n";

@@ -9,6 +9,7 @@
 
 #include "fsdpx/component.h"
 #include "fsdpx/export.h"
+#include "fsdpx/options.h"
 
 namespace fsdpx {
 
@@ -24,6 +25,10 @@ struct ParamShard {
 // Named state tensors of one parameter shard, e.g. {"exp_avg", t}, {"exp_avg_sq", t}. Tensors
 // whose dim 0 matches the shard's are sharded with it; others (a step count) are replicated.
 using ShardState = std::vector<std::pair<std::string, at::Tensor>>;
+
+// The list option "betas" of an Adam-style optimizer as two numbers in [0, 1); throws
+// fsdpx::Error naming the bad value otherwise.
+FSDPX_API std::pair<double, double> adam_betas(const Options& options);
 
 class FSDPX_API Optimizer {
  public:

@@ -1,0 +1,100 @@
+// adamw: Adam with decoupled weight decay (Loshchilov & Hutter), as torch.optim.AdamW:
+//   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// State per parameter shard: exp_avg and exp_avg_sq (fp32, like the shard: 8 bytes/parameter)
+// and step.
+#include <cmath>
+#include <map>
+
+#include <ATen/ops/zeros_like.h>
+
+#include <fsdpx/error.h>
+#include <fsdpx/optimizer.h>
+#include <fsdpx/plugin.h>
+
+namespace {
+
+struct State {
+  at::Tensor exp_avg, exp_avg_sq;
+  int64_t step = 0;
+};
+
+class AdamW final : public fsdpx::Optimizer {
+ public:
+  AdamW(double lr, double b1, double b2, double eps, double wd) : lr_(lr), b1_(b1), b2_(b2), eps_(eps), wd_(wd) {}
+
+  void init(std::vector<fsdpx::ParamShard> params) override {
+    params_ = std::move(params);
+    for (auto& p : params_) {
+      if (!p.param.requires_grad()) continue;
+      State& s = state_[p.name];
+      s.exp_avg = at::zeros_like(p.param, at::MemoryFormat::Contiguous);
+      s.exp_avg_sq = at::zeros_like(p.param, at::MemoryFormat::Contiguous);
+    }
+  }
+
+  void step(double lr) override {
+    at::NoGradGuard no_grad;
+    for (auto& p : params_) {
+      if (!p.param.requires_grad() || !p.param.grad().defined()) continue;
+      State& s = state_.at(p.name);
+      const at::Tensor& g = p.param.grad();
+      s.step += 1;
+      p.param.mul_(1.0 - lr * wd_);
+      s.exp_avg.mul_(b1_).add_(g, 1.0 - b1_);
+      s.exp_avg_sq.mul_(b2_).addcmul_(g, g, 1.0 - b2_);
+      const double bc1 = 1.0 - std::pow(b1_, static_cast<double>(s.step));
+      const double bc2 = 1.0 - std::pow(b2_, static_cast<double>(s.step));
+      at::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(eps_);
+      p.param.addcdiv_(s.exp_avg, denom, -lr / bc1);
+    }
+  }
+
+  double base_lr() const override { return lr_; }
+
+  fsdpx::ShardState state(const std::string& name) const override {
+    auto it = state_.find(name);
+    if (it == state_.end()) throw fsdpx::Error("adamw has no state for parameter '" + name + "'");
+    return {{"exp_avg", it->second.exp_avg},
+            {"exp_avg_sq", it->second.exp_avg_sq},
+            {"step", at::scalar_tensor(static_cast<double>(it->second.step), at::kDouble)}};
+  }
+
+  void load_state(const std::string& name, const fsdpx::ShardState& st) override {
+    auto it = state_.find(name);
+    if (it == state_.end()) throw fsdpx::Error("adamw has no parameter '" + name + "' to load state into");
+    for (const auto& [key, t] : st) {
+      if (key == "exp_avg") it->second.exp_avg.copy_(t);
+      else if (key == "exp_avg_sq") it->second.exp_avg_sq.copy_(t);
+      else if (key == "step") it->second.step = static_cast<int64_t>(t.item<double>());
+      else throw fsdpx::Error("adamw: unknown state '" + key + "' for parameter '" + name + "'");
+    }
+  }
+
+ private:
+  double lr_, b1_, b2_, eps_, wd_;
+  std::vector<fsdpx::ParamShard> params_;
+  std::map<std::string, State> state_;
+};
+
+void register_components(fsdpx::Registrar& r) {
+  r.add<fsdpx::Optimizer>(
+      "adamw", "Adam with decoupled weight decay (torch.optim.AdamW); fp32 moments",
+      {fsdpx::float_option("lr", 1e-3, "peak learning rate"),
+       fsdpx::list_option("betas", "0.9,0.999", "coefficients of the moving averages of the gradient and its square"),
+       fsdpx::float_option("eps", 1e-8, "added to the denominator"),
+       fsdpx::float_option("weight_decay", 1e-2, "decoupled weight decay")},
+      [](const fsdpx::ComponentContext& ctx) {
+        const auto& o = ctx.options;
+        if (!(o.get_float("lr") > 0)) throw fsdpx::Error("lr must be positive, got " + std::to_string(o.get_float("lr")));
+        if (!(o.get_float("eps") > 0)) throw fsdpx::Error("eps must be positive, got " + std::to_string(o.get_float("eps")));
+        if (o.get_float("weight_decay") < 0)
+          throw fsdpx::Error("weight_decay must not be negative, got " + std::to_string(o.get_float("weight_decay")));
+        auto [b1, b2] = fsdpx::adam_betas(o);
+        return std::make_shared<AdamW>(o.get_float("lr"), b1, b2, o.get_float("eps"), o.get_float("weight_decay"));
+      });
+}
+
+}  // namespace
+
+FSDPX_PLUGIN("optimizer_adamw", "0.1.0", register_components)

@@ -1,0 +1,82 @@
+// sgd: stochastic gradient descent as torch.optim.SGD: coupled weight decay (g += wd p),
+// momentum with dampening (b = mu b + (1 - dampening) g, the first step b = g), Nesterov
+// (g + mu b), then p -= lr * update. State per parameter shard: momentum_buffer when mu > 0.
+#include <map>
+
+#include <fsdpx/error.h>
+#include <fsdpx/optimizer.h>
+#include <fsdpx/plugin.h>
+
+namespace {
+
+class Sgd final : public fsdpx::Optimizer {
+ public:
+  Sgd(double lr, double momentum, double dampening, double wd, bool nesterov)
+      : lr_(lr), mu_(momentum), damp_(dampening), wd_(wd), nesterov_(nesterov) {}
+
+  void init(std::vector<fsdpx::ParamShard> params) override { params_ = std::move(params); }
+
+  void step(double lr) override {
+    at::NoGradGuard no_grad;
+    for (auto& p : params_) {
+      if (!p.param.requires_grad() || !p.param.grad().defined()) continue;
+      at::Tensor g = p.param.grad();
+      if (wd_ != 0) g = g.add(p.param, wd_);
+      if (mu_ != 0) {
+        auto it = buffers_.find(p.name);
+        if (it == buffers_.end()) {
+          it = buffers_.emplace(p.name, g.clone()).first;
+        } else {
+          it->second.mul_(mu_).add_(g, 1.0 - damp_);
+        }
+        g = nesterov_ ? g.add(it->second, mu_) : it->second;
+      }
+      p.param.sub_(g * lr);
+    }
+  }
+
+  double base_lr() const override { return lr_; }
+
+  fsdpx::ShardState state(const std::string& name) const override {
+    auto it = buffers_.find(name);
+    if (it == buffers_.end()) return {};
+    return {{"momentum_buffer", it->second}};
+  }
+
+  void load_state(const std::string& name, const fsdpx::ShardState& st) override {
+    for (const auto& [key, t] : st) {
+      if (key != "momentum_buffer") throw fsdpx::Error("sgd: unknown state '" + key + "' for parameter '" + name + "'");
+      buffers_[name] = t.clone();
+    }
+  }
+
+ private:
+  double lr_, mu_, damp_, wd_;
+  bool nesterov_;
+  std::vector<fsdpx::ParamShard> params_;
+  std::map<std::string, at::Tensor> buffers_;
+};
+
+void register_components(fsdpx::Registrar& r) {
+  r.add<fsdpx::Optimizer>(
+      "sgd", "stochastic gradient descent with momentum, Nesterov and weight decay (torch.optim.SGD)",
+      {fsdpx::float_option("lr", 1e-2, "peak learning rate"), fsdpx::float_option("momentum", 0.0, "momentum factor"),
+       fsdpx::float_option("dampening", 0.0, "dampening of the momentum"),
+       fsdpx::float_option("weight_decay", 0.0, "L2 penalty added to the gradient"),
+       fsdpx::flag_option("nesterov", false, "Nesterov momentum (needs momentum > 0 and no dampening)")},
+      [](const fsdpx::ComponentContext& ctx) {
+        const auto& o = ctx.options;
+        const double lr = o.get_float("lr"), mu = o.get_float("momentum"), damp = o.get_float("dampening"),
+                     wd = o.get_float("weight_decay");
+        if (!(lr > 0)) throw fsdpx::Error("lr must be positive, got " + std::to_string(lr));
+        if (mu < 0) throw fsdpx::Error("momentum must not be negative, got " + std::to_string(mu));
+        if (wd < 0) throw fsdpx::Error("weight_decay must not be negative, got " + std::to_string(wd));
+        if (o.get_bool("nesterov") && (mu <= 0 || damp != 0))
+          throw fsdpx::Error("nesterov needs momentum > 0 and dampening 0");
+        return std::make_shared<Sgd>(lr, mu, damp, wd, o.get_bool("nesterov"));
+      });
+}
+
+}  // namespace
+
+FSDPX_PLUGIN("optimizer_sgd", "0.1.0", register_components)
