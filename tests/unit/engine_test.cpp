@@ -241,6 +241,31 @@ TEST(Engine, AdamWTrainingMatchesOneProcessAndShardsItsState) {
   }
 }
 
+TEST(Engine, HybridLayoutAsTwoNodesOfTwo) {
+  // The layout hybrid sharding will use: shards over 2 ranks, replicas across the 2 pairs.
+  // Gradients: reduce-scatter within the pair, then all-reduce of the shard across pairs.
+  const WorkerRun ref = run(std::string("--reference") + kSteps, 0);
+  const WorkerRun got = run(std::string("--strategy full_shard --hybrid-shard 2") + kSteps, 4);
+  expect_same(got, ref, "hybrid 2 x 2");
+  int64_t bytes = 0;
+  std::map<std::string, int64_t> unit_elems;
+  for (const auto& [name, p] : got.params) {
+    const int64_t elems = (p.rows + 1) / 2 * (static_cast<int64_t>(p.values.size()) / p.rows);
+    bytes += elems * 4;
+    unit_elems[unit_of(name, got.units)] += elems;
+  }
+  int64_t shard_sent = 0, replicate_sent = 0;
+  for (const auto& [unit, elems] : unit_elems) {
+    shard_sent += (unit.empty() ? 2 : 3) * 1 * elems * 4;  // (S-1) = 1 per all-gather / reduce-scatter
+    replicate_sent += 2 * 1 * elems * 4 / 2;                // all-reduce over R = 2 of the shard
+  }
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(got.ranks[r].at("memory"), (std::vector<int64_t>{bytes, bytes})) << "rank " << r;
+    EXPECT_EQ(got.ranks[r].at("comm"), std::vector<int64_t>(4, shard_sent)) << "rank " << r;
+    EXPECT_EQ(got.ranks[r].at("comm_replicate"), std::vector<int64_t>(4, replicate_sent)) << "rank " << r;
+  }
+}
+
 TEST(Engine, MismatchedModelsAcrossRanksAreRefused) {
   auto r = test::run_command(worker() + " --nproc-per-node 2 --skew-rank1 --out /dev/null");
   EXPECT_NE(r.exit_code, 0);

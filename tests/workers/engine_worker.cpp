@@ -82,6 +82,8 @@ int main(int argc, char** argv) {
         ("seed", po::value<uint64_t>()->default_value(7), "")
         ("overlap", po::value<int>()->default_value(1), "")
         ("reference", "")
+        ("hybrid-shard", po::value<int>()->default_value(0),
+         "shard over groups of this many ranks and replicate across them (the engine's hybrid layout)")
         ("optimizer", po::value<std::string>(), "an optimizer plugin instead of the built-in SGD")
         ("skew-rank1", "rank 1 builds a model with one more layer (a deliberate mismatch)")
         ("out", po::value<std::string>()->required(), "");
@@ -170,9 +172,16 @@ int main(int argc, char** argv) {
     eo.overlap = vm["overlap"].as<int>() != 0;
     EngineComms comms;
     comms.world = groups->world();
-    std::shared_ptr<CountingCommunicator> counted;
-    if (eo.layout.shard_group_size > 1) comms.shard = counted = std::make_shared<CountingCommunicator>(groups->world());
-    if (eo.layout.replicate_group_size > 1) comms.replicate = counted = std::make_shared<CountingCommunicator>(groups->world());
+    std::shared_ptr<CountingCommunicator> counted, counted_replicate;
+    if (const int hs = vm["hybrid-shard"].as<int>(); hs > 0) {
+      eo.layout = ShardingLayout{hs, ro.topology.world_size / hs, eo.layout.reshard_after_forward, false};
+      auto h = groups->hybrid(hs);
+      comms.shard = counted = std::make_shared<CountingCommunicator>(h.shard);
+      comms.replicate = counted_replicate = std::make_shared<CountingCommunicator>(h.replicate);
+    } else {
+      if (eo.layout.shard_group_size > 1) comms.shard = counted = std::make_shared<CountingCommunicator>(groups->world());
+      if (eo.layout.replicate_group_size > 1) comms.replicate = counted = std::make_shared<CountingCommunicator>(groups->world());
+    }
     ShardingEngine engine(model, policy->select(*model->module()), comms, eo);
 
     const int rank = ro.topology.rank, world = ro.topology.world_size;
@@ -203,6 +212,7 @@ int main(int argc, char** argv) {
     for (int s = 0; s < steps; ++s) {
       at::Tensor tokens = global_tokens(seed, s, global);
       const int64_t before = counted ? counted->stats().sent_bytes() : 0;
+      const int64_t before_replicate = counted_replicate ? counted_replicate->stats().sent_bytes() : 0;
       groups->world()->barrier().wait();
       const int64_t wire_before = tcp_bytes_sent();
       double step_loss = 0;
@@ -224,6 +234,7 @@ int main(int argc, char** argv) {
       groups->world()->barrier().wait();
       if (world > 1) mine << "wire " << tcp_bytes_sent() - wire_before << "\n";  // what the kernel sent
       if (counted) mine << "comm " << counted->stats().sent_bytes() - before << "\n";
+      if (counted_replicate) mine << "comm_replicate " << counted_replicate->stats().sent_bytes() - before_replicate << "\n";
       at::Tensor l = at::full({1}, step_loss, at::kDouble);
       groups->world()->all_reduce(l, ReduceOp::Avg).wait();
       if (rank == 0) {
