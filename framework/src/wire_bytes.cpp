@@ -30,8 +30,10 @@ int64_t tcp_bytes_sent() {
     struct tcp_info info {};
     len = sizeof info;
     if (::getsockopt(static_cast<int>(fd), IPPROTO_TCP, TCP_INFO, &info, &len) != 0) continue;  // not TCP
-    if (len < offsetof(struct tcp_info, tcpi_bytes_sent) + sizeof info.tcpi_bytes_sent) continue;
-    total += static_cast<int64_t>(info.tcpi_bytes_sent);
+    if (len < offsetof(struct tcp_info, tcpi_bytes_retrans) + sizeof info.tcpi_bytes_retrans) continue;
+    // Retransmissions (spurious ones happen on a starved machine) are not traffic the program
+    // asked for: count each byte once.
+    total += static_cast<int64_t>(info.tcpi_bytes_sent) - static_cast<int64_t>(info.tcpi_bytes_retrans);
   }
   ::closedir(dir);
   return total;

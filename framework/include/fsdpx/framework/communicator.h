@@ -81,8 +81,8 @@ struct FSDPX_API CommStats {
   int64_t payload_bytes() const;
 };
 
-// Bytes this process has sent over TCP so far (retransmissions included), summed over its open
-// TCP sockets from the kernel's TCP_INFO: Gloo's connections, the rendezvous store's. The
+// Bytes this process has sent over TCP so far (each byte once: retransmissions left out), summed
+// over its open TCP sockets from the kernel's TCP_INFO: Gloo's connections, the store's. The
 // difference across a step is what actually went on the wire (on CPU with Gloo; NCCL traffic
 // does not go through these sockets). -1 if /proc is not readable.
 FSDPX_API int64_t tcp_bytes_sent();
