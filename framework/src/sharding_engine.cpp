@@ -157,42 +157,55 @@ struct Unit final : UnitHooks {
   Work gather_work;
   at::Tensor gather_out;
   Work reduce_work;
-  at::Tensor reduce_in;
+  at::Tensor reduce_in, reduce_out;
+  at::Tensor gather_in;
   int forward_calls = 0;
   bool pre_backward_done = false, post_backward_done = false, reduced = false;
 
   bool sharded_layout() const { return engine->shard_size > 1; }
+  // Whether the gathered parameters live in storage of their own (sharded, or computed in
+  // another dtype than stored); otherwise they are the shards themselves.
+  bool separate() const { return sharded_layout() || engine->options.precision.compute != engine->options.precision.storage; }
   bool reshard_after_forward() const { return sharded_layout() && !root && engine->options.layout.reshard_after_forward; }
 
   void start_gather() {
     if (state != State::Sharded) return;
     state = State::Gathering;
     if (!sharded_layout()) return;
-    gather_out = at::empty({engine->shard_size * total}, flat_shard.options());
-    gather_work = engine->comms.shard->all_gather(gather_out, flat_shard);
+    // Cast before the all-gather: a bf16 compute dtype halves the bytes on the wire.
+    const auto compute = engine->options.precision.compute;
+    gather_in = flat_shard.scalar_type() == compute ? flat_shard : flat_shard.to(compute);
+    gather_out = at::empty({engine->shard_size * total}, gather_in.options());
+    gather_work = engine->comms.shard->all_gather(gather_out, gather_in);
   }
 
   void unshard() {
     if (state == State::Unsharded) return;
     start_gather();
-    if (sharded_layout()) {
-      gather_work.wait();
+    if (separate()) {
       const int64_t s = engine->shard_size;
-      resize_storage(unsharded, static_cast<size_t>(s * total) * flat_shard.element_size());
+      at::Tensor src;
+      if (sharded_layout()) {
+        gather_work.wait();
+        src = gather_out.view({s, total});
+      } else {
+        src = flat_shard.view({1, total});  // cast below
+      }
+      resize_storage(unsharded, static_cast<size_t>(s * total) * unsharded_flat.element_size());
       at::NoGradGuard no_grad;
-      at::Tensor src = gather_out.view({s, total});
       for (const Param& p : params) {
         unsharded_flat.narrow(0, s * p.offset, s * p.shard_numel)
             .view({s, p.shard_numel})
             .copy_(src.narrow(1, p.offset, p.shard_numel));
       }
       gather_out = at::Tensor();
+      gather_in = at::Tensor();
     }
     state = State::Unsharded;
   }
 
   void reshard() {
-    if (!sharded_layout() || state != State::Unsharded) return;
+    if (!separate() || state != State::Unsharded) return;
     resize_storage(unsharded, 0);
     state = State::Sharded;
   }
@@ -201,7 +214,7 @@ struct Unit final : UnitHooks {
   void reduce_grads() {
     at::NoGradGuard no_grad;
     const int64_t s = engine->shard_size;
-    reduce_in = at::zeros({s * total}, flat_grad.options());
+    reduce_in = at::zeros({s * total}, flat_grad.options().dtype(engine->options.precision.reduce));
     at::Tensor dst = reduce_in.view({s, total});
     for (Param& p : params) {
       at::Tensor g = p.param.grad();
@@ -215,7 +228,10 @@ struct Unit final : UnitHooks {
       p.param.mutable_grad() = at::Tensor();
     }
     if (sharded_layout()) {
-      reduce_work = engine->comms.shard->reduce_scatter(flat_grad, reduce_in, ReduceOp::Avg);
+      // Straight into the gradient shard when the dtypes agree; else through a reduce-dtype buffer.
+      reduce_out = reduce_in.scalar_type() == flat_grad.scalar_type() ? flat_grad
+                                                                      : at::empty({total}, reduce_in.options());
+      reduce_work = engine->comms.shard->reduce_scatter(reduce_out, reduce_in, ReduceOp::Avg);
     } else {
       flat_grad.copy_(reduce_in);
       reduce_in = at::Tensor();
@@ -228,6 +244,11 @@ struct Unit final : UnitHooks {
     if (!reduced) return;
     reduce_work.wait();
     reduce_in = at::Tensor();
+    if (reduce_out.defined() && !reduce_out.is_same(flat_grad)) {
+      at::NoGradGuard no_grad;
+      flat_grad.copy_(reduce_out);
+    }
+    reduce_out = at::Tensor();
     if (sharded_layout() && engine->comms.replicate)
       engine->comms.replicate->all_reduce(flat_grad, ReduceOp::Avg).wait();
     reduced = false;
@@ -302,6 +323,10 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
     throw Error("unit '" + fqn + "' ran its forward twice in one step; fsdpx gathers and reduces a unit once per "
                 "step, so a layer called twice must not be a unit (wrap its parent instead)");
   engine->forward_order.push_back(this);
+  const PrecisionSpec& prec = engine->options.precision;
+  if (prec.cast_forward_inputs)
+    for (auto& t : inputs)
+      if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != prec.compute) t = t.to(prec.compute);
   unshard();
   if (engine->options.overlap) engine->prefetch_after(this, engine->last_forward_order);
   if (!at::GradMode::is_enabled()) return inputs;
@@ -321,6 +346,9 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
 
 at::Tensor Unit::post_forward(at::Tensor output) {
   if (reshard_after_forward()) reshard();
+  const auto& out_dtype = engine->options.precision.output;
+  if (out_dtype && output.defined() && at::isFloatingType(output.scalar_type()) && output.scalar_type() != *out_dtype)
+    output = output.to(*out_dtype);
   if (at::GradMode::is_enabled() && output.defined() && output.requires_grad()) {
     const uint64_t gen = engine->generation;
     output.register_hook([this, gen](const at::Tensor& grad) {
@@ -374,6 +402,7 @@ void ShardingEngine::Impl::abort_step(bool drop_grads) {
         // the step is being abandoned; the failure was or will be reported by the collective
       }
       u->gather_out = at::Tensor();
+      u->gather_in = at::Tensor();
       u->state = Unit::State::Sharded;
     }
     if (u->reduced) {
@@ -382,6 +411,7 @@ void ShardingEngine::Impl::abort_step(bool drop_grads) {
       } catch (const std::exception&) {
       }
       u->reduce_in = at::Tensor();
+      u->reduce_out = at::Tensor();
       u->reduced = false;
     }
     u->reshard();
@@ -511,7 +541,10 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
                                                        std::to_string(layout.replicate_group_size) + "/" +
                                                        std::to_string(layout.reshard_after_forward) + "/" +
                                                        std::to_string(options.overlap) + "/" +
-                                                       std::to_string(options.prefetch));
+                                                       std::to_string(options.prefetch) + "/" +
+                                                       c10::toString(options.precision.storage) + "/" +
+                                                       c10::toString(options.precision.compute) + "/" +
+                                                       c10::toString(options.precision.reduce));
   for (const auto& u : e.units)
     for (const auto& p : u->params) {
       checksum = parameter_seed(checksum, p.name + shape_str(p.shape) + "@" + u->fqn);
@@ -546,25 +579,27 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
       p.offset = u.total;
       u.total += p.shard_numel;
     }
+    const PrecisionSpec& prec = options.precision;
     const auto opts = at::TensorOptions().dtype(at::kFloat);
-    u.flat_shard = at::zeros({u.total}, opts);
-    u.flat_grad = at::zeros({u.total}, opts);
-    if (S > 1) {
-      u.unsharded = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * u.total) * sizeof(float),
+    u.flat_shard = at::zeros({u.total}, opts.dtype(prec.storage));
+    u.flat_grad = at::zeros({u.total}, opts.dtype(prec.gradient));
+    if (u.separate()) {
+      u.unsharded = c10::Storage(c10::Storage::use_byte_size_t(),
+                                 static_cast<size_t>(S * u.total) * c10::elementSize(prec.compute),
                                  c10::GetAllocator(at::kCPU), /*resizable=*/true);
-      u.unsharded_flat = tensor_over(u.unsharded, 0, {S * u.total}, at::kFloat);
+      u.unsharded_flat = tensor_over(u.unsharded, 0, {S * u.total}, prec.compute);
     }
     for (Param& p : u.params) {
       std::vector<int64_t> shard_shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
       shard_shape[0] = p.rows_per_shard;
       {
         at::NoGradGuard no_grad;
-        p.shard = tensor_over(u.flat_shard.storage(), p.offset, shard_shape, at::kFloat);
+        p.shard = tensor_over(u.flat_shard.storage(), p.offset, shard_shape, prec.storage);
         // A frozen parameter stays frozen (no gradient view); a trainable one sees its slice of
         // the unit's flat gradient (zeros where no rank produced a gradient).
         if (p.param.requires_grad()) {
           p.shard.requires_grad_(true);
-          p.shard.mutable_grad() = tensor_over(u.flat_grad.storage(), p.offset, shard_shape, at::kFloat);
+          p.shard.mutable_grad() = tensor_over(u.flat_grad.storage(), p.offset, shard_shape, prec.gradient);
         }
         // The whole parameter exists only for this moment.
         at::Tensor full = at::empty(p.shape, opts);
@@ -577,11 +612,11 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
       }
       // The module's parameter becomes a view of the unit's unsharded storage (or, unsharded,
       // of the shard itself); its object stays, so the model and autograd keep using it.
-      at::Tensor view = S > 1 ? tensor_over(u.unsharded, S * p.offset, p.shape, at::kFloat)
-                              : tensor_over(u.flat_shard.storage(), p.offset, p.shape, at::kFloat);
+      at::Tensor view = u.separate() ? tensor_over(u.unsharded, S * p.offset, p.shape, prec.compute)
+                                     : tensor_over(u.flat_shard.storage(), p.offset, p.shape, prec.storage);
       p.param.set_data(view);
     }
-    if (S > 1) resize_storage(u.unsharded, 0);
+    if (u.separate()) resize_storage(u.unsharded, 0);
   }
   // Hook the units only now that nothing can fail, all at once.
   {
@@ -696,7 +731,7 @@ MemoryReport ShardingEngine::memory() const {
   for (auto& u : impl_->units) {
     m.param_bytes += static_cast<int64_t>(u->flat_shard.storage().nbytes());
     m.grad_bytes += static_cast<int64_t>(u->flat_grad.storage().nbytes());
-    if (impl_->shard_size > 1) m.unsharded_bytes += static_cast<int64_t>(u->unsharded.nbytes());
+    if (u->separate()) m.unsharded_bytes += static_cast<int64_t>(u->unsharded.nbytes());
   }
   return m;
 }

@@ -16,6 +16,7 @@
 #include "fsdpx/framework/unit_plan.h"
 #include "fsdpx/model.h"
 #include "fsdpx/optimizer.h"
+#include "fsdpx/precision_policy.h"
 #include "fsdpx/sharding_strategy.h"
 #include "fsdpx/wrap_policy.h"
 
@@ -23,6 +24,7 @@ namespace fsdpx {
 
 struct EngineOptions {
   ShardingLayout layout;       // from the sharding strategy
+  PrecisionSpec precision;     // from the precision policy (default: fp32 throughout)
   uint64_t seed = 0;           // parameters are initialised from (seed, parameter name)
   bool overlap = true;         // gather the next units while the current one computes
   int prefetch = 1;            // how many units ahead, forward and backward, when overlapping
