@@ -347,7 +347,8 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
 at::Tensor Unit::post_forward(at::Tensor output) {
   if (reshard_after_forward()) reshard();
   const auto& out_dtype = engine->options.precision.output;
-  if (out_dtype && output.defined() && at::isFloatingType(output.scalar_type()) && output.scalar_type() != *out_dtype)
+  if (root && out_dtype && output.defined() && at::isFloatingType(output.scalar_type()) &&
+      output.scalar_type() != *out_dtype)
     output = output.to(*out_dtype);
   if (at::GradMode::is_enabled() && output.defined() && output.requires_grad()) {
     const uint64_t gen = engine->generation;

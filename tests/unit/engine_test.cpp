@@ -266,6 +266,43 @@ TEST(Engine, HybridLayoutAsTwoNodesOfTwo) {
   }
 }
 
+// bf16_mixed at 2 and 3 ranks against bf16_mixed in one process. Tolerance 1e-4 (absolute,
+// plus 1e-4 relative): compute in bf16 rounds each activation to 8 significant bits, and a
+// sharded run rounds each rank's partial-batch gradients in bf16 before the fp32 reduction
+// where one process rounds the whole batch's; observed differences are ~1e-5, a sharding error
+// would be >= 1e-3.
+TEST(Engine, Bf16MixedMatchesOneProcessAndHalvesAllGatherBytes) {
+  const WorkerRun one = run(std::string("--strategy full_shard --precision bf16_mixed") + kSteps, 1);
+  for (int n : {2, 3}) {
+    const WorkerRun got = run(std::string("--strategy full_shard --precision bf16_mixed") + kSteps, n);
+    ASSERT_EQ(got.losses.size(), one.losses.size());
+    for (size_t i = 0; i < one.losses.size(); ++i)
+      EXPECT_LE(std::abs(got.losses[i] - one.losses[i]), 1e-4 + 1e-4 * std::abs(one.losses[i])) << "step " << i << " at " << n;
+    for (const auto& [name, p] : one.params) {
+      const auto& g = got.params.at(name).values;
+      for (size_t i = 0; i < g.size(); ++i)
+        ASSERT_LE(std::abs(double(g[i]) - p.values[i]), 1e-4 + 1e-4 * std::abs(p.values[i])) << name << " at " << n;
+    }
+  }
+  // The same run in fp32: bf16_mixed's all-gathers carry half the bytes (cast before the
+  // all-gather), its master shards and gradients stay fp32.
+  const WorkerRun fp32 = run(std::string("--strategy full_shard") + kSteps, 2);
+  const WorkerRun mixed = run(std::string("--strategy full_shard --precision bf16_mixed") + kSteps, 2);
+  ASSERT_FALSE(fp32.ranks[0].at("allgather_total").empty());
+  EXPECT_EQ(2 * mixed.ranks[0].at("allgather_total").back(), fp32.ranks[0].at("allgather_total").back());
+  EXPECT_EQ(mixed.ranks[0].at("memory"), fp32.ranks[0].at("memory"));
+  std::printf("all-gather bytes over 4 steps at 2 ranks: fp32 %lld, bf16_mixed %lld\n",
+              (long long)fp32.ranks[0].at("allgather_total").back(), (long long)mixed.ranks[0].at("allgather_total").back());
+}
+
+TEST(Engine, PureBf16HalvesParameterAndGradientMemory) {
+  const WorkerRun fp32 = run("--strategy full_shard --steps 1", 2);
+  const WorkerRun pure = run("--strategy full_shard --steps 1 --precision pure_bf16", 2);
+  const auto& f = fp32.ranks[0].at("memory");
+  EXPECT_EQ(pure.ranks[0].at("memory"), (std::vector<int64_t>{f[0] / 2, f[1] / 2}));
+  EXPECT_EQ(pure.losses.size(), 1u);
+}
+
 TEST(Engine, MismatchedModelsAcrossRanksAreRefused) {
   auto r = test::run_command(worker() + " --nproc-per-node 2 --skew-rank1 --out /dev/null");
   EXPECT_NE(r.exit_code, 0);

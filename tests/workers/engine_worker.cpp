@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
         ("seed", po::value<uint64_t>()->default_value(7), "")
         ("overlap", po::value<int>()->default_value(1), "")
         ("reference", "")
+        ("precision", po::value<std::string>()->default_value("fp32"), "a precision plugin")
         ("hybrid-shard", po::value<int>()->default_value(0),
          "shard over groups of this many ranks and replicate across them (the engine's hybrid layout)")
         ("optimizer", po::value<std::string>(), "an optimizer plugin instead of the built-in SGD")
@@ -170,6 +171,7 @@ int main(int argc, char** argv) {
     eo.layout = strategy->layout(ro.topology);
     eo.seed = seed;
     eo.overlap = vm["overlap"].as<int>() != 0;
+    eo.precision = host.create<PrecisionPolicy>(vm["precision"].as<std::string>())->spec("");
     EngineComms comms;
     comms.world = groups->world();
     std::shared_ptr<CountingCommunicator> counted, counted_replicate;
@@ -234,6 +236,7 @@ int main(int argc, char** argv) {
       groups->world()->barrier().wait();
       if (world > 1) mine << "wire " << tcp_bytes_sent() - wire_before << "\n";  // what the kernel sent
       if (counted) mine << "comm " << counted->stats().sent_bytes() - before << "\n";
+      if (counted) mine << "allgather_total " << counted->stats()[Collective::AllGather].payload_bytes << "\n";
       if (counted_replicate) mine << "comm_replicate " << counted_replicate->stats().sent_bytes() - before_replicate << "\n";
       at::Tensor l = at::full({1}, step_loss, at::kDouble);
       groups->world()->all_reduce(l, ReduceOp::Avg).wait();

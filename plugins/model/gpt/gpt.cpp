@@ -153,7 +153,9 @@ class Gpt final : public fsdpx::Model {
   }
 
   at::Tensor loss(const fsdpx::Batch& batch) override {
-    at::Tensor logits = root_->forward(batch.inputs);
+    // The loss in fp32 whatever the compute dtype (as autocast does): a bf16 loss is rounded
+    // to 1/32 near 5.5.
+    at::Tensor logits = root_->forward(batch.inputs).to(at::kFloat);
     return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1}));
   }
 

@@ -16,7 +16,7 @@ struct PrecisionSpec {
   c10::ScalarType reduce = c10::kFloat;      // gradients on the wire (reduce-scatter, all-reduce)
   c10::ScalarType gradient = c10::kFloat;    // the sharded .grad handed to the optimizer
   std::optional<c10::ScalarType> buffer;     // module buffers; unset = leave as built
-  std::optional<c10::ScalarType> output;     // cast each unit's floating outputs; unset = leave
+  std::optional<c10::ScalarType> output;     // cast the model's (root unit's) floating output; unset = leave
   bool cast_forward_inputs = false;          // cast floating inputs of each unit to `compute`
   bool loss_scaling = false;                 // scale the loss and unscale gradients (fp16)
 };
