@@ -14,6 +14,10 @@
 #include "fsdpx/framework/suggest.h"
 #include "fsdpx/framework/unit_plan.h"
 #include "fsdpx/model.h"
+#include "fsdpx/optimizer.h"
+#include "fsdpx/precision_policy.h"
+
+#include <ATen/ops/zeros.h>
 
 namespace {
 
@@ -28,6 +32,9 @@ commands:
   plan [OPTIONS]          the sharding units a wrap policy makes of a model: parameters per
                           unit, largest/smallest ratio (needs --model.name and --wrap.name;
                           nothing is allocated, so any model size plans at once)
+  explain [OPTIONS]       the precision audit: for a precision policy (--precision.name) and,
+                          optionally, an optimizer (--optimizer.name), the dtype of storage,
+                          compute, all-gather, reduce, gradient and each optimizer state
   info                    versions: fsdpx, plugin ABI, LibTorch, C++ ABI, CUDA, NCCL
   help                    this text
 
@@ -153,6 +160,30 @@ int cmd_plan(const fsdpx::PluginHost& host, const std::vector<std::string>& args
   return 0;
 }
 
+int cmd_explain(const fsdpx::PluginHost& host, const std::vector<std::string>& args) {
+  auto config = fsdpx::RunConfig::resolve(host, args, fsdpx::ConfigRequest{nullptr, {{fsdpx::Kind::Precision, "fp32"}}});
+  const auto* precision = config.choice(fsdpx::Kind::Precision);
+  auto spec = host.create<fsdpx::PrecisionPolicy>(precision->name, precision->options)->spec("");
+  auto name = [](c10::ScalarType t) { return std::string(c10::toString(t)); };
+  std::vector<std::pair<std::string, std::string>> rows = {
+      {"storage (sharded parameters)", name(spec.storage)},
+      {"compute (forward/backward)", name(spec.compute)},
+      {"all-gather", name(spec.compute)},
+      {"reduce-scatter / all-reduce", name(spec.reduce)},
+      {"gradient (sharded, for the optimizer)", name(spec.gradient)},
+      {"model output (loss)", spec.output ? name(*spec.output) : "as computed"}};
+  if (const auto* opt = config.choice(fsdpx::Kind::Optimizer)) {
+    auto optimizer = host.create<fsdpx::Optimizer>(opt->name, opt->options);
+    at::Tensor probe = at::zeros({1}, at::TensorOptions().dtype(spec.storage)).requires_grad_(true);
+    optimizer->init({{"probe", probe}});
+    for (const auto& [key, t] : optimizer->state("probe"))
+      if (t.dim() > 0) rows.emplace_back("optimizer state " + key + " (" + opt->name + ")", name(t.scalar_type()));
+  }
+  std::printf("precision %s, for all parameters\n", precision->name.c_str());
+  for (const auto& [what, dtype] : rows) std::printf("  %-44s %s\n", what.c_str(), dtype.c_str());
+  return 0;
+}
+
 int cmd_info() {
   auto b = fsdpx::build_info();
   std::printf("fsdpx         %s\n", b.fsdpx_version.c_str());
@@ -184,8 +215,9 @@ int main(int argc, char** argv) {
     return cli.command.empty() ? 2 : 0;
   }
   if (cli.command == "info") return cmd_info();
-  const std::vector<std::string> commands = {"list", "show", "config", "plan", "info", "help"};
-  if (cli.command != "list" && cli.command != "show" && cli.command != "config" && cli.command != "plan") {
+  const std::vector<std::string> commands = {"list", "show", "config", "plan", "explain", "info", "help"};
+  if (cli.command != "list" && cli.command != "show" && cli.command != "config" && cli.command != "plan" &&
+      cli.command != "explain") {
     std::string dym = fsdpx::did_you_mean(cli.command, commands);
     std::fprintf(stderr, "fsdpx-plugins: unknown command '%s'%s Commands: %s.\n", cli.command.c_str(),
                  dym.empty() ? "." : dym.c_str(), fsdpx::join_names(commands).c_str());
@@ -201,6 +233,7 @@ int main(int argc, char** argv) {
     if (cli.command == "show") rc = cmd_show(host, cli.args);
     if (cli.command == "config") rc = cmd_config(host, cli.args);
     if (cli.command == "plan") rc = cmd_plan(host, cli.args);
+    if (cli.command == "explain") rc = cmd_explain(host, cli.args);
     return rc != 0 ? rc : status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fsdpx-plugins: %s\n", e.what());

@@ -45,7 +45,7 @@ TEST(FsdpxPluginsCli, ErrorsExitNonZeroWithOneClearLine) {
   r = test::run_command(tool() + " lsit");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err, "fsdpx-plugins: unknown command 'lsit'; did you mean 'list'? Commands: list, "
-                   "show, config, plan, info, help.\n");
+                   "show, config, plan, explain, info, help.\n");
   r = test::run_command(tool() + " --plugin " + test::fixture("wrong_torch").string() + " list");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("was built against LibTorch 1.13.1"), std::string::npos) << r.err;
@@ -76,6 +76,28 @@ TEST(FsdpxPluginsCli, PlanPrintsTheUnitsOfAPolicy) {
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("layer_type selected no unit: no submodule is a Blok; the model's submodule types are: "),
             std::string::npos) << bad.err;
+}
+
+TEST(FsdpxPluginsCli, ExplainPrintsThePrecisionAudit) {
+  auto r = test::run_command(tool() + " explain --precision.name bf16_mixed --optimizer.name anyprecision_adamw");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out,
+            "precision bf16_mixed, for all parameters\n"
+            "  storage (sharded parameters)                 Float\n"
+            "  compute (forward/backward)                   BFloat16\n"
+            "  all-gather                                   BFloat16\n"
+            "  reduce-scatter / all-reduce                  Float\n"
+            "  gradient (sharded, for the optimizer)        Float\n"
+            "  model output (loss)                          Float\n"
+            "  optimizer state exp_avg (anyprecision_adamw) Float\n"
+            "  optimizer state exp_avg_sq (anyprecision_adamw) BFloat16\n");
+  auto kahan = test::run_command(tool() + " explain --precision.name bf16_mixed --optimizer.name anyprecision_adamw "
+                                          "--optimizer.use_kahan_summation true");
+  EXPECT_EQ(kahan.exit_code, 1);
+  EXPECT_NE(kahan.err.find("use_kahan_summation is for low-precision parameters"), std::string::npos) << kahan.err;
+  auto pure = test::run_command(tool() + " explain --precision.name pure_bf16 --optimizer.name anyprecision_adamw "
+                                         "--optimizer.use_kahan_summation true");
+  EXPECT_NE(pure.out.find("optimizer state compensation (anyprecision_adamw) BFloat16"), std::string::npos) << pure.out;
 }
 
 TEST(FsdpxPluginsCli, InfoReportsVersions) {
