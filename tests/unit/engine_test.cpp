@@ -226,10 +226,14 @@ TEST(Engine, AdamWTrainingMatchesOneProcessAndShardsItsState) {
   expect_same(got, ref, "adamw at 3 ranks", 2e-5);
   // Optimizer state per rank: 8 bytes (two fp32 moments) per padded shard element; 6 for
   // anyprecision_adamw's default (fp32 momentum, bf16 variance).
-  for (std::string name : {"adamw", "anyprecision_adamw"}) {
-    const int64_t per = name == "adamw" ? 8 : 6;
+  // With Kahan on pure-bf16 shards: + 2 (a bf16 compensation buffer).
+  for (std::string name : {"adamw", "anyprecision_adamw", "anyprecision_adamw+kahan"}) {
+    const int64_t per = name == "adamw" ? 8 : name == "anyprecision_adamw" ? 6 : 8;
+    const std::string args = name == "anyprecision_adamw+kahan"
+                                 ? "--optimizer anyprecision_adamw --optimizer-option use_kahan_summation=true --precision pure_bf16"
+                                 : "--optimizer " + name;
     for (int n : {1, 2, 4}) {
-      const WorkerRun r = run("--strategy full_shard --steps 1 --optimizer " + name, n);
+      const WorkerRun r = run("--strategy full_shard --steps 1 " + args, n);
       int64_t elems = 0;
       for (const auto& [pname, p] : r.params)
         elems += (p.rows + n - 1) / n * (static_cast<int64_t>(p.values.size()) / p.rows);

@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
         ("hybrid-shard", po::value<int>()->default_value(0),
          "shard over groups of this many ranks and replicate across them (the engine's hybrid layout)")
         ("optimizer", po::value<std::string>(), "an optimizer plugin instead of the built-in SGD")
+        ("optimizer-option", po::value<std::vector<std::string>>()->default_value({}, ""), "key=value")
         ("skew-rank1", "rank 1 builds a model with one more layer (a deliberate mismatch)")
         ("out", po::value<std::string>()->required(), "");
     po::variables_map vm;
@@ -208,7 +209,9 @@ int main(int argc, char** argv) {
     const int64_t local = global / world / accum;
     std::shared_ptr<Optimizer> opt;
     if (vm.count("optimizer")) {
-      opt = host.create<Optimizer>(vm["optimizer"].as<std::string>(), {{"lr", std::to_string(lr)}});
+      auto oo = kv(vm["optimizer-option"].as<std::vector<std::string>>());
+      oo["lr"] = std::to_string(lr);
+      opt = host.create<Optimizer>(vm["optimizer"].as<std::string>(), oo);
       opt->init(engine.shards());
     }
     for (int s = 0; s < steps; ++s) {
