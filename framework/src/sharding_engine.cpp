@@ -619,6 +619,13 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
     }
     if (u.separate()) resize_storage(u.unsharded, 0);
   }
+  // Module buffers in the precision's buffer dtype (floating ones; they are not sharded).
+  if (options.precision.buffer) {
+    at::NoGradGuard no_grad;
+    for (auto& b : root->buffers())
+      if (b.defined() && at::isFloatingType(b.scalar_type()) && b.scalar_type() != *options.precision.buffer)
+        b.set_data(b.to(*options.precision.buffer));
+  }
   // Hook the units only now that nothing can fail, all at once.
   {
     std::lock_guard<std::mutex> lock(registry_mutex());

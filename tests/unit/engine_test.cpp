@@ -419,6 +419,19 @@ struct Chain {
   }
 };
 
+TEST(EngineSteps, PrecisionCastsBuffersAndParameters) {
+  auto model = std::make_shared<ChainModel>();
+  model->module()->register_buffer("scale", at::ones({3}));
+  EngineOptions o;
+  o.layout = ShardingLayout{1, 1, true, false};
+  o.precision.compute = at::kBFloat16;  // bf16_mixed's default: fp32 master shards, bf16 compute
+  o.precision.buffer = at::kBFloat16;
+  ShardingEngine engine(model, {{"one", false}, {"two", false}}, EngineComms{}, o);
+  EXPECT_EQ(model->module()->buffers()[0].scalar_type(), at::kBFloat16);
+  EXPECT_EQ(engine.shards()[0].param.scalar_type(), at::kFloat);                        // master shard
+  EXPECT_EQ(model->module()->named_parameters()["one.w"].scalar_type(), at::kBFloat16);  // what forward uses
+}
+
 TEST(EngineSteps, ForwardWithoutBackwardThenANormalStep) {
   Chain fresh, skipped;
   fresh.engine->backward(fresh.forward());
