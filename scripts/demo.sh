@@ -33,8 +33,8 @@ step "fsdpx-train --nproc-per-node 2 --check-comm: two ranks, rendezvous, the re
 cat <<MSG
 
 Training itself (fsdpx-train on 2 CPU ranks) is not built yet: the sharding engine, the
-strategies and the optimizers are in (see make test and make bench); the trainer, the precision
-policies, the checkpoints and the data sources are the next pieces of work. Next to try now:
+strategies, the precision policies and the optimizers are in (see make test and make bench);
+the trainer, the checkpoints and the data sources are the next pieces of work. Next to try now:
   - write a plugin of your own: sdk/README.md
   - $bin/fsdpx-train --nproc-per-node 4 --check-comm   (or under torchrun / srun: README)
   - $bin/fsdpx-engine-bench --nproc-per-node 2          (gpt small, overlap on vs off)
