@@ -73,7 +73,7 @@ int main(int argc, char** argv) {
     auto gen = at::make_generator<at::CPUGeneratorImpl>(ro.topology.rank + 1);
     auto step = [&](Arm& arm) {
       at::Tensor t = at::randint(256, {batch, seq + 1}, gen, at::kLong);
-      Batch b{t.narrow(1, 0, seq).contiguous(), t.narrow(1, 1, seq).contiguous(), batch, batch * seq};
+      Batch b = next_token_batch(t);
       at::Tensor loss = arm.engine->forward([&] { return arm.model->loss(b); });
       arm.engine->backward(loss);
       at::NoGradGuard no_grad;

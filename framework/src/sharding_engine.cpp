@@ -67,6 +67,16 @@ at::Tensor deferred_tensor(at::IntArrayRef shape) {
   return t;
 }
 
+Batch next_token_batch(const at::Tensor& sequences) {
+  const int64_t t = sequences.size(1) - 1;
+  Batch b;
+  b.inputs = sequences.narrow(1, 0, t).contiguous();
+  b.targets = sequences.narrow(1, 1, t).contiguous();
+  b.samples = sequences.size(0);
+  b.tokens = b.samples * t;
+  return b;
+}
+
 // ---- Seeds -------------------------------------------------------------------------------------
 
 uint64_t parameter_seed(uint64_t seed, const std::string& name) {

@@ -44,13 +44,7 @@ at::Tensor global_tokens(uint64_t seed, int step, int64_t global) {
 }
 
 Batch slice(const at::Tensor& tokens, int64_t first, int64_t count) {
-  at::Tensor t = tokens.narrow(0, first, count);
-  Batch b;
-  b.inputs = t.narrow(1, 0, kSeq).contiguous();
-  b.targets = t.narrow(1, 1, kSeq).contiguous();
-  b.samples = count;
-  b.tokens = count * kSeq;
-  return b;
+  return next_token_batch(tokens.narrow(0, first, count));
 }
 
 void write_params(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& params) {

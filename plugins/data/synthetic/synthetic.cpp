@@ -29,13 +29,7 @@ class Synthetic final : public fsdpx::DataSource {
       auto gen = at::make_generator<at::CPUGeneratorImpl>(fsdpx::parameter_seed(seed_, "sample/" + std::to_string(i)));
       rows.push_back(at::randint(vocab_, {seq_ + 1}, gen, at::kLong));
     }
-    at::Tensor t = at::stack(rows);
-    fsdpx::Batch b;
-    b.inputs = t.narrow(1, 0, seq_).contiguous();
-    b.targets = t.narrow(1, 1, seq_).contiguous();
-    b.samples = t.size(0);
-    b.tokens = b.samples * seq_;
-    return b;
+    return fsdpx::next_token_batch(at::stack(rows));
   }
 
   int64_t num_samples() const override { return samples_; }

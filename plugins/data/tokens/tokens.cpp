@@ -40,13 +40,7 @@ class Tokens final : public fsdpx::DataSource {
     if (!sampler_) throw fsdpx::Error("tokens: next() before open()");
     std::vector<at::Tensor> rows;
     for (int64_t i : sampler_->next()) rows.push_back(read(i * seq_, seq_ + 1));
-    at::Tensor t = at::stack(rows);
-    fsdpx::Batch b;
-    b.inputs = t.narrow(1, 0, seq_).contiguous();
-    b.targets = t.narrow(1, 1, seq_).contiguous();
-    b.samples = t.size(0);
-    b.tokens = b.samples * seq_;
-    return b;
+    return fsdpx::next_token_batch(at::stack(rows));
   }
 
   int64_t num_samples() const override { return (count_ - 1) / seq_; }

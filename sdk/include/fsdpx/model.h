@@ -29,6 +29,10 @@ struct Batch {
 // Model::init_parameter. Reading it before that is an error.
 FSDPX_API at::Tensor deferred_tensor(at::IntArrayRef shape);
 
+// The language-modelling batch of `sequences` [B, T+1] token ids: inputs are the first T
+// tokens, targets the last T (each position's next token).
+FSDPX_API Batch next_token_batch(const at::Tensor& sequences);
+
 class FSDPX_API Model {
  public:
   static constexpr Kind kKind = Kind::Model;
