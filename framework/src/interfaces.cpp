@@ -19,5 +19,7 @@ Optimizer::~Optimizer() = default;
 CheckpointBackend::~CheckpointBackend() = default;
 Model::~Model() = default;
 DataSource::~DataSource() = default;
+Evaluable::~Evaluable() = default;
+HeldOutData::~HeldOutData() = default;
 
 }  // namespace fsdpx

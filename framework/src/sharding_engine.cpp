@@ -743,6 +743,9 @@ std::vector<std::pair<std::string, at::Tensor>> ShardingEngine::full_parameters(
 }
 
 const UnitPlan& ShardingEngine::plan() const { return impl_->plan; }
+int ShardingEngine::shard_rank() const { return static_cast<int>(impl_->shard_rank); }
+int ShardingEngine::shard_size() const { return static_cast<int>(impl_->shard_size); }
+int ShardingEngine::replicate_rank() const { return impl_->comms.replicate ? impl_->comms.replicate->rank() : 0; }
 
 MemoryReport ShardingEngine::memory() const {
   MemoryReport m;

@@ -26,6 +26,8 @@ struct Walker {
       if (!t.defined() || !seen.insert(t.unsafeGetTensorImpl()).second) continue;
       plan->units[unit].num_params += t.numel();
       plan->units[unit].num_tensors += 1;
+      plan->units[unit].shapes.push_back(t.sizes().vec());
+      plan->units[unit].names.push_back(fqn.empty() ? p.key() : fqn + "." + p.key());
       plan->total_params += t.numel();
     }
     for (const auto& child : m.named_children()) {

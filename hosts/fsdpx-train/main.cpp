@@ -1,8 +1,13 @@
-// fsdpx-train: the training host. Today it is the runtime's front end: topology from flags,
-// torchrun or Slurm, the local launcher (--nproc-per-node), rendezvous and process groups, and a
-// communication check. The training loop joins it with the sharding engine and trainer.
+// fsdpx-train: the training host. Composes a run from plugins (--<section>.name NAME and their
+// options, or an INI file with --config), places the ranks (flags, torchrun, Slurm, or its own
+// launcher with --nproc-per-node), and trains (fsdpx/framework/trainer.h). --dry-run plans without
+// a process group; --check-comm verifies the runtime; --print-topology shows where a rank sits.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
+#include <filesystem>
 #include <iostream>
 
 #include <ATen/ops/arange.h>
@@ -12,6 +17,9 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/launcher.h"
+#include "fsdpx/framework/plugin_host.h"
+#include "fsdpx/framework/run_config.h"
+#include "fsdpx/framework/trainer.h"
 #include "fsdpx/framework/process_groups.h"
 #include "fsdpx/framework/topology_resolver.h"
 
@@ -36,11 +44,17 @@ po::options_description options() {
     ("device", po::value<std::string>()->default_value("cpu"), "cpu (Gloo) or cuda (NCCL, one GPU per local rank)");
   po::options_description actions("Actions");
   actions.add_options()
+    ("dry-run", "print the plan (units, bytes per rank, bytes moved per step, dtypes) and exit; no process group")
     ("print-topology", "print this rank's resolved topology and exit (no rendezvous)")
     ("check-comm", "rendezvous, build the process groups and verify all-reduce, all-gather and barrier")
     ("help,h", "this help");
+  po::options_description plugins("Plugins");
+  plugins.add_options()
+    ("plugin-dir", po::value<std::vector<std::string>>()->composing(), "also load plugins from this directory")
+    ("plugin", po::value<std::vector<std::string>>()->composing(), "also load this plugin file")
+    ("allow-insecure-plugin-dir", "load plugins from world-writable or foreign-owned places");
   po::options_description all;
-  all.add(topo).add(actions);
+  all.add(fsdpx::TrainSettings::options()).add(topo).add(actions).add(plugins);
   return all;
 }
 
@@ -92,27 +106,95 @@ int check_comm(const fsdpx::RuntimeOptions& ro) {
   return 0;
 }
 
+fsdpx::PluginSearch plugin_search(const std::vector<std::string>& args) {
+  // The plugin flags are read before the configuration (which needs the plugins to parse).
+  fsdpx::PluginSearch search;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto value = [&](const std::string& flag, std::vector<std::filesystem::path>& out) {
+      if (args[i] == flag && i + 1 < args.size()) out.emplace_back(args[i + 1]);
+      else if (args[i].rfind(flag + "=", 0) == 0) out.emplace_back(args[i].substr(flag.size() + 1));
+    };
+    value("--plugin-dir", search.dirs);
+    value("--plugin", search.files);
+    if (args[i] == "--allow-insecure-plugin-dir") search.allow_insecure = true;
+  }
+  return search;
+}
+
+struct Loaded {
+  std::unique_ptr<fsdpx::PluginHost> host;
+  fsdpx::RunConfig config;
+};
+
+Loaded load(const std::vector<std::string>& args, const po::options_description& desc) {
+  Loaded l{std::make_unique<fsdpx::PluginHost>(), {}};
+  for (const auto& e : l.host->discover(plugin_search(args))) std::fprintf(stderr, "fsdpx-train: warning: %s\n", e.c_str());
+  fsdpx::ConfigRequest req{&desc, fsdpx::default_components()};
+  l.config = fsdpx::RunConfig::resolve(*l.host, args, req);
+  return l;
+}
+
+void print_help(const po::options_description& desc, const std::vector<std::string>& args) {
+  std::cout << "usage: fsdpx-train [OPTIONS]\n"
+               "  Trains a model composed from plugins; every option also works as a key of an INI file\n"
+               "  given with --config (top-level keys for these, [section] name=... for components).\n\n"
+            << desc << "\n";
+  try {
+    std::vector<std::string> rest;
+    for (const auto& a : args)
+      if (a != "--help" && a != "-h") rest.push_back(a);
+    Loaded l = load(rest, desc);
+    std::cout << "Components of this run (change one with --<section>.name NAME; fsdpx-plugins list shows all):\n\n";
+    for (const auto& [kind, choice] : l.config.components())
+      std::cout << fsdpx::describe_component(l.host->find(kind, choice.name)) << "\n";
+  } catch (const std::exception& e) {
+    std::cout << "(the components' options cannot be listed: " << e.what() << ")\n";
+  }
+}
+
+fsdpx::Topology launcher_topology(int nproc) {
+  fsdpx::Topology t;
+  t.world_size = t.local_world_size = nproc;
+  return t;
+}
+
+bool has(const std::vector<std::string>& args, const char* flag) {
+  return std::find(args.begin(), args.end(), flag) != args.end();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const auto desc = options();
   try {
-    std::vector<std::string> args;
-    if (auto rc = fsdpx::launch_if_requested(argc, argv, "fsdpx-train", args)) return *rc;
-    po::variables_map vm;
-    auto desc = options();
-    po::positional_options_description none;  // stray words are errors, not ignored
-    po::store(po::command_line_parser(args)
-                  .options(desc)
-                  .positional(none)
-                  .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
-                  .run(),
-              vm);
-    po::notify(vm);
-    if (vm.count("help")) {
-      std::cout << "usage: fsdpx-train [OPTIONS]\n" << desc << "\n";
+    const fsdpx::LauncherArgs la = fsdpx::split_launcher_args(argc, argv);
+    const std::vector<std::string> plain(la.rest.begin() + 1, la.rest.end());
+    if (has(plain, "--help") || has(plain, "-h")) {
+      print_help(desc, plain);
       return 0;
     }
+    const bool launcher = la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED");
+    if (launcher && !has(plain, "--check-comm") && !has(plain, "--print-topology")) {
+      // Check the whole configuration once, here, before any worker starts: a bad option gives
+      // one line, not one per rank.
+      Loaded l = load(plain, desc);
+      auto settings = fsdpx::TrainSettings::from(l.config.host_values());
+      auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(la.nproc_per_node));
+      if (has(plain, "--dry-run")) {
+        std::cout << plan.text();
+        if (!settings.out_dir.empty()) {
+          std::filesystem::create_directories(settings.out_dir);
+          fsdpx::write_plan_json(plan, (std::filesystem::path(settings.out_dir) / "plan.json").string());
+        }
+        return 0;
+      }
+      if (isatty(STDOUT_FILENO) || isatty(STDERR_FILENO)) ::setenv("FSDPX_PROGRESS", "1", 1);
+    }
+    std::vector<std::string> args;
+    if (auto rc = fsdpx::launch_if_requested(argc, argv, "fsdpx-train", args)) return *rc;
+    Loaded l = load(args, desc);
+    const po::variables_map& vm = l.config.host_values();
     auto resolved = fsdpx::resolve_topology(flags_from(vm), fsdpx::process_environment());
     if (vm.count("print-topology")) {
       const auto& t = resolved.topology;
@@ -131,11 +213,21 @@ int main(int argc, char** argv) {
     ro.rendezvous_timeout = ms("rendezvous-timeout", vm["rendezvous-timeout"].as<double>());
     ro.collective_timeout = ms("collective-timeout", vm["collective-timeout"].as<double>());
     if (vm.count("check-comm")) return check_comm(ro);
-    std::fprintf(stderr,
-                 "fsdpx-train: training is not available in this build yet (it arrives with the "
-                 "sharding engine and the trainer); --check-comm verifies the runtime, "
-                 "--print-topology shows where this rank sits\n");
-    return 2;
+    auto settings = fsdpx::TrainSettings::from(vm);
+    if (vm.count("dry-run")) {
+      auto plan = fsdpx::plan_run(*l.host, l.config, settings, ro.topology);
+      if (ro.topology.rank == 0) {
+        std::cout << plan.text();
+        if (!settings.out_dir.empty()) {
+          std::filesystem::create_directories(settings.out_dir);
+          fsdpx::write_plan_json(plan, (std::filesystem::path(settings.out_dir) / "plan.json").string());
+        }
+      }
+      return 0;
+    }
+    settings.progress_bar = ro.topology.rank == 0 && (std::getenv("FSDPX_PROGRESS") ? std::string(std::getenv("FSDPX_PROGRESS")) == "1"
+                                                                                      : (isatty(STDOUT_FILENO) != 0));
+    return fsdpx::train(*l.host, l.config, settings, ro);
   } catch (const po::error& e) {
     std::fprintf(stderr, "fsdpx-train: %s (see --help)\n", e.what());
     return 2;

@@ -20,6 +20,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <fsdpx/error.h>
+#include <fsdpx/evaluation.h>
 #include <fsdpx/model.h>
 #include <fsdpx/plugin.h>
 #include <fsdpx/unit.h>
@@ -133,7 +134,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-class Gpt final : public fsdpx::Model {
+class Gpt final : public fsdpx::Model, public fsdpx::Evaluable {
  public:
   explicit Gpt(const Config& c) : config_(c), root_(std::make_shared<TransformerImpl>(c)) {
     for (const auto& p : root_->parameters()) params_ += p.numel();
@@ -155,14 +156,43 @@ class Gpt final : public fsdpx::Model {
   at::Tensor loss(const fsdpx::Batch& batch) override {
     // The loss in fp32 whatever the compute dtype (as autocast does): a bf16 loss is rounded
     // to 1/32 near 5.5.
-    at::Tensor logits = root_->forward(batch.inputs).to(at::kFloat);
+    at::Tensor logits = logits_of(batch);
     return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1}));
+  }
+
+  // The loss summed over samples (each sample's mean over its tokens), for held-out evaluation.
+  fsdpx::EvalSums evaluate(const fsdpx::Batch& batch) override {
+    fsdpx::EvalSums s;
+    s.samples = batch.inputs.size(0);
+    if (s.samples == 0) return s;
+    at::Tensor logits = logits_of(batch);
+    s.loss_sum = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1})).item<double>() *
+                 static_cast<double>(s.samples);
+    return s;
   }
 
   std::vector<std::string> layer_types() const override { return {"Block", "Attention", "FeedForward"}; }
   double flops_per_token() const override { return 6.0 * static_cast<double>(params_); }
 
  private:
+  at::Tensor logits_of(const fsdpx::Batch& batch) {
+    const at::Tensor& t = batch.inputs;
+    if (t.dim() != 2)
+      throw fsdpx::Error("gpt expects token ids of shape [batch, seq], the data gives " + c10::str(t.sizes()) +
+                         "; choose a token data source (text, tokens, synthetic)");
+    if (t.size(1) > config_.seq)
+      throw fsdpx::Error("the data's sequences have " + std::to_string(t.size(1)) + " tokens, more than the model's context of " +
+                         std::to_string(config_.seq) + "; set --data.seq " + std::to_string(config_.seq) +
+                         " or less, or --model.seq " + std::to_string(t.size(1)) + " or more");
+    if (t.numel() > 0) {
+      const int64_t hi = t.max().item<int64_t>();
+      if (hi >= config_.vocab)
+        throw fsdpx::Error("the data holds token id " + std::to_string(hi) + ", outside the model's vocabulary of " +
+                           std::to_string(config_.vocab) + "; set --model.vocab " + std::to_string(hi + 1) + " or more");
+    }
+    return root_->forward(t).to(at::kFloat);
+  }
+
   Config config_;
   std::shared_ptr<TransformerImpl> root_;
   int64_t params_ = 0;

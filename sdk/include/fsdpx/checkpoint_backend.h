@@ -36,6 +36,15 @@ struct CheckpointContext {
   int rank = 0;
   int world_size = 1;
   std::function<void()> barrier;
+  // ABI 1.1 (appended; the host fills them):
+  // Sums `values` element-wise over every rank, in place. Collective.
+  std::function<void(std::vector<int64_t>& values)> all_sum;
+  // The whole tensor of `shard` on rank 0 (an undefined tensor elsewhere), gathered from every
+  // rank's rows. Collective: every rank calls it for the same tensor, in the same order.
+  std::function<at::Tensor(const TensorShard& shard)> gather_to_rank0;
+  // False on the ranks whose shards are a second copy (the replicas of hybrid sharding): they
+  // hold the same rows as a primary rank, which alone writes and counts them.
+  bool primary = true;
 };
 
 class FSDPX_API CheckpointBackend {

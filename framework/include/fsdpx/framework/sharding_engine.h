@@ -84,6 +84,11 @@ class FSDPX_API ShardingEngine {
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
 
   const UnitPlan& plan() const;
+  // This rank's index in its shard group, the group's size, and its index among the replicas
+  // (0 unless the layout replicates).
+  int shard_rank() const;
+  int shard_size() const;
+  int replicate_rank() const;
   MemoryReport memory() const;
   // Elements of one unit's flat shard (padded), in plan order; for communication formulas.
   std::vector<int64_t> unit_shard_numels() const;

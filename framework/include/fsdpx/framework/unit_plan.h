@@ -15,6 +15,8 @@ struct UnitInfo {
   int64_t num_params = 0;   // elements of the parameters this unit gathers (not in nested units)
   int64_t num_tensors = 0;  // how many parameter tensors those are
   bool activation_checkpoint = false;
+  std::vector<std::string> names;               // those tensors' names, in module order
+  std::vector<std::vector<int64_t>> shapes;     // and their shapes (for planners and checkpoints)
 };
 
 struct FSDPX_API UnitPlan {

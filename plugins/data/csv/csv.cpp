@@ -1,0 +1,210 @@
+// csv: tabular data with a label column, e.g. the breast-cancer data set that ships inside
+// scikit-learn (sklearn/datasets/data/breast_cancer.csv: a first line "569,30,malignant,benign",
+// then 30 features and a 0/1 label per row). Rows are split once, from `split_seed` alone, into
+// training and held-out samples; features are standardised with the training rows' mean and
+// standard deviation. Labels are integers 0..C-1, or strings mapped to their index in sorted order.
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include <ATen/ops/empty.h>
+
+#include <fsdpx/data_source.h>
+#include <fsdpx/error.h>
+#include <fsdpx/evaluation.h>
+#include <fsdpx/framework/sampler.h>
+#include <fsdpx/plugin.h>
+
+namespace {
+
+std::vector<std::string> split_line(const std::string& line) {
+  std::vector<std::string> out;
+  std::string field;
+  std::istringstream in(line);
+  while (std::getline(in, field, ',')) {
+    while (!field.empty() && (field.back() == '\r' || field.back() == ' ')) field.pop_back();
+    while (!field.empty() && field.front() == ' ') field.erase(field.begin());
+    out.push_back(field);
+  }
+  if (!line.empty() && line.back() == ',') out.emplace_back();
+  return out;
+}
+
+bool parse_number(const std::string& s, double& out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  out = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size() && std::isfinite(out);
+}
+
+class Csv final : public fsdpx::DataSource, public fsdpx::HeldOutData {
+ public:
+  Csv(const std::string& path, int64_t label_column, const std::string& header, double holdout, uint64_t split_seed,
+      bool standardize) {
+    std::ifstream in(path);
+    if (!in) throw fsdpx::Error("csv file " + path + " cannot be opened (data.path); does it exist?");
+    std::vector<std::vector<std::string>> rows;
+    std::string line;
+    int64_t line_no = 0, first_line = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      if (line.empty() || line == "\r") continue;
+      if (rows.empty()) first_line = line_no;
+      rows.push_back(split_line(line));
+    }
+    if (rows.empty()) throw fsdpx::Error("csv file " + path + " is empty (data.path)");
+    // The header: asked for, or (auto) a first line that is not all numbers.
+    bool skip = header == "yes";
+    if (header == "auto") {
+      double v;
+      for (const auto& f : rows[0]) skip = skip || !parse_number(f, v);
+      if (rows.size() > 1 && rows[0].size() != rows[1].size()) skip = true;  // sklearn's "569,30,malignant,benign"
+    }
+    if (skip) rows.erase(rows.begin());
+    if (rows.empty()) throw fsdpx::Error("csv file " + path + " has a header and no rows");
+    const int64_t cols = static_cast<int64_t>(rows[0].size());
+    if (cols < 2) throw fsdpx::Error("csv file " + path + " has " + std::to_string(cols) + " column; it needs features and a label");
+    const int64_t label = label_column < 0 ? cols + label_column : label_column;
+    if (label < 0 || label >= cols)
+      throw fsdpx::Error("data.label_column " + std::to_string(label_column) + " is outside the " + std::to_string(cols) +
+                         " columns of " + path + " (0.." + std::to_string(cols - 1) + ", or -1 for the last)");
+    n_ = static_cast<int64_t>(rows.size());
+    features_ = cols - 1;
+    x_.resize(static_cast<size_t>(n_ * features_));
+    std::vector<std::string> labels(static_cast<size_t>(n_));
+    bool numeric_labels = true;
+    for (int64_t i = 0; i < n_; ++i) {
+      const auto& row = rows[static_cast<size_t>(i)];
+      const int64_t at_line = first_line + i + (skip ? 1 : 0);
+      if (static_cast<int64_t>(row.size()) != cols)
+        throw fsdpx::Error("csv file " + path + ": row " + std::to_string(i + 1) + " (line " + std::to_string(at_line) +
+                           ") has " + std::to_string(row.size()) + " fields, the first row has " + std::to_string(cols));
+      int64_t k = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        if (c == label) {
+          labels[static_cast<size_t>(i)] = row[static_cast<size_t>(c)];
+          double v;
+          numeric_labels = numeric_labels && parse_number(row[static_cast<size_t>(c)], v) && v == std::floor(v) && v >= 0;
+          continue;
+        }
+        double v;
+        if (!parse_number(row[static_cast<size_t>(c)], v))
+          throw fsdpx::Error("csv file " + path + ": row " + std::to_string(i + 1) + " (line " + std::to_string(at_line) +
+                             "), column " + std::to_string(c) + " is '" + row[static_cast<size_t>(c)] +
+                             "', not a number; only the label column may hold text");
+        x_[static_cast<size_t>(i * features_ + k++)] = static_cast<float>(v);
+      }
+    }
+    y_.resize(static_cast<size_t>(n_));
+    if (numeric_labels) {
+      for (int64_t i = 0; i < n_; ++i) y_[static_cast<size_t>(i)] = std::stoll(labels[static_cast<size_t>(i)]);
+    } else {
+      std::map<std::string, int64_t> ids;
+      for (const auto& l : labels) ids.emplace(l, 0);
+      int64_t next = 0;
+      for (auto& [name, id] : ids) id = next++;
+      for (int64_t i = 0; i < n_; ++i) y_[static_cast<size_t>(i)] = ids[labels[static_cast<size_t>(i)]];
+    }
+    // The split: a permutation from split_seed alone; the last `holdout` fraction is held out.
+    order_.resize(static_cast<size_t>(n_));
+    std::iota(order_.begin(), order_.end(), 0);
+    std::mt19937_64 rng(split_seed);
+    for (int64_t i = n_ - 1; i > 0; --i) std::swap(order_[static_cast<size_t>(i)], order_[rng() % static_cast<uint64_t>(i + 1)]);
+    heldout_ = static_cast<int64_t>(std::floor(n_ * holdout));
+    train_ = n_ - heldout_;
+    if (train_ < 1) throw fsdpx::Error("csv file " + path + " leaves no training rows with data.holdout " + std::to_string(holdout));
+    if (standardize) {
+      for (int64_t f = 0; f < features_; ++f) {
+        double sum = 0, sq = 0;
+        for (int64_t t = 0; t < train_; ++t) sum += x_[static_cast<size_t>(order_[static_cast<size_t>(t)] * features_ + f)];
+        const double mean = sum / train_;
+        for (int64_t t = 0; t < train_; ++t) {
+          const double d = x_[static_cast<size_t>(order_[static_cast<size_t>(t)] * features_ + f)] - mean;
+          sq += d * d;
+        }
+        const double sd = std::sqrt(sq / train_);
+        for (int64_t i = 0; i < n_; ++i) {
+          float& v = x_[static_cast<size_t>(i * features_ + f)];
+          v = static_cast<float>((v - mean) / (sd > 0 ? sd : 1.0));
+        }
+      }
+    }
+  }
+
+  void open(const fsdpx::DataContext& ctx) override {
+    sampler_ = std::make_unique<fsdpx::GlobalBatchSampler>(train_, ctx.batch_size * ctx.world_size, ctx.rank,
+                                                           ctx.world_size, ctx.seed);
+  }
+  fsdpx::Batch next() override {
+    if (!sampler_) throw fsdpx::Error("csv: next() before open()");
+    std::vector<int64_t> idx;
+    for (int64_t i : sampler_->next()) idx.push_back(order_[static_cast<size_t>(i)]);
+    return rows(idx);
+  }
+  int64_t num_samples() const override { return train_; }
+  std::string state() const override { return sampler_ ? sampler_->state() : "{}"; }
+  void restore(const std::string& s) override {
+    if (!sampler_) throw fsdpx::Error("csv: restore() before open()");
+    sampler_->restore(s);
+  }
+
+  int64_t num_heldout() const override { return heldout_; }
+  fsdpx::Batch heldout(int64_t first, int64_t count) override {
+    if (first < 0 || count < 0 || first + count > heldout_)
+      throw fsdpx::Error("csv: held-out rows " + std::to_string(first) + "+" + std::to_string(count) + " outside 0.." +
+                         std::to_string(heldout_));
+    std::vector<int64_t> idx;
+    for (int64_t i = 0; i < count; ++i) idx.push_back(order_[static_cast<size_t>(train_ + first + i)]);
+    return rows(idx);
+  }
+
+ private:
+  fsdpx::Batch rows(const std::vector<int64_t>& idx) {
+    const int64_t b = static_cast<int64_t>(idx.size());
+    fsdpx::Batch batch;
+    batch.inputs = at::empty({b, features_}, at::kFloat);
+    batch.targets = at::empty({b}, at::kLong);
+    float* x = batch.inputs.data_ptr<float>();
+    int64_t* y = batch.targets.data_ptr<int64_t>();
+    for (int64_t k = 0; k < b; ++k) {
+      std::copy_n(x_.begin() + idx[static_cast<size_t>(k)] * features_, features_, x + k * features_);
+      y[k] = y_[static_cast<size_t>(idx[static_cast<size_t>(k)])];
+    }
+    batch.samples = batch.tokens = b;
+    return batch;
+  }
+
+  int64_t n_ = 0, features_ = 0, train_ = 0, heldout_ = 0;
+  std::vector<float> x_;
+  std::vector<int64_t> y_, order_;
+  std::unique_ptr<fsdpx::GlobalBatchSampler> sampler_;
+};
+
+void register_components(fsdpx::Registrar& r) {
+  r.add<fsdpx::DataSource>(
+      "csv", "tabular rows of numeric features and a label column (e.g. scikit-learn's breast_cancer.csv)",
+      {fsdpx::string_option("path", "", "the CSV file"),
+       fsdpx::int_option("label_column", -1, "the label's column index (negative counts from the end)"),
+       fsdpx::choice_option("header", "auto", {"auto", "yes", "no"},
+                            "whether the first line is a header (auto: when it is not all numbers or its width differs)"),
+       fsdpx::float_option("holdout", 0.2, "fraction of the rows held out for evaluation, in [0, 0.9]"),
+       fsdpx::int_option("split_seed", 0, "seed of the train/held-out split (independent of the run's seed)"),
+       fsdpx::flag_option("standardize", true, "scale features to zero mean and unit variance (training rows' statistics)")},
+      [](const fsdpx::ComponentContext& ctx) {
+        const auto& o = ctx.options;
+        if (o.get_string("path").empty()) throw fsdpx::Error("path is empty; give the CSV file with --data.path FILE");
+        const double h = o.get_float("holdout");
+        if (!(h >= 0 && h <= 0.9)) throw fsdpx::Error("holdout must be in [0, 0.9], got " + std::to_string(h));
+        if (o.get_int("split_seed") < 0) throw fsdpx::Error("split_seed must be 0 or more");
+        return std::make_shared<Csv>(o.get_string("path"), o.get_int("label_column"), o.get_string("header"), h,
+                                     static_cast<uint64_t>(o.get_int("split_seed")), o.get_bool("standardize"));
+      });
+}
+
+}  // namespace
+
+FSDPX_PLUGIN("data_csv", "0.1.0", register_components)
