@@ -1,42 +1,33 @@
 #!/usr/bin/env bash
-# `make demo`: what fsdpx can do today, on the build in $1 (default build/).
-# The training run on 2 CPU ranks joins this script when the engine and trainer land.
+# `make demo`: the plan, then a real training run of gpt tiny on Debian's fortunes corpus on 2 CPU
+# ranks (full_shard, layer_type wrapping, bf16_mixed, anyprecision_adamw, a sharded checkpoint at
+# the end), its plot, and a check of its checkpoint. Uses the build in $1 (default build/).
 set -euo pipefail
 BUILD=${1:-build}
 bin=$BUILD/bin
+RUN=runs/demo
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
-step "fsdpx-plugins info: what this build is"
-"$bin/fsdpx-plugins" info
-
-step "fsdpx-plugins list: the installed plugins"
+step "the plugins this build has"
 "$bin/fsdpx-plugins" list
 
-step "fsdpx-plugins show size_based: a component's options"
-"$bin/fsdpx-plugins" show size_based
+step "fsdpx-train --dry-run: what the run will hold and move, before anything is allocated"
+"$bin/fsdpx-train" --config configs/demo.ini --nproc-per-node 2 --dry-run
 
-step "fsdpx-plugins plan: the units layer_type makes of gpt tiny"
-"$bin/fsdpx-plugins" plan --model.name gpt --wrap.name layer_type
+step "fsdpx-train: gpt tiny on 2 CPU ranks (configs/demo.ini)"
+rm -rf "$RUN"
+"$bin/fsdpx-train" --config configs/demo.ini --nproc-per-node 2 --out "$RUN"
 
-step "fsdpx-plugins config: configs/demo.ini plus a command-line override, resolved"
-"$bin/fsdpx-plugins" config --config configs/demo.ini --wrap.min_num_params 4096
-
-step "a bad option gets one clear line and a non-zero exit"
-if "$bin/fsdpx-plugins" config --config configs/demo.ini --wrap.min_params 4096; then
-  echo "demo: expected an error" >&2; exit 1
-fi
-
-step "fsdpx-train --nproc-per-node 2 --check-comm: two ranks, rendezvous, the real Gloo"
-"$bin/fsdpx-train" --nproc-per-node 2 --print-topology
-"$bin/fsdpx-train" --nproc-per-node 2 --check-comm
+step "the plot and the checkpoint"
+scripts/fsdpx-plot "$RUN"
+"$bin/fsdpx-ckpt" verify "$RUN/checkpoints/step-00000300"
 
 cat <<MSG
 
-Training itself (fsdpx-train on 2 CPU ranks) is not built yet: the sharding engine, the
-strategies, the precision policies and the optimizers are in (see make test and make bench);
-the trainer, the checkpoints and the data sources are the next pieces of work. Next to try now:
-  - write a plugin of your own: sdk/README.md
-  - $bin/fsdpx-train --nproc-per-node 4 --check-comm   (or under torchrun / srun: README)
-  - $bin/fsdpx-engine-bench --nproc-per-node 2          (gpt small, overlap on vs off)
-  - $bin/fsdpx-plugins help
+The run is in $RUN: metrics.jsonl (one JSON line per logged step), config.ini (reproduces it),
+summary.json (measured bytes next to the plan), plot.png, checkpoints/step-00000300.
+Three things to try next:
+  - resume and train further:  $bin/fsdpx-train --config $RUN/config.ini --nproc-per-node 2 --steps 600 --resume auto
+  - a bigger model:            $bin/fsdpx-train --config configs/demo.ini --nproc-per-node 2 --model.size small --data.seq 128 --dry-run
+  - Slurm, across nodes:       sbatch --nodes 2 --ntasks-per-node 2 hosts/slurm/fsdpx.sbatch --config configs/demo.ini  (README: Slurm)
 MSG

@@ -2,7 +2,9 @@
 # Installs what fsdpx needs to build and test, and is quick when everything is there:
 #   - Debian packages (Boost 1.81, GoogleTest, nlohmann-json, ccache, CMake, Ninja, and Slurm with
 #     munge for the Slurm tests);
-#   - torch==2.11.0 from PyPI into a virtual environment cached outside the checkout.
+#   - torch==2.11.0 from PyPI into a virtual environment cached outside the checkout, with
+#     matplotlib (fsdpx-plot), safetensors (the interop test) and scikit-learn (its breast-cancer CSV).
+# --print-breast-cancer-csv prints that CSV's path (after making sure it is installed).
 # Prints nothing but progress on stderr; the venv's python path on stdout when asked with --print-python.
 set -euo pipefail
 
@@ -14,6 +16,7 @@ DEB_PACKAGES=(
   libboost1.81-dev libboost-program-options1.81-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev
   python3-venv
+  fortunes                              # the demo's English text corpus (/usr/share/games/fortunes)
   slurmctld slurmd slurm-client munge   # the Slurm tests' one-node cluster
 )
 
@@ -61,5 +64,16 @@ if ! have_torch; then
     die "pip install torch==$TORCH_VERSION into $VENV failed (see above)"
   fi
   have_torch || die "torch==$TORCH_VERSION is not importable from $VENV after installing it"
+fi
+# --- Python tools beside torch: plots, the safetensors interop test, the breast-cancer CSV ----
+PY_TOOLS=(matplotlib safetensors scikit-learn)
+if ! "$VENV/bin/python" -c "import matplotlib, safetensors, sklearn" 2>/dev/null; then
+  say "installing ${PY_TOOLS[*]} into $VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PY_TOOLS[@]}" >&2 \
+    || die "pip install ${PY_TOOLS[*]} into $VENV failed (see above)"
+fi
+if [[ ${1:-} == --print-breast-cancer-csv ]]; then
+  "$VENV/bin/python" -c "import os, sklearn; print(os.path.join(os.path.dirname(sklearn.__file__), 'datasets', 'data', 'breast_cancer.csv'))"
+  exit 0
 fi
 say "ready: torch $TORCH_VERSION in $VENV"

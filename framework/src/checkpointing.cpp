@@ -511,8 +511,9 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
       for (const Piece& pc : pieces_of(it.value(), t.name)) t.pieces.push_back({pc.file, {pc.offset, pc.rows}});
       info.tensors.push_back(std::move(t));
     }
-    for (auto it = ix.j.value("files", json::object()).begin(); it != ix.j.value("files", json::object()).end(); ++it)
-      info.bytes += it.value().get<int64_t>();
+    const json file_sizes = ix.j.value("files", json::object());
+    for (auto it = file_sizes.begin(); it != file_sizes.end(); ++it)
+      if (it.value().is_number_integer()) info.bytes += it.value().get<int64_t>();
     if (fs::exists(p / "trainer_state.json")) info.trainer_state_json = read_text(p / "trainer_state.json");
     if (fs::exists(p / "config.ini")) info.config_ini = read_text(p / "config.ini");
     return info;
@@ -561,7 +562,8 @@ int64_t verify_checkpoint(const std::string& path) {
                     "): a shard file is corrupted");
       ++checked;
     }
-    for (auto it = ix.j.value("files", json::object()).begin(); it != ix.j.value("files", json::object()).end(); ++it) files.get(it.key());
+    const json file_sizes = ix.j.value("files", json::object());
+    for (auto it = file_sizes.begin(); it != file_sizes.end(); ++it) files.get(it.key());
     return checked;
   }
   fs::path p(path);

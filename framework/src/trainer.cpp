@@ -205,6 +205,9 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
     throw Error("sharding '" + plan.strategy + "' gives " + std::to_string(L.shard_group_size) + " x " +
                 std::to_string(L.replicate_group_size) + " ranks, but the world has " + std::to_string(topo.world_size));
 
+  if (!config.choice(Kind::Checkpoint) && (s.save_every > 0 || !s.resume.empty()))
+    throw Error(std::string(s.resume.empty() ? "--save-every" : "--resume") +
+                " needs a checkpoint component: add --checkpoint.name sharded (or [checkpoint] name=sharded)");
   // The data: opened as rank 0 would, so a missing file or a too-large batch is caught now.
   auto data = make<DataSource>(host, config);
   const int64_t global = s.batch_size * s.grad_accum * topo.world_size;
@@ -512,7 +515,23 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
       std::printf("no complete checkpoint under %s yet: starting from step 0\n", ckpt_root.c_str());
     }
   }
-  if (writer) metrics.open(fs::path(s.out_dir) / "metrics.jsonl", start_step > 0 ? std::ios::app : std::ios::trunc);
+  if (writer && !s.out_dir.empty()) {
+    // A resumed run keeps the metrics up to its checkpoint and writes the rest anew.
+    const fs::path mp = fs::path(s.out_dir) / "metrics.jsonl";
+    std::vector<std::string> kept;
+    if (start_step > 0) {
+      std::ifstream old(mp);
+      std::string line;
+      while (std::getline(old, line)) {
+        try {
+          if (json::parse(line).value("step", int64_t{0}) <= start_step) kept.push_back(line);
+        } catch (const json::exception&) {
+        }
+      }
+    }
+    metrics.open(mp, std::ios::trunc);
+    for (const auto& l : kept) metrics << l << "\n";
+  }
 
   // The peak for MFU.
   double peak = s.peak_tflops;
