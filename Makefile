@@ -36,10 +36,11 @@ demo: build  ## set up, build, and run the demo
 test: build  ## set up, build, and run every test (ctest)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
-bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step
+bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load
 	$(BUILD)/bin/fsdpx-comm-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-engine-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-optim-bench
+	$(BUILD)/bin/fsdpx-ckpt-bench --nproc-per-node 2
 
 clean:  ## remove the build directory (the torch venv and ccache stay)
 	rm -rf $(BUILD)

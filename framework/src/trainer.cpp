@@ -128,6 +128,16 @@ namespace {
 
 int64_t elt(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
 
+std::string dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "fp32";
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "fp16";
+    case at::kDouble: return "fp64";
+    default: return c10::toString(t);
+  }
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -287,8 +297,8 @@ std::string RunPlan::text() const {
   o << line;
   o << "  components model=" << model << " data=" << data << " sharding=" << strategy << " wrap=" << wrap
     << " precision=" << precision << " optimizer=" << optimizer << "\n";
-  o << "  dtypes     storage " << c10::toString(dtypes.storage) << ", compute " << c10::toString(dtypes.compute)
-    << ", reduce " << c10::toString(dtypes.reduce) << ", gradient " << c10::toString(dtypes.gradient) << "\n";
+  o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", compute (and all-gather) " << dtype_name(dtypes.compute)
+    << ", reduce " << dtype_name(dtypes.reduce) << ", gradient " << dtype_name(dtypes.gradient) << "\n";
   o << "  units      " << units.size() << " (reshard after forward: " << (layout.reshard_after_forward ? "yes" : "no") << ")\n";
   size_t w = 6;
   for (const auto& u : units) w = std::max(w, u.fqn.size());
@@ -341,8 +351,8 @@ json plan_json(const RunPlan& p) {
           {"reduce_scatter_bytes", p.reduce_scatter_bytes},
           {"all_reduce_bytes", p.all_reduce_bytes},
           {"sent_bytes", p.sent_bytes},
-          {"dtypes", {{"storage", c10::toString(p.dtypes.storage)}, {"compute", c10::toString(p.dtypes.compute)},
-                      {"reduce", c10::toString(p.dtypes.reduce)}, {"gradient", c10::toString(p.dtypes.gradient)}}},
+          {"dtypes", {{"storage", dtype_name(p.dtypes.storage)}, {"compute", dtype_name(p.dtypes.compute)},
+                      {"reduce", dtype_name(p.dtypes.reduce)}, {"gradient", dtype_name(p.dtypes.gradient)}}},
           {"units", units}};
 }
 

@@ -103,7 +103,7 @@ TEST(FsdpxPluginsCli, ExplainPrintsThePrecisionAudit) {
 TEST(FsdpxPluginsCli, InfoReportsVersions) {
   auto r = test::run_command(tool() + " info");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("plugin ABI    1.0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("plugin ABI    1.1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("LibTorch      2.11.0 (_GLIBCXX_USE_CXX11_ABI=1)"), std::string::npos) << r.out;
 }
 
