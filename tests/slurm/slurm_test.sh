@@ -2,7 +2,8 @@
 # fsdpx-train under a real Slurm (a one-node cluster on loopback, tests/slurm/slurm_cluster.sh):
 #   1. `srun -n 2 fsdpx-train --print-topology` gives the same topology as the local launcher;
 #   2. `srun -n 2 fsdpx-train --check-comm` passes (rendezvous from Slurm's variables alone);
-#   3. `sbatch --wait` of the shipped template hosts/slurm/fsdpx.sbatch passes the same check.
+#   3. `sbatch --wait` of the shipped template hosts/slurm/fsdpx.sbatch passes the same check;
+#   4. `srun -n 2 fsdpx-train` trains (the demo's configuration, 20 steps) and the loss falls.
 # If Slurm cannot start here, this fails with the reason; it never passes silently.
 # Usage: slurm_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
@@ -46,4 +47,11 @@ job=$(FSDPX_TRAIN=$train timeout 30 sbatch --parsable --ntasks=2 --wait "$src/ho
 cat "$work/fsdpx-$job.out"
 grep -q 'communication check passed on 2 ranks (gloo)' "$work/fsdpx-$job.out" ||
   fail "the batch job's output has no passing check"
+# 4. Training under srun: the demo's configuration, shortened.
+out=$(timeout 240 srun -n 2 "$train" --config "$src/configs/demo.ini" --steps 20 --warmup-steps 2 --log-every 10 \
+        --eval-every 0 --out "$work/run" --rendezvous-timeout 60 2>&1) || fail "srun -n 2 fsdpx-train (training): $out"
+echo "$out"
+grep -q 'done: 20 steps' <<<"$out" || fail "the training run under srun did not finish: $out"
+[[ -s $work/run/metrics.jsonl && -f $work/run/checkpoints/step-00000020/index.json ]] ||
+  fail "the run under srun left no metrics or checkpoint in $work/run"
 echo "slurm_test: srun and sbatch runs passed"
