@@ -18,7 +18,7 @@ help:  ## list the targets
 	@echo "variables: BUILD=$(BUILD) (build directory), JOBS=$(JOBS) (parallel compile jobs)"
 	@echo "torch venv: $(dir $(PYTHON)).. (FSDPX_VENV or FSDPX_CACHE_DIR to move it)"
 
-setup:  ## install missing Debian packages and torch==2.11.0 into the cached venv
+setup:  ## install missing Debian packages, and torch==2.11.0 with matplotlib, safetensors, scikit-learn into the cached venv
 	@bash scripts/setup.sh
 
 $(BUILD)/build.ninja: CMakeLists.txt | setup
@@ -30,7 +30,7 @@ configure: setup  ## configure the CMake build in $(BUILD)
 build: setup $(BUILD)/build.ninja  ## build libfsdpx, plugins, hosts and tests
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: build  ## set up, build, and run the demo
+demo: build  ## set up, build, and train gpt tiny on 2 CPU ranks (runs/demo: metrics, plot, checkpoint)
 	@bash scripts/demo.sh $(BUILD)
 
 test: build  ## set up, build, and run every test (ctest)
