@@ -1,5 +1,6 @@
 #include "fsdpx/framework/checkpointing.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,11 +57,56 @@ std::string read_text(const fs::path& p) {
   return s.str();
 }
 
+// Written and fsynced, so that a checkpoint renamed into place survives a crash.
 void write_text(const fs::path& p, const std::string& text) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.flush();
-  if (!out) throw Error(p.string() + ": cannot be written");
+  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(p.string() + ": cannot be written: " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      ::close(fd);
+      throw Error(p.string() + ": write failed: " + std::strerror(errno));
+    }
+    done += static_cast<size_t>(w);
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced) throw Error(p.string() + ": fsync failed: " + std::strerror(errno));
+}
+
+int64_t parse_step(const std::string& text, const std::string& where) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < 0) throw Error(where + ": step '" + text + "' is not a step number");
+  return v;
+}
+
+json parse_json_file(const fs::path& p) {
+  try {
+    return json::parse(read_text(p));
+  } catch (const json::exception& e) {
+    throw Error(p.string() + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+// Replaces `final_dir` by `tmp`. The old checkpoint is moved aside first and removed last; if
+// the process dies in between, list_checkpoints moves it back.
+void swap_into_place(const fs::path& tmp, const fs::path& final_dir) {
+  const fs::path root = final_dir.parent_path();
+  std::error_code ec;
+  if (fs::exists(final_dir)) {
+    const fs::path old = root / (".old-" + final_dir.filename().string());
+    fs::remove_all(old, ec);
+    fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    fsync_directory(root.string());
+    fs::remove_all(old, ec);
+  } else {
+    fs::rename(tmp, final_dir);
+  }
+  fsync_directory(root.string());
 }
 
 // Runs `local` on this rank, then agrees over all ranks: if any rank failed, every rank throws
@@ -97,7 +143,8 @@ Index read_index(const std::string& dir) {
   const fs::path p = fs::path(dir) / "index.json";
   if (!fs::exists(p)) {
     if (fs::exists(fs::path(dir) / "model.safetensors"))
-      throw Error(dir + " is a consolidated checkpoint (model.safetensors), not a sharded one; use --checkpoint.name consolidated");
+      throw Error(dir + " is a consolidated checkpoint (model.safetensors), not a sharded one (fsdpx-train loads it with "
+                  "--checkpoint.name consolidated; it is already one file, nothing to consolidate)");
     throw Error(dir + " is not a checkpoint: it has no index.json (an interrupted save leaves only a .tmp- directory)");
   }
   Index ix{json(), dir};
@@ -215,6 +262,7 @@ CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& 
     at::Tensor param = p.param.detach();
     at::Tensor local = shape.empty() ? (sr == 0 ? param.reshape({}) : param.narrow(0, 0, 0)) : param.narrow(0, 0, valid);
     st.tensors.push_back({p.name, local, shape, offset});
+    if (!p.param.requires_grad()) continue;  // frozen: no optimizer state
     for (const auto& [key, t] : optimizer.state(p.name)) {
       at::Tensor c = t.detach().clone();
       if (t.dim() > 0 && t.size(0) == rps && !shape.empty()) {
@@ -316,13 +364,30 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   std::vector<std::pair<int64_t, std::string>> out;
   std::error_code ec;
   if (root.empty() || !fs::is_directory(root, ec)) return out;
+  // A save that died between moving the old checkpoint aside and removing it: move it back.
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".old-step-", 0) == 0 && !fs::exists(fs::path(root) / name.substr(5))) {
+      std::error_code rec;
+      fs::rename(e.path(), fs::path(root) / name.substr(5), rec);
+    }
+  }
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("step-", 0) != 0 || !e.is_directory()) continue;
     char* end = nullptr;
     const long long step = std::strtoll(name.c_str() + 5, &end, 10);
     if (*end != '\0') continue;
-    if (fs::exists(e.path() / "index.json") || fs::exists(e.path() / "digests.json")) out.emplace_back(step, e.path().string());
+    // Complete: an index (sharded) or digests (consolidated) that parses.
+    for (const char* marker : {"index.json", "digests.json"}) {
+      const fs::path m = e.path() / marker;
+      if (!fs::exists(m)) continue;
+      try {
+        if (json::parse(read_text(m)).is_object()) out.emplace_back(step, e.path().string());
+      } catch (const std::exception&) {
+      }
+      break;
+    }
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -332,6 +397,9 @@ void prune_checkpoints(const std::string& root, int64_t keep) {
   auto all = list_checkpoints(root);
   std::error_code ec;
   for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i].second, ec);
+  // Temporary directories of saves that never completed (the current save is done by now).
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.path().filename().string().rfind(".tmp-step-", 0) == 0) fs::remove_all(e.path(), ec);
 }
 
 void maybe_fault(const char* point, int rank) {
@@ -430,17 +498,7 @@ void save_sharded(const std::string& dir, const CheckpointState& st, const Check
     write_text(tmp / "trainer_state.json", st.trainer_state_json);
     write_text(tmp / "config.ini", st.config_ini);
     fsync_directory(tmp.string());
-    std::error_code ec;
-    if (fs::exists(final_dir)) {
-      const fs::path old = root / (".old-" + final_dir.filename().string());
-      fs::remove_all(old, ec);
-      fs::rename(final_dir, old);
-      fs::rename(tmp, final_dir);
-      fs::remove_all(old, ec);
-    } else {
-      fs::rename(tmp, final_dir);
-    }
-    fsync_directory(root.string());
+    swap_into_place(tmp, final_dir);
   });
 }
 
@@ -525,17 +583,17 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
   info.bytes = r.file_size();
   info.world_size = 1;
   auto m = r.metadata();
-  if (m.count("step")) info.step = std::stoll(m["step"]);
+  if (m.count("step")) info.step = parse_step(m["step"], p.string());
   info.trainer_state_json = m.count("trainer_state") ? m["trainer_state"] : "";
   info.config_ini = m.count("config") ? m["config"] : "";
   json digests;
-  if (fs::exists(p.parent_path() / "digests.json")) digests = json::parse(read_text(p.parent_path() / "digests.json"));
+  if (fs::exists(p.parent_path() / "digests.json")) digests = parse_json_file(p.parent_path() / "digests.json");
   for (const auto& [name, e] : r.entries()) {
     CheckpointTensorInfo t;
     t.name = name;
     t.dtype = e.dtype;
     t.shape = e.shape;
-    t.digest = digests.is_object() ? digests.value(name, "") : "";
+    t.digest = digests.is_object() && digests.contains(name) && digests[name].is_string() ? digests[name].get<std::string>() : "";
     t.pieces.push_back({p.filename().string(), {0, e.rows()}});
     info.tensors.push_back(std::move(t));
   }
@@ -664,10 +722,7 @@ void save_consolidated(const std::string& dir, const CheckpointState& st, const 
     w->close();
     write_text(tmp / "digests.json", digests.dump(1));
     fsync_directory(tmp.string());
-    std::error_code ec;
-    if (fs::exists(final_dir)) fs::remove_all(final_dir, ec);
-    fs::rename(tmp, final_dir);
-    fsync_directory(root.string());
+    swap_into_place(tmp, final_dir);
   });
 }
 
@@ -685,9 +740,10 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
     }
     SafetensorsReader r(p.string());
     const fs::path dj = p.parent_path() / "digests.json";
-    want = fs::exists(dj) ? json::parse(read_text(dj)) : json::object();
+    want = fs::exists(dj) ? parse_json_file(dj) : json::object();
+    if (!want.is_object()) throw Error(dj.string() + ": not an object of digests");
     auto m = r.metadata();
-    st.step = m.count("step") ? std::stoll(m["step"]) : 0;
+    st.step = m.count("step") ? parse_step(m["step"], p.string()) : 0;
     st.trainer_state_json = m.count("trainer_state") ? m["trainer_state"] : "";
     st.config_ini = m.count("config") ? m["config"] : "";
     for (size_t i = 0; i < st.tensors.size(); ++i) {
@@ -715,7 +771,8 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
   }
   if (ctx.all_sum) ctx.all_sum(sums);
   for (size_t i = 0; i < st.tensors.size(); ++i) {
-    const std::string w = want.value(st.tensors[i].name, "");
+    const std::string& name = st.tensors[i].name;
+    const std::string w = want.contains(name) && want[name].is_string() ? want[name].get<std::string>() : "";
     if (w.empty()) continue;
     const std::string got = RowDigest{sums[2 * i], sums[2 * i + 1]}.hex();
     if (got != w)

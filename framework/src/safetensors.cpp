@@ -95,13 +95,18 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       throw Error(where + ": " + err.what());
     }
     int64_t numel = 1;
+    constexpr int64_t kMaxNumel = int64_t{1} << 40;
     for (const auto& d : v["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (int64_t{1} << 40))
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > kMaxNumel)
         throw Error(where + ": shape " + v["shape"].dump() + " is not a list of sizes");
-      e.shape.push_back(d.get<int64_t>());
-      numel *= e.shape.back();
-      if (numel > (int64_t{1} << 40)) throw Error(where + ": shape " + v["shape"].dump() + " is implausibly large");
+      const int64_t n = d.get<int64_t>();
+      if (n != 0 && numel > kMaxNumel / n) throw Error(where + ": shape " + v["shape"].dump() + " is implausibly large");
+      e.shape.push_back(n);
+      numel *= n;
     }
+    // An empty tensor with a huge first dimension would make row-wise readers loop for hours.
+    if (numel == 0 && !e.shape.empty() && e.shape[0] > (int64_t{1} << 24))
+      throw Error(where + ": shape " + v["shape"].dump() + " holds no data but " + std::to_string(e.shape[0]) + " rows");
     if (!v["data_offsets"][0].is_number_integer() || !v["data_offsets"][1].is_number_integer())
       throw Error(where + ": data_offsets are not integers");
     e.begin = v["data_offsets"][0].get<int64_t>();
@@ -162,23 +167,29 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
   }
   std::string header = h.dump();
   while (header.size() % 8 != 0) header.push_back(' ');  // the format's alignment convention
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw Error(path + ": cannot be created: " + std::strerror(errno));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(path + ": cannot be created: " + std::strerror(errno));
   unsigned char len[8];
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
   auto put = [&](const void* p, size_t bytes) {
     const char* c = static_cast<const char*>(p);
     while (bytes > 0) {
-      ssize_t w = ::write(fd_, c, bytes);
+      ssize_t w = ::write(fd, c, bytes);
       if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) throw Error(path_ + ": write failed: " + std::strerror(errno));
+      if (w <= 0) {
+        const std::string why = std::strerror(errno);
+        ::close(fd);
+        ::unlink(path.c_str());
+        throw Error(path + ": write failed: " + why);
+      }
       c += w;
       bytes -= static_cast<size_t>(w);
     }
   };
   put(len, 8);
   put(header.data(), header.size());
+  fd_ = fd;
 }
 
 void SafetensorsWriter::write(const at::Tensor& tensor) {
@@ -197,6 +208,12 @@ void SafetensorsWriter::write(const at::Tensor& tensor) {
     p += w;
     bytes -= static_cast<size_t>(w);
   }
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ < 0) return;
+  ::close(fd_);  // not closed by close(): an error path; the incomplete file goes
+  ::unlink(path_.c_str());
 }
 
 void SafetensorsWriter::close() {

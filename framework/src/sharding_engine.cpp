@@ -12,6 +12,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -158,6 +159,9 @@ struct Unit final : UnitHooks {
   std::string fqn;
   torch::nn::Module* module = nullptr;
   bool root = false;
+  bool checkpoint = false;  // recompute activations in backward instead of storing them
+  std::function<at::Tensor(const std::vector<at::Tensor>&)> recompute;  // this step's forward
+  uint64_t recompute_generation = 0;
   std::vector<Param> params;
   int64_t total = 0;  // shard elements (padded)
   at::Tensor flat_shard, flat_grad;
@@ -167,6 +171,8 @@ struct Unit final : UnitHooks {
   Work gather_work;
   at::Tensor gather_out;
   Work reduce_work;
+  Work replicate_work;  // hybrid: the all-reduce across replicas, in flight after finish_reduce
+  bool replicating = false;
   at::Tensor reduce_in, reduce_out;
   at::Tensor gather_in;
   int forward_calls = 0;
@@ -259,13 +265,27 @@ struct Unit final : UnitHooks {
       flat_grad.copy_(reduce_out);
     }
     reduce_out = at::Tensor();
+    // Hybrid: the shard's gradients across the replicas, asynchronously, so that this unit's
+    // all-reduce overlaps the next units' reduce-scatters (finish_replicate waits).
     if (sharded_layout() && engine->comms.replicate)
-      engine->comms.replicate->all_reduce(flat_grad, ReduceOp::Avg).wait();
+    {
+      replicate_work = engine->comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
+      replicating = true;
+    }
     reduced = false;
+  }
+
+  void finish_replicate() {
+    if (!replicating) return;
+    replicating = false;
+    replicate_work.wait();
+    replicate_work = Work();
   }
 
   std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs) override;
   at::Tensor post_forward(at::Tensor output) override;
+  at::Tensor run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
+                 const std::vector<at::Tensor>& inputs) override;
 
   void pre_backward(uint64_t gen) {
     engine->check_generation(gen, fqn);
@@ -354,6 +374,81 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
   return inputs;
 }
 
+// Activation checkpointing of one unit. Forward runs the unit's forward without recording a
+// graph and keeps only its inputs; backward (after the unit's pre-backward has gathered its
+// parameters again) runs the forward once more with a graph and differentiates it, returning
+// the inputs' gradients and the parameters' (which autograd accumulates into their .grad as
+// usual, so the unit's post-backward reduces them). The parameters are arguments so that the
+// output has a history even when no input needs a gradient.
+struct Recompute : public torch::autograd::Function<Recompute> {
+  static at::Tensor forward(AutogradContext* ctx, int64_t unit, int64_t generation, int64_t num_inputs, at::TensorList all) {
+    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["generation"] = generation;
+    ctx->saved_data["num_inputs"] = num_inputs;
+    std::vector<at::Tensor> inputs(all.begin(), all.begin() + num_inputs);
+    c10::List<bool> needs;
+    for (const auto& t : inputs) needs.push_back(t.defined() && t.requires_grad());
+    ctx->saved_data["needs"] = needs;
+    ctx->save_for_backward(inputs);
+    at::Tensor out;
+    {
+      at::NoGradGuard no_grad;
+      out = reinterpret_cast<Unit*>(unit)->recompute(inputs);
+    }
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Unit* u = reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt());
+    const auto gen = static_cast<uint64_t>(ctx->saved_data["generation"].toInt());
+    const int64_t n = ctx->saved_data["num_inputs"].toInt();
+    c10::List<bool> needs = ctx->saved_data["needs"].toBoolList();
+    u->pre_backward(gen);  // the parameters, gathered again (a no-op when the output hook did it)
+    if (u->recompute_generation != gen || !u->recompute)
+      throw Error("unit '" + u->fqn + "': the forward to recompute belongs to another step");
+    std::vector<at::Tensor> saved = ctx->get_saved_variables(), inputs;
+    variable_list wrt;
+    std::vector<int64_t> input_slot;
+    for (int64_t i = 0; i < n; ++i) {
+      at::Tensor x = saved[static_cast<size_t>(i)];
+      if (x.defined()) x = x.detach().requires_grad_(needs.get(static_cast<size_t>(i)));
+      inputs.push_back(x);
+      if (needs.get(static_cast<size_t>(i))) {
+        input_slot.push_back(i);
+        wrt.push_back(x);
+      }
+    }
+    std::vector<size_t> param_slot;
+    for (size_t k = 0; k < u->params.size(); ++k)
+      if (u->params[k].param.requires_grad()) {
+        param_slot.push_back(k);
+        wrt.push_back(u->params[k].param);
+      }
+    at::Tensor out;
+    {
+      at::AutoGradMode enable(true);
+      out = u->recompute(inputs);
+    }
+    variable_list g = wrt.empty() ? variable_list{}
+                                  : torch::autograd::grad({out}, wrt, {grads[0]}, /*retain_graph=*/false,
+                                                          /*create_graph=*/false, /*allow_unused=*/true);
+    variable_list result(static_cast<size_t>(3 + n + static_cast<int64_t>(u->params.size())));
+    for (size_t j = 0; j < input_slot.size(); ++j) result[static_cast<size_t>(3 + input_slot[j])] = g[j];
+    for (size_t j = 0; j < param_slot.size(); ++j) result[3 + static_cast<size_t>(n) + param_slot[j]] = g[input_slot.size() + j];
+    u->recompute = nullptr;
+    return result;
+  }
+};
+
+at::Tensor Unit::run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f, const std::vector<at::Tensor>& inputs) {
+  if (!checkpoint || !at::GradMode::is_enabled()) return f(inputs);
+  recompute = f;
+  recompute_generation = engine->generation;
+  std::vector<at::Tensor> all(inputs.begin(), inputs.end());
+  for (const Param& p : params) all.push_back(p.param);
+  return Recompute::apply(reinterpret_cast<int64_t>(this), static_cast<int64_t>(engine->generation),
+                          static_cast<int64_t>(inputs.size()), at::TensorList(all));
+}
+
 at::Tensor Unit::post_forward(at::Tensor output) {
   if (reshard_after_forward()) reshard();
   const auto& out_dtype = engine->options.precision.output;
@@ -396,8 +491,10 @@ void ShardingEngine::Impl::finish_backward() {
   // Units whose post-backward did not fire (inputs that need no gradient, such as token ids,
   // and the root), latest first.
   for (auto it = units.rbegin(); it != units.rend(); ++it) (*it)->post_backward();
-  if (sync)
+  if (sync) {
     for (auto& u : units) u->finish_reduce();
+    for (auto& u : units) u->finish_replicate();
+  }
   abort_step(/*drop_grads=*/false);  // gathers prefetched for units whose backward never came
   finished_generation = generation;
   in_backward = false;
@@ -424,6 +521,13 @@ void ShardingEngine::Impl::abort_step(bool drop_grads) {
       u->reduce_in = at::Tensor();
       u->reduce_out = at::Tensor();
       u->reduced = false;
+    }
+    if (u->replicating) {
+      try {
+        u->finish_replicate();
+      } catch (const std::exception&) {
+      }
+      u->replicating = false;
     }
     u->reshard();
     if (drop_grads)
@@ -470,8 +574,8 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
       (e.comms.replicate && e.comms.replicate->size() != layout.replicate_group_size))
     throw Error("the engine's communicators do not match the sharding layout (a bug in the host)");
   if (options.prefetch < 1) throw Error("prefetch must be at least 1, got " + std::to_string(options.prefetch));
-  if (layout.offload_to_cpu)
-    throw Error("CPU offload is not implemented by this engine yet; choose a strategy without offload");
+  // CPU offload: this engine computes on the CPU, where the shards, gradients and optimizer
+  // state already live in host memory; there is nothing to move (the trainer says so).
   e.shard_size = layout.shard_group_size;
   e.shard_rank = e.comms.shard ? e.comms.shard->rank() : 0;
 
@@ -484,9 +588,6 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
     if (s.fqn.empty()) throw Error("the wrap policy selected the root; the root is always a unit and is not listed");
     if (!chosen.emplace(s.fqn, s.activation_checkpoint).second)
       throw Error("the wrap policy selected '" + s.fqn + "' twice");
-    if (s.activation_checkpoint)
-      throw Error("the wrap policy asks to recompute the activations of '" + s.fqn +
-                  "', but activation checkpointing is not implemented by this engine yet");
   }
   std::map<const torch::nn::Module*, std::string> seen_modules;
   std::map<const c10::TensorImpl*, std::pair<std::string, std::string>> seen_params;  // -> (param, unit)
@@ -508,11 +609,16 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
         throw Error("unit '" + fqn + "' is a " + m.name() +
                     ", which fsdpx cannot hook: only layers declared with FSDPX_MODULE (fsdpx/unit.h) can be units; "
                     "this model's wrappable layer types: " + join_names(e.model->layer_types()));
+      if (unit->checkpoint)
+        throw Error("unit '" + fqn + "' is inside '" + unit->fqn +
+                    "', whose activations are recomputed in backward; a recomputed unit cannot hold other units "
+                    "(recompute the inner layer type instead, or do not make it a unit)");
       e.units.push_back(std::make_unique<Unit>());
       unit = e.units.back().get();
       unit->engine = &e;
       unit->fqn = fqn;
       unit->module = &m;
+      unit->checkpoint = chosen[fqn];
     }
     for (const auto& p : m.named_parameters(/*recurse=*/false)) {
       const std::string name = fqn.empty() ? p.key() : fqn + "." + p.key();

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -59,6 +60,8 @@ po::options_description TrainSettings::options() {
     ("eval-every", po::value<int64_t>()->default_value(0), "held-out evaluation every N steps (0: at the end only)")
     ("peak-tflops", po::value<double>()->default_value(0.0), "per-rank peak for MFU (0: measure on CPU with a large matmul)")
     ("overlap", po::value<int>()->default_value(1), "1: gather the next unit while this one computes; 0: no overlap")
+    ("activation-checkpointing", po::value<std::string>()->default_value(""), "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")
+    ("max-memory-mib", po::value<int64_t>()->default_value(0), "stop with an error when a rank's peak RSS in a step exceeds this many MiB (0: no limit)")
     ("save-every", po::value<int64_t>()->default_value(0), "checkpoint every N steps (0: at the end only); needs [checkpoint]")
     ("keep-last", po::value<int64_t>()->default_value(0), "keep the newest K checkpoints (0: all)")
     ("resume", po::value<std::string>()->default_value(""), "auto (newest complete checkpoint under OUT/checkpoints) or a checkpoint directory");
@@ -83,6 +86,13 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
   s.save_every = vm["save-every"].as<int64_t>();
   s.keep_last = vm["keep-last"].as<int64_t>();
   s.resume = vm["resume"].as<std::string>();
+  {
+    std::string types = vm["activation-checkpointing"].as<std::string>(), item;
+    std::istringstream in(types);
+    while (std::getline(in, item, ','))
+      if (!item.empty()) s.checkpoint_layer_types.push_back(item);
+  }
+  s.max_memory_mib = vm["max-memory-mib"].as<int64_t>();
   auto positive = [](const char* name, int64_t v) {
     if (v < 1) throw Error(std::string("--") + name + " must be at least 1, got " + std::to_string(v));
   };
@@ -101,6 +111,7 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
   non_negative("peak-tflops", s.peak_tflops);
   non_negative("save-every", static_cast<double>(s.save_every));
   non_negative("keep-last", static_cast<double>(s.keep_last));
+  non_negative("max-memory-mib", static_cast<double>(s.max_memory_mib));
   if (overlap != 0 && overlap != 1) throw Error("--overlap must be 0 or 1, got " + std::to_string(overlap));
   s.overlap = overlap == 1;
   // The schedule's own checks (kind, warm-up within the run, floor in [0, 1]).
@@ -116,7 +127,12 @@ std::string TrainSettings::to_ini() const {
     << "\nlog-every=" << log_every << "\nlr-schedule=" << lr_schedule << "\nwarmup-steps=" << warmup_steps
     << "\nmin-lr-ratio=" << min_lr_ratio << "\nclip-grad-norm=" << clip_grad_norm << "\neval-every=" << eval_every
     << "\npeak-tflops=" << peak_tflops << "\noverlap=" << (overlap ? 1 : 0) << "\nsave-every=" << save_every
-    << "\nkeep-last=" << keep_last << "\n";
+    << "\nkeep-last=" << keep_last << "\nmax-memory-mib=" << max_memory_mib << "\n";
+  if (!checkpoint_layer_types.empty()) {
+    o << "activation-checkpointing=";
+    for (size_t i = 0; i < checkpoint_layer_types.size(); ++i) o << (i ? "," : "") << checkpoint_layer_types[i];
+    o << "\n";
+  }
   if (!out_dir.empty()) o << "out=" << out_dir << "\n";
   return o.str();
 }
@@ -194,6 +210,39 @@ double optimizer_bytes_per_element(const PluginHost& host, const RunConfig& conf
 
 }  // namespace
 
+// The wrap policy's units, with --activation-checkpointing applied: units whose layer type is
+// named recompute their activations.
+std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, const TrainSettings& s) {
+  auto root = model.module();
+  std::vector<UnitSelection> sel = wrap.select(*root);
+  if (s.checkpoint_layer_types.empty()) return sel;
+  const auto types = model.layer_types();
+  std::map<std::string, std::string> type_of;
+  for (const auto& m : root->named_modules("", /*include_self=*/false)) {
+    std::string n = m.value()->name();
+    n = n.substr(n.rfind("::") == std::string::npos ? 0 : n.rfind("::") + 2);
+    if (n.size() > 4 && n.compare(n.size() - 4, 4, "Impl") == 0) n.resize(n.size() - 4);
+    type_of[m.key()] = n;
+  }
+  std::string unit_types;
+  for (const auto& u : sel)
+    if (unit_types.find(type_of[u.fqn]) == std::string::npos) unit_types += (unit_types.empty() ? "" : ", ") + type_of[u.fqn];
+  for (const auto& t : s.checkpoint_layer_types) {
+    if (std::find(types.begin(), types.end(), t) == types.end()) {
+      std::string known;
+      for (const auto& k : types) known += (known.empty() ? "" : ", ") + k;
+      throw Error("--activation-checkpointing " + t + ": the model has no layer type '" + t + "'; its layer types are: " + known);
+    }
+    bool any = false;
+    for (auto& u : sel)
+      if (type_of[u.fqn] == t) any = u.activation_checkpoint = true;
+    if (!any)
+      throw Error("--activation-checkpointing " + t + ": no unit is a " + t + " (the wrap policy's units are: " + unit_types +
+                  "); only units recompute, so make " + t + " a unit too (e.g. --wrap.layer_types " + t + ")");
+  }
+  return sel;
+}
+
 RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSettings& s, const Topology& topo) {
   RunPlan plan;
   plan.topology = topo;
@@ -215,6 +264,9 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
     throw Error("sharding '" + plan.strategy + "' gives " + std::to_string(L.shard_group_size) + " x " +
                 std::to_string(L.replicate_group_size) + " ranks, but the world has " + std::to_string(topo.world_size));
 
+  if (config.choice(Kind::Checkpoint) && s.out_dir.empty())
+    throw Error("checkpoint '" + config.choice(Kind::Checkpoint)->name +
+                "' writes under --out DIR (DIR/checkpoints); give --out, or drop the [checkpoint] component");
   if (!config.choice(Kind::Checkpoint) && (s.save_every > 0 || !s.resume.empty()))
     throw Error(std::string(s.resume.empty() ? "--save-every" : "--resume") +
                 " needs a checkpoint component: add --checkpoint.name sharded (or [checkpoint] name=sharded)");
@@ -233,7 +285,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   plan.flops_per_token = model->flops_per_token();
 
   auto root = model->module();
-  UnitPlan up = plan_units(*root, wrap->select(*root));
+  UnitPlan up = plan_units(*root, select_units(*model, *wrap, s));
   plan.total_params = up.total_params;
   const int64_t S = L.shard_group_size, R = L.replicate_group_size;
   const bool separate = S > 1 || plan.dtypes.compute != plan.dtypes.storage;
@@ -251,6 +303,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
       b.shard_numel += (d0 == 0 ? 0 : (d0 + S - 1) / S) * row;
     }
     b.reshard_after_forward = S > 1 && i > 0 && L.reshard_after_forward;
+    b.recompute = u.activation_checkpoint;
     b.unsharded_bytes = separate ? S * b.shard_numel * elt(plan.dtypes.compute) : 0;
     plan.param_bytes += b.shard_numel * elt(plan.dtypes.storage);
     plan.grad_bytes += b.shard_numel * elt(plan.dtypes.gradient);
@@ -302,12 +355,13 @@ std::string RunPlan::text() const {
   o << "  units      " << units.size() << " (reshard after forward: " << (layout.reshard_after_forward ? "yes" : "no") << ")\n";
   size_t w = 6;
   for (const auto& u : units) w = std::max(w, u.fqn.size());
-  std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s\n", static_cast<int>(w), "unit", "params", "shard/rank", "gathered");
+  std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w), "unit", "params", "shard/rank", "gathered",
+                "recompute");
   o << line;
   for (const auto& u : units) {
-    std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s\n", static_cast<int>(w), u.fqn.empty() ? "(root)" : u.fqn.c_str(),
+    std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w), u.fqn.empty() ? "(root)" : u.fqn.c_str(),
                   human_count(static_cast<double>(u.params)).c_str(), human_count(static_cast<double>(u.shard_numel)).c_str(),
-                  human_bytes(static_cast<double>(u.unsharded_bytes)).c_str());
+                  human_bytes(static_cast<double>(u.unsharded_bytes)).c_str(), u.recompute ? "yes" : "no");
     o << line;
   }
   o << "  parameters " << human_count(static_cast<double>(total_params)) << " (" << total_params << ")\n";
@@ -337,7 +391,8 @@ json plan_json(const RunPlan& p) {
   json units = json::array();
   for (const auto& u : p.units)
     units.push_back({{"unit", u.fqn}, {"params", u.params}, {"shard_numel", u.shard_numel},
-                     {"gathered_bytes", u.unsharded_bytes}, {"reshard_after_forward", u.reshard_after_forward}});
+                     {"gathered_bytes", u.unsharded_bytes}, {"reshard_after_forward", u.reshard_after_forward},
+                     {"recompute", u.recompute}});
   return {{"world_size", p.topology.world_size},
           {"shard_group_size", p.layout.shard_group_size},
           {"replicate_group_size", p.layout.replicate_group_size},
@@ -372,6 +427,20 @@ int64_t peak_rss_bytes() {
   getrusage(RUSAGE_SELF, &u);
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
+
+// VmRSS / VmHWM of this process in bytes; -1 when /proc cannot tell.
+int64_t proc_status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const size_t n = std::strlen(key);
+  while (std::getline(in, line))
+    if (line.compare(0, n, key) == 0) return std::stoll(line.substr(n)) * 1024;
+  return -1;
+}
+
+// Restarts VmHWM from the current RSS (Linux: "5" to /proc/self/clear_refs), so that the peak of
+// one step can be read after it.
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 // The best of a few large matmuls in `dtype`, in TFLOP/s, on this rank (run by every rank at
 // once, so shared cores are shared as they will be in training).
@@ -480,7 +549,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
     comms.replicate = replicate_counter = std::make_shared<CountingCommunicator>(groups->world());
   }
   auto root = model->module();
-  ShardingEngine engine(model, wrap->select(*root), comms, eo);
+  ShardingEngine engine(model, select_units(*model, *wrap, s), comms, eo);
   std::vector<ParamShard> shards = engine.shards();
   opt->init(shards);
   data->open(DataContext{rank, world, s.batch_size, s.seed});
@@ -565,6 +634,9 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
     out.line(l);
     std::snprintf(l, sizeof l, "peak %.3f TFLOP/s per rank (%s)", peak, peak_source);
     out.line(l);
+    if (plan.layout.offload_to_cpu)
+      out.line("cpu offload: the compute device is the CPU, where the shards, gradients and optimizer state already live; "
+               "nothing to move (the run is its base strategy's)");
   }
 
   auto counted = [&] {
@@ -588,12 +660,16 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
     for (int64_t off = 0; off < per_rank; off += chunk) {  // the same number of forwards on every rank
       const int64_t first = std::min(n, rank * per_rank + off);
       const int64_t last = std::min({n, rank * per_rank + per_rank, rank * per_rank + off + chunk});
-      Batch b = heldout->heldout(first, std::max<int64_t>(0, last - first));
+      // Every rank runs every forward (the units' gathers are collective); a rank whose share is
+      // used up runs one sample and does not count it.
+      const bool empty = last <= first;
+      Batch b = heldout->heldout(empty ? 0 : first, empty ? 1 : last - first);
       EvalSums r;
       engine.forward([&] {
         r = evaluable->evaluate(b);
         return at::zeros({}, at::kFloat);
       });
+      if (empty) r = EvalSums{0, r.correct >= 0 ? 0.0 : -1.0, 0};
       sums[0] += r.loss_sum;
       sums[1] += std::max(0.0, r.correct);
       sums[2] += static_cast<double>(r.samples);
@@ -646,6 +722,8 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
   json last_eval;
   std::string last_checkpoint;
   std::array<int64_t, 4> step_comm{0, 0, 0, 0};
+  int64_t max_step_rise = 0;
+  int64_t run_peak = std::max(peak_rss_bytes(), proc_status_bytes("VmHWM:"));  // clear_refs resets both between steps
   auto interval_start = std::chrono::steady_clock::now();
   const auto train_start = interval_start;
   int64_t interval_steps = 0, interval_tokens = 0, interval_samples = 0;
@@ -653,6 +731,8 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
   for (int64_t step = start_step; step < s.steps; ++step) {
     const double lr = schedule.at(step);
     const std::array<int64_t, 4> comm_before = counted();
+    const int64_t rss_before = proc_status_bytes("VmRSS:");
+    reset_peak_rss();
     double loss_sum = 0;
     int64_t tokens = 0, samples = 0;
     for (int64_t m = 0; m < s.grad_accum; ++m) {
@@ -669,6 +749,21 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
     opt->step(lr);
     const std::array<int64_t, 4> comm_after = counted();
     for (int k = 0; k < 4; ++k) step_comm[k] = comm_after[k] - comm_before[k];
+    // The step's memory: the rise of the peak RSS over the RSS before it (activations and
+    // transient buffers), and the peak itself for --max-memory-mib. Max over ranks.
+    const int64_t step_peak = proc_status_bytes("VmHWM:");
+    run_peak = std::max(run_peak, step_peak);
+    at::Tensor mem_step = at::empty({2}, at::kDouble);
+    mem_step[0] = static_cast<double>(step_peak - rss_before);
+    mem_step[1] = static_cast<double>(step_peak);
+    groups->world()->all_reduce(mem_step, ReduceOp::Max).wait();
+    const int64_t step_rise = static_cast<int64_t>(mem_step[0].item<double>());
+    const int64_t step_peak_max = static_cast<int64_t>(mem_step[1].item<double>());
+    max_step_rise = std::max(max_step_rise, step_rise);
+    if (s.max_memory_mib > 0 && step_peak_max > s.max_memory_mib * (int64_t{1} << 20))
+      throw Error("step " + std::to_string(step + 1) + " reached a peak RSS of " + std::to_string(step_peak_max >> 20) +
+                  " MiB on a rank, over --max-memory-mib " + std::to_string(s.max_memory_mib) +
+                  "; lower --batch-size, or recompute activations (--activation-checkpointing)");
     at::Tensor red = at::empty({3}, at::kDouble);
     red[0] = loss_sum;
     red[1] = static_cast<double>(tokens);
@@ -694,7 +789,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
     const double eta = run_elapsed / static_cast<double>(done - start_step) * static_cast<double>(s.steps - done);
     if (log_now) {
       at::Tensor mem = at::empty({world}, at::kLong);
-      groups->world()->all_gather(mem, at::full({1}, peak_rss_bytes(), at::kLong)).wait();
+      groups->world()->all_gather(mem, at::full({1}, run_peak, at::kLong)).wait();
       if (writer) {
         const std::array<int64_t, 4> comm_now = counted();
         const double tflops = plan.flops_per_token * static_cast<double>(interval_tokens) / std::max(elapsed, 1e-9) / 1e12;
@@ -706,6 +801,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
                {"step_time_s", step_time},
                {"peak_memory_bytes", std::vector<int64_t>(mem.data_ptr<int64_t>(), mem.data_ptr<int64_t>() + world)},
                {"memory_kind", "rss"},
+               {"step_rss_rise_bytes", step_rise},
                {"allgather_bytes", (comm_now[0] - interval_comm_start[0]) / interval_steps},
                {"reduce_scatter_bytes", (comm_now[1] - interval_comm_start[1]) / interval_steps},
                {"all_reduce_bytes", (comm_now[2] - interval_comm_start[2]) / interval_steps},
@@ -722,7 +818,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
       interval_steps = interval_tokens = interval_samples = 0;
       interval_comm_start = counted();
     } else if (writer) {
-      out.update(done, loss, per_s, tokens_matter ? "tok" : "samples", step_time, peak_rss_bytes(), eta, false, lr);
+      out.update(done, loss, per_s, tokens_matter ? "tok" : "samples", step_time, run_peak, eta, false, lr);
     }
     if (s.eval_every > 0 && done % s.eval_every == 0 && done != s.steps) last_eval = evaluate(done);
     if (ckpt && s.save_every > 0 && done % s.save_every == 0 && done != s.steps) last_checkpoint = save(done);
@@ -734,13 +830,14 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
   MemoryReport mem = engine.memory();
   int64_t optimizer_bytes = 0;
   for (const auto& p : shards)
-    for (const auto& [key, t] : opt->state(p.name))
-      if (t.dim() > 0) optimizer_bytes += t.numel() * t.element_size();
+    if (p.param.requires_grad())
+      for (const auto& [key, t] : opt->state(p.name))
+        if (t.dim() > 0) optimizer_bytes += t.numel() * t.element_size();
   at::Tensor mine = at::full({4}, 0, at::kLong);
   mine[0] = mem.param_bytes;
   mine[1] = mem.grad_bytes;
   mine[2] = optimizer_bytes;
-  mine[3] = peak_rss_bytes();
+  mine[3] = std::max(run_peak, proc_status_bytes("VmHWM:"));
   at::Tensor all = at::empty({4 * world}, at::kLong);
   groups->world()->all_gather(all, mine).wait();
   if (writer) {
@@ -762,6 +859,9 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
                    {"sent_bytes", step_comm[3]}}},
                  {"plan", plan_json(plan)},
                  {"peak_tflops_per_rank", peak},
+                 {"max_step_rss_rise_bytes", max_step_rise},
+                 {"step_time_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count() /
+                                     static_cast<double>(std::max<int64_t>(1, s.steps - start_step))},
                  {"wall_s", wall}};
     if (!last_eval.is_null()) summary["eval"] = last_eval;
     if (!last_checkpoint.empty()) summary["checkpoint"] = last_checkpoint;

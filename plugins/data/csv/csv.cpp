@@ -88,7 +88,8 @@ class Csv final : public fsdpx::DataSource, public fsdpx::HeldOutData {
         if (c == label) {
           labels[static_cast<size_t>(i)] = row[static_cast<size_t>(c)];
           double v;
-          numeric_labels = numeric_labels && parse_number(row[static_cast<size_t>(c)], v) && v == std::floor(v) && v >= 0;
+          numeric_labels = numeric_labels && parse_number(row[static_cast<size_t>(c)], v) && v == std::floor(v) && v >= 0 &&
+                           v < 1e15;
           continue;
         }
         double v;
@@ -101,7 +102,11 @@ class Csv final : public fsdpx::DataSource, public fsdpx::HeldOutData {
     }
     y_.resize(static_cast<size_t>(n_));
     if (numeric_labels) {
-      for (int64_t i = 0; i < n_; ++i) y_[static_cast<size_t>(i)] = std::stoll(labels[static_cast<size_t>(i)]);
+      for (int64_t i = 0; i < n_; ++i) {
+        double v = 0;
+        parse_number(labels[static_cast<size_t>(i)], v);
+        y_[static_cast<size_t>(i)] = static_cast<int64_t>(v);
+      }
     } else {
       std::map<std::string, int64_t> ids;
       for (const auto& l : labels) ids.emplace(l, 0);

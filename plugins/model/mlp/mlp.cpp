@@ -103,7 +103,9 @@ class Mlp final : public fsdpx::Model, public fsdpx::Evaluable {
         throw fsdpx::Error("mlp has " + std::to_string(classes_) + " classes but the data has label " +
                            std::to_string(lo < 0 ? lo : hi) + "; set --model.classes");
     }
-    return root_->forward(x.to(at::kFloat)).to(at::kFloat);
+    // The features in the dtype the first layer computes in (bf16 under a mixed policy).
+    const at::Tensor& w = root_->hidden_layers.empty() ? root_->head_weight : root_->hidden_layers[0]->weight;
+    return root_->forward(x.to(w.scalar_type())).to(at::kFloat);
   }
 
   int64_t in_, classes_;

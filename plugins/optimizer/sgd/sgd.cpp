@@ -1,7 +1,12 @@
 // sgd: stochastic gradient descent as torch.optim.SGD: coupled weight decay (g += wd p),
 // momentum with dampening (b = mu b + (1 - dampening) g, the first step b = g), Nesterov
-// (g + mu b), then p -= lr * update. State per parameter shard: momentum_buffer when mu > 0.
+// (g + mu b), then p -= lr * update. State per parameter shard when mu > 0: momentum_buffer and
+// initialised (0 until the first step sets b = g), both from init(), so that a checkpoint taken
+// or loaded before any step holds them.
 #include <map>
+
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/zeros_like.h>
 
 #include <fsdpx/error.h>
 #include <fsdpx/optimizer.h>
@@ -14,7 +19,12 @@ class Sgd final : public fsdpx::Optimizer {
   Sgd(double lr, double momentum, double dampening, double wd, bool nesterov)
       : lr_(lr), mu_(momentum), damp_(dampening), wd_(wd), nesterov_(nesterov) {}
 
-  void init(std::vector<fsdpx::ParamShard> params) override { params_ = std::move(params); }
+  void init(std::vector<fsdpx::ParamShard> params) override {
+    params_ = std::move(params);
+    if (mu_ != 0)
+      for (const auto& p : params_)
+        if (p.param.requires_grad()) buffers_[p.name] = Buffer{at::zeros_like(p.param, at::MemoryFormat::Contiguous), false};
+  }
 
   void step(double lr) override {
     at::NoGradGuard no_grad;
@@ -23,13 +33,14 @@ class Sgd final : public fsdpx::Optimizer {
       at::Tensor g = p.param.grad();
       if (wd_ != 0) g = g.add(p.param, wd_);
       if (mu_ != 0) {
-        auto it = buffers_.find(p.name);
-        if (it == buffers_.end()) {
-          it = buffers_.emplace(p.name, g.clone()).first;
+        Buffer& b = buffers_.at(p.name);
+        if (!b.initialised) {
+          b.buf.copy_(g);
+          b.initialised = true;
         } else {
-          it->second.mul_(mu_).add_(g, 1.0 - damp_);
+          b.buf.mul_(mu_).add_(g, 1.0 - damp_);
         }
-        g = nesterov_ ? g.add(it->second, mu_) : it->second;
+        g = nesterov_ ? g.add(b.buf, mu_) : b.buf;
       }
       p.param.sub_(g * lr);
     }
@@ -40,13 +51,15 @@ class Sgd final : public fsdpx::Optimizer {
   fsdpx::ShardState state(const std::string& name) const override {
     auto it = buffers_.find(name);
     if (it == buffers_.end()) return {};
-    return {{"momentum_buffer", it->second}};
+    return {{"momentum_buffer", it->second.buf},
+            {"initialised", at::scalar_tensor(it->second.initialised ? 1.0 : 0.0, at::kDouble)}};
   }
 
   void load_state(const std::string& name, const fsdpx::ShardState& st) override {
     for (const auto& [key, t] : st) {
-      if (key != "momentum_buffer") throw fsdpx::Error("sgd: unknown state '" + key + "' for parameter '" + name + "'");
-      buffers_[name] = t.clone();
+      if (key == "momentum_buffer") buffers_[name].buf = t.clone();
+      else if (key == "initialised") buffers_[name].initialised = t.item<double>() != 0;
+      else throw fsdpx::Error("sgd: unknown state '" + key + "' for parameter '" + name + "'");
     }
   }
 
@@ -54,7 +67,11 @@ class Sgd final : public fsdpx::Optimizer {
   double lr_, mu_, damp_, wd_;
   bool nesterov_;
   std::vector<fsdpx::ParamShard> params_;
-  std::map<std::string, at::Tensor> buffers_;
+  struct Buffer {
+    at::Tensor buf;
+    bool initialised = false;
+  };
+  std::map<std::string, Buffer> buffers_;
 };
 
 void register_components(fsdpx::Registrar& r) {

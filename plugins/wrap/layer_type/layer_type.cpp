@@ -1,6 +1,8 @@
 // layer_type: every submodule whose class is one of layer_types becomes a unit (PyTorch's
 // transformer_auto_wrap_policy). A class is its module name (torch::nn::Module("Block")) or its
-// C++ type name without namespaces and a trailing "Impl".
+// C++ type name without namespaces and a trailing "Impl". With activation_checkpointing, every
+// unit it makes recomputes its activations in backward (apply_activation_checkpointing with
+// the same check_fn).
 #include <set>
 
 #include <fsdpx/error.h>
@@ -17,7 +19,7 @@ std::string short_name(const std::string& name) {
 
 class LayerTypeWrap final : public fsdpx::WrapPolicy {
  public:
-  explicit LayerTypeWrap(std::vector<std::string> types) : types_(types.begin(), types.end()) {}
+  LayerTypeWrap(std::vector<std::string> types, bool recompute) : types_(types.begin(), types.end()), recompute_(recompute) {}
 
   std::vector<fsdpx::UnitSelection> select(const torch::nn::Module& root) const override {
     std::vector<fsdpx::UnitSelection> units;
@@ -41,21 +43,23 @@ class LayerTypeWrap final : public fsdpx::WrapPolicy {
       const std::string child = fqn.empty() ? c.key() : fqn + "." + c.key();
       const std::string type = short_name(c.value()->name());
       present.insert(type);
-      if (types_.count(type)) units.push_back({child, false});
+      if (types_.count(type)) units.push_back({child, recompute_});
       visit(*c.value(), child, units, present);
     }
   }
   std::set<std::string> types_;
+  bool recompute_;
 };
 
 void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::WrapPolicy>(
       "layer_type", "every submodule of the given layer types is a unit (PyTorch's transformer_auto_wrap_policy)",
-      {fsdpx::list_option("layer_types", "Block", "layer class names, comma-separated, e.g. Block")},
+      {fsdpx::list_option("layer_types", "Block", "layer class names, comma-separated, e.g. Block"),
+       fsdpx::flag_option("activation_checkpointing", false, "recompute every unit's activations in backward instead of storing them")},
       [](const fsdpx::ComponentContext& ctx) {
         auto types = ctx.options.get_list("layer_types");
         if (types.empty()) throw fsdpx::Error("layer_types is empty; name at least one layer class, e.g. Block");
-        return std::make_shared<LayerTypeWrap>(types);
+        return std::make_shared<LayerTypeWrap>(types, ctx.options.get_bool("activation_checkpointing"));
       });
 }
 

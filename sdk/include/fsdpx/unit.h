@@ -15,6 +15,7 @@
 // at::Tensor result pass through fsdpx's hooks; other arguments pass through untouched.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <tuple>
 #include <type_traits>
@@ -38,6 +39,13 @@ class FSDPX_API UnitHooks {
   virtual std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs) = 0;
   // After forward. Receives the result and returns the tensor to give the caller.
   virtual at::Tensor post_forward(at::Tensor output) = 0;
+  // ABI 1.1: runs the layer's forward `f` on the tensors pre_forward returned. The engine may
+  // run it without keeping its activations and run it again in backward (activation
+  // checkpointing), so `f` must be callable twice with the same result.
+  virtual at::Tensor run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
+                         const std::vector<at::Tensor>& inputs) {
+    return f(inputs);
+  }
 };
 
 // Whether `module` was declared with FSDPX_MODULE, so that it can be a unit. Wrap policies that
@@ -61,12 +69,14 @@ void collect(std::vector<at::Tensor>& out, const A& a) {
   if constexpr (is_tensor_v<A>) out.push_back(a);
 }
 
+// The argument to pass for `a`: the next tensor of `in` for a tensor, else `a` itself (as an
+// lvalue: the forward may run twice).
 template <class A>
-passed_t<A> pick(std::vector<at::Tensor>& in, size_t& next, A&& a) {
+passed_t<A&> pick_copy(const std::vector<at::Tensor>& in, size_t& next, A& a) {
   if constexpr (is_tensor_v<A>) {
     return in[next++];
   } else {
-    return std::forward<A>(a);
+    return a;
   }
 }
 }  // namespace detail
@@ -98,13 +108,21 @@ class UnitHolder : public torch::nn::ModuleHolder<Impl> {
     std::vector<at::Tensor> inputs;
     (detail::collect(inputs, args), ...);
     inputs = hooks->pre_forward(std::move(inputs));
-    size_t next = 0;
-    // Braced initialisation evaluates left to right, so tensors are picked in order.
-    std::tuple<detail::passed_t<Args>...> passed{detail::pick(inputs, next, std::forward<Args>(args))...};
-    at::Tensor output = std::apply(
-        [impl](auto&&... a) -> at::Tensor { return impl->forward(std::forward<decltype(a)>(a)...); },
-        std::move(passed));
-    return hooks->post_forward(std::move(output));
+    // The forward as a function of the tensor arguments; the others are kept by value, so that
+    // it can run again in backward (activation checkpointing).
+    auto others = std::make_shared<std::tuple<std::decay_t<Args>...>>(args...);
+    auto f = [impl, others](const std::vector<at::Tensor>& tensors) -> at::Tensor {
+      return std::apply(
+          [&](auto&... a) -> at::Tensor {
+            size_t next = 0;
+            // Braced initialisation evaluates left to right, so tensors are picked in order.
+            std::tuple<detail::passed_t<decltype(a)&>...> passed{detail::pick_copy(tensors, next, a)...};
+            return std::apply([impl](auto&&... b) -> at::Tensor { return impl->forward(std::forward<decltype(b)>(b)...); },
+                              std::move(passed));
+          },
+          *others);
+    };
+    return hooks->post_forward(hooks->run(f, inputs));
   }
 
  private:

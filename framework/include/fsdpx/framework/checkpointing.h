@@ -9,8 +9,10 @@
 //   rank-RRRRR.safetensors the rows rank R held, one entry per tensor it wrote
 //   trainer_state.json     step, data position, seed
 //   config.ini             the resolved configuration the run was started with
-// Written under .tmp-step-NNNNNNNN-<nonce>/ and renamed when every rank has finished, so an
-// interrupted save is never taken for a checkpoint.
+// Written under .tmp-step-NNNNNNNN/ (every file fsynced) and renamed when every rank has
+// finished, so an interrupted save is never taken for a checkpoint; an older step-N it replaces
+// is moved to .old-step-N first and removed last (list_checkpoints moves it back if the save
+// died in between).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +44,7 @@ FSDPX_API CheckpointContext checkpoint_context(const ProcessGroups& groups, cons
 FSDPX_API void apply_checkpoint(const CheckpointState& state, Optimizer& optimizer, DataSource& data);
 
 FSDPX_API std::string checkpoint_dir_name(int64_t step);  // "step-00000010"
-// Complete checkpoints under `root` (those with an index or a consolidated file), oldest first.
+// Complete checkpoints under `root` (those whose index.json or digests.json parses), oldest first.
 FSDPX_API std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
 // Removes all but the newest `keep` complete checkpoints, and stale temporary directories.
 FSDPX_API void prune_checkpoints(const std::string& root, int64_t keep);

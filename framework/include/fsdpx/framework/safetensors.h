@@ -66,6 +66,10 @@ class FSDPX_API SafetensorsWriter {
   // Writes the header; then write() must be called once per spec, in order.
   SafetensorsWriter(const std::string& path, const std::vector<Spec>& specs,
                     const std::map<std::string, std::string>& metadata);
+  // Without a successful close() (an error path), the incomplete file is removed.
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
   void write(const at::Tensor& tensor);
   // Flushes and fsyncs; throws if anything failed or a tensor is missing.
   void close();

@@ -35,6 +35,8 @@ struct FSDPX_API TrainSettings {
   double peak_tflops = 0;     // per rank; 0 = measure (CPU) or unknown
   int64_t eval_every = 0;     // held-out evaluation every N steps (0: at the end only)
   bool overlap = true;
+  std::vector<std::string> checkpoint_layer_types;  // recompute these layer types' activations
+  int64_t max_memory_mib = 0;  // stop when a rank's peak RSS in a step exceeds this (0: no limit)
   bool progress_bar = false;  // rank 0 draws a bar on its terminal instead of log lines
   // Checkpoints (the [checkpoint] component writes them).
   int64_t save_every = 0;     // 0 = only at the end (when a checkpoint component is chosen)
@@ -57,6 +59,7 @@ struct UnitBytes {
   int64_t shard_numel = 0;    // elements of this rank's flat shard (padded)
   int64_t unsharded_bytes = 0;  // the gathered unit in the compute dtype (0 when it is the shard)
   bool reshard_after_forward = false;
+  bool recompute = false;       // activation checkpointing
 };
 
 struct FSDPX_API RunPlan {

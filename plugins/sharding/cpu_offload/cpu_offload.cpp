@@ -1,0 +1,52 @@
+// cpu_offload: a base strategy (full_shard, shard_grad_op or hybrid_shard) whose sharded
+// parameters, gradients and optimizer state live in host memory, with the optimizer step on the
+// CPU. With a GPU, the engine copies a unit's shard to the device before its all-gather and the
+// reduced gradient shard back. When the compute device is the CPU there is nothing to move, and
+// the run is the base strategy's, bit for bit (the trainer says so once).
+#include <string>
+
+#include <fsdpx/error.h>
+#include <fsdpx/plugin.h>
+#include <fsdpx/sharding_strategy.h>
+
+namespace {
+
+class CpuOffload final : public fsdpx::ShardingStrategy {
+ public:
+  CpuOffload(std::string base, int shard_size) : base_(std::move(base)), shard_size_(shard_size) {}
+  fsdpx::ShardingLayout layout(const fsdpx::Topology& t) const override {
+    fsdpx::ShardingLayout l{t.world_size, 1, true, /*offload_to_cpu=*/true};
+    if (base_ == "shard_grad_op") l.reshard_after_forward = false;
+    if (base_ == "hybrid_shard") {
+      const int s = shard_size_ > 0 ? shard_size_ : t.local_world_size;
+      if (s < 1 || t.world_size % s != 0)
+        throw fsdpx::Error("cpu_offload: shard_size " + std::to_string(s) + " does not divide the world size " +
+                           std::to_string(t.world_size) + "; set --sharding.shard_size to a divisor of it");
+      l.shard_group_size = s;
+      l.replicate_group_size = t.world_size / s;
+    }
+    return l;
+  }
+
+ private:
+  std::string base_;
+  int shard_size_;
+};
+
+void register_components(fsdpx::Registrar& r) {
+  r.add<fsdpx::ShardingStrategy>(
+      "cpu_offload", "a base strategy with sharded parameters, gradients and optimizer state in host memory",
+      {fsdpx::choice_option("base", "full_shard", {"full_shard", "shard_grad_op", "hybrid_shard"}, "the strategy to offload"),
+       fsdpx::int_option("shard_size", 0, "hybrid_shard only: ranks per shard group; 0: the ranks per node")},
+      [](const fsdpx::ComponentContext& ctx) {
+        const int64_t s = ctx.options.get_int("shard_size");
+        if (s < 0) throw fsdpx::Error("shard_size must be 0 (a node) or positive, got " + std::to_string(s));
+        if (s > 0 && ctx.options.get_string("base") != "hybrid_shard")
+          throw fsdpx::Error("shard_size applies to base hybrid_shard only; base is " + ctx.options.get_string("base"));
+        return std::make_shared<CpuOffload>(ctx.options.get_string("base"), static_cast<int>(s));
+      });
+}
+
+}  // namespace
+
+FSDPX_PLUGIN("sharding_cpu_offload", "0.1.0", register_components)

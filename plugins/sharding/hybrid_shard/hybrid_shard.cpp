@@ -1,0 +1,52 @@
+// hybrid_shard (HSDP; DeepSpeed's MiCS): shard inside groups of `shard_size` ranks (by default a
+// node: the topology's local world size), replicate across the groups. Gradients are
+// reduce-scattered in the shard group, then the shard's 1/shard_size of them all-reduced across
+// the replicas. reshard_after_forward=false is FSDP1's _HYBRID_SHARD_ZERO2.
+#include <string>
+
+#include <fsdpx/error.h>
+#include <fsdpx/plugin.h>
+#include <fsdpx/sharding_strategy.h>
+
+namespace {
+
+std::string divisors(int n) {
+  std::string out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  return out;
+}
+
+class HybridShard final : public fsdpx::ShardingStrategy {
+ public:
+  HybridShard(int shard_size, bool reshard) : shard_size_(shard_size), reshard_(reshard) {}
+  fsdpx::ShardingLayout layout(const fsdpx::Topology& t) const override {
+    const int s = shard_size_ > 0 ? shard_size_ : t.local_world_size;
+    if (s < 1 || t.world_size % s != 0)
+      throw fsdpx::Error("hybrid_shard: shard_size " + std::to_string(s) + (shard_size_ > 0 ? "" : " (the ranks per node)") +
+                         " does not divide the world size " + std::to_string(t.world_size) +
+                         "; set --sharding.shard_size to a divisor of " + std::to_string(t.world_size) + ": " +
+                         divisors(t.world_size));
+    return fsdpx::ShardingLayout{s, t.world_size / s, reshard_, /*offload_to_cpu=*/false};
+  }
+
+ private:
+  int shard_size_;
+  bool reshard_;
+};
+
+void register_components(fsdpx::Registrar& r) {
+  r.add<fsdpx::ShardingStrategy>(
+      "hybrid_shard", "shard within groups of shard_size ranks (default: a node), replicate across groups (HSDP)",
+      {fsdpx::int_option("shard_size", 0, "ranks per shard group; 0: the ranks per node (local world size)"),
+       fsdpx::flag_option("reshard_after_forward", true, "free gathered parameters after forward (false: ZeRO-2 flavour)")},
+      [](const fsdpx::ComponentContext& ctx) {
+        const int64_t s = ctx.options.get_int("shard_size");
+        if (s < 0) throw fsdpx::Error("shard_size must be 0 (a node) or a positive divisor of the world size, got " + std::to_string(s));
+        return std::make_shared<HybridShard>(static_cast<int>(s), ctx.options.get_bool("reshard_after_forward"));
+      });
+}
+
+}  // namespace
+
+FSDPX_PLUGIN("sharding_hybrid_shard", "0.1.0", register_components)
