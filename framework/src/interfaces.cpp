@@ -21,5 +21,6 @@ Model::~Model() = default;
 DataSource::~DataSource() = default;
 Evaluable::~Evaluable() = default;
 HeldOutData::~HeldOutData() = default;
+OptimizerDevices::~OptimizerDevices() = default;
 
 }  // namespace fsdpx

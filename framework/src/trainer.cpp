@@ -196,6 +196,7 @@ std::shared_ptr<T> make(const PluginHost& host, const RunConfig& config) {
 // not per element and is left out, here as in the run's measurement).
 double optimizer_bytes_per_element(const PluginHost& host, const RunConfig& config, const PrecisionSpec& p) {
   auto opt = make<Optimizer>(host, config);
+  if (auto* d = dynamic_cast<OptimizerDevices*>(opt.get()); d && !d->runs_on_cpu()) return -1;  // cannot probe here
   constexpr int64_t n = 4096;
   at::Tensor param = at::zeros({n}, at::TensorOptions().dtype(p.storage));
   param.set_requires_grad(true);
@@ -270,6 +271,13 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   if (!config.choice(Kind::Checkpoint) && (s.save_every > 0 || !s.resume.empty()))
     throw Error(std::string(s.resume.empty() ? "--save-every" : "--resume") +
                 " needs a checkpoint component: add --checkpoint.name sharded (or [checkpoint] name=sharded)");
+  if (plan.layout.offload_to_cpu) {
+    auto opt = make<Optimizer>(host, config);
+    if (auto* d = dynamic_cast<OptimizerDevices*>(opt.get()); d && !d->runs_on_cpu())
+      throw Error("sharding '" + plan.strategy + "' offloads the optimizer state to host memory and steps on the CPU, but "
+                  "optimizer '" + plan.optimizer + "' cannot run on the CPU; choose one that can (adamw, "
+                  "anyprecision_adamw, sgd) or a strategy without offload");
+  }
   // The data: opened as rank 0 would, so a missing file or a too-large batch is caught now.
   auto data = make<DataSource>(host, config);
   const int64_t global = s.batch_size * s.grad_accum * topo.world_size;
@@ -307,7 +315,8 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
     b.unsharded_bytes = separate ? S * b.shard_numel * elt(plan.dtypes.compute) : 0;
     plan.param_bytes += b.shard_numel * elt(plan.dtypes.storage);
     plan.grad_bytes += b.shard_numel * elt(plan.dtypes.gradient);
-    plan.optimizer_bytes += static_cast<int64_t>(std::llround(opt_per_elt * static_cast<double>(b.shard_numel)));
+    if (opt_per_elt >= 0) plan.optimizer_bytes += static_cast<int64_t>(std::llround(opt_per_elt * static_cast<double>(b.shard_numel)));
+    else plan.optimizer_bytes = -1;
     if (b.unsharded_bytes > plan.peak_unit_bytes) {
       plan.peak_unit_bytes = b.unsharded_bytes;
       plan.peak_unit = b.fqn.empty() ? "(root)" : b.fqn;
@@ -366,8 +375,9 @@ std::string RunPlan::text() const {
   }
   o << "  parameters " << human_count(static_cast<double>(total_params)) << " (" << total_params << ")\n";
   o << "  per rank   parameters " << human_bytes(static_cast<double>(param_bytes)) << " (" << param_bytes << " B), gradients "
-    << human_bytes(static_cast<double>(grad_bytes)) << " (" << grad_bytes << " B), optimizer state "
-    << human_bytes(static_cast<double>(optimizer_bytes)) << " (" << optimizer_bytes << " B)\n";
+    << human_bytes(static_cast<double>(grad_bytes)) << " (" << grad_bytes << " B), optimizer state ";
+  if (optimizer_bytes >= 0) o << human_bytes(static_cast<double>(optimizer_bytes)) << " (" << optimizer_bytes << " B)\n";
+  else o << "unknown (the optimizer cannot run on this CPU to be measured)\n";
   o << "  peak unit  " << (peak_unit.empty() ? "none gathered (parameters used in place)" : peak_unit + ", " +
                            human_bytes(static_cast<double>(peak_unit_bytes)) + " gathered")
     << "\n";

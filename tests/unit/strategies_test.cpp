@@ -208,3 +208,17 @@ TEST(ActivationCheckpointing, BadLayerTypesAreNamed) {
             std::string::npos)
       << r3.err;
 }
+
+// Offload needs an optimizer that steps on the CPU; one that declares it cannot (the fixture
+// stands in for a fused CUDA-only optimizer) is refused before anything starts.
+TEST(CpuOffload, AnOptimizerThatCannotRunOnTheCpuIsRefused) {
+  const std::string plugin = " --plugin " + fixture("cuda_only_optimizer").string() + " --optimizer.name cuda_only_adam";
+  auto r = run_command(train() + " --nproc-per-node 2 --steps 2 --sharding.name cpu_offload" + plugin);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("sharding 'cpu_offload' offloads the optimizer state to host memory and steps on the CPU, but "
+                       "optimizer 'cuda_only_adam' cannot run on the CPU"),
+            std::string::npos)
+      << r.err;
+  auto dry = run_command(train() + " --nproc-per-node 2 --steps 2 --sharding.name full_shard --dry-run" + plugin);
+  EXPECT_EQ(dry.exit_code, 0) << dry.err;  // without offload the plan is fine
+}

@@ -3,6 +3,7 @@
 
 #include "fsdpx/checkpoint_backend.h"
 #include "fsdpx/data_source.h"
+#include "fsdpx/capabilities.h"
 #include "fsdpx/evaluation.h"
 #include "fsdpx/model.h"
 #include "fsdpx/optimizer.h"
