@@ -36,11 +36,12 @@ demo: build  ## set up, build, and train gpt tiny on 2 CPU ranks (runs/demo: met
 test: build  ## set up, build, and run every test (ctest)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
-bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load
+bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing
 	$(BUILD)/bin/fsdpx-comm-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-engine-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-optim-bench
 	$(BUILD)/bin/fsdpx-ckpt-bench --nproc-per-node 2
+	bash benchmarks/activation_checkpointing.sh $(BUILD)
 
 clean:  ## remove the build directory (the torch venv and ccache stay)
 	rm -rf $(BUILD)
