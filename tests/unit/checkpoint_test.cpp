@@ -54,22 +54,27 @@ void flip_byte(const fs::path& p, int64_t from_end) {
 // every step and the same final parameters and optimizer state, bit for bit (fp32 on CPU: the
 // same operations in the same order; the digests compare every byte).
 TEST(Checkpoint, ExactResume) {
-  TempDir whole, split;
-  auto a = run_command(train() + " --nproc-per-node 2 --batch-size 6" + kRun + "--steps 10 --out " + whole.path().string());
-  ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
-  auto b1 = run_command(train() + " --nproc-per-node 2 --batch-size 6" + kRun + "--steps 5 --out " + split.path().string());
-  ASSERT_EQ(b1.exit_code, 0) << b1.out << b1.err;
-  auto b2 = run_command(train() + " --nproc-per-node 2 --batch-size 6" + kRun + "--steps 10 --resume auto --out " + split.path().string());
-  ASSERT_EQ(b2.exit_code, 0) << b2.out << b2.err;
-  EXPECT_NE(b2.out.find("resumed from " + (split.path() / "checkpoints" / "step-00000005").string() + " at step 5"),
-            std::string::npos)
-      << b2.out;
-  EXPECT_EQ(losses(whole.path()), losses(split.path()));  // metrics.jsonl: 1..5 kept, 6..10 written by the resumed run
-  ASSERT_EQ(losses(split.path()).size(), 10u);
-  json x = index_of(whole.path() / "checkpoints" / "step-00000010"), y = index_of(split.path() / "checkpoints" / "step-00000010");
-  ASSERT_EQ(x["tensors"].size(), y["tensors"].size());
-  for (auto it = x["tensors"].begin(); it != x["tensors"].end(); ++it)
-    EXPECT_EQ(it.value()["digest"], y["tensors"][it.key()]["digest"]) << it.key();
+  // adamw, and sgd with momentum (whose buffer must exist, and be restored, before any step).
+  for (const std::string& opt : {std::string(""), std::string("--optimizer.name sgd --optimizer.momentum 0.9 ")}) {
+    SCOPED_TRACE(opt);
+    TempDir whole, split;
+    const std::string run = train() + " --nproc-per-node 2 --batch-size 6" + kRun + opt;
+    auto a = run_command(run + "--steps 10 --out " + whole.path().string());
+    ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+    auto b1 = run_command(run + "--steps 5 --out " + split.path().string());
+    ASSERT_EQ(b1.exit_code, 0) << b1.out << b1.err;
+    auto b2 = run_command(run + "--steps 10 --resume auto --out " + split.path().string());
+    ASSERT_EQ(b2.exit_code, 0) << b2.out << b2.err;
+    EXPECT_NE(b2.out.find("resumed from " + (split.path() / "checkpoints" / "step-00000005").string() + " at step 5"),
+              std::string::npos)
+        << b2.out;
+    EXPECT_EQ(losses(whole.path()), losses(split.path()));  // metrics.jsonl: 1..5 kept, 6..10 written by the resumed run
+    ASSERT_EQ(losses(split.path()).size(), 10u);
+    json x = index_of(whole.path() / "checkpoints" / "step-00000010"), y = index_of(split.path() / "checkpoints" / "step-00000010");
+    ASSERT_EQ(x["tensors"].size(), y["tensors"].size());
+    for (auto it = x["tensors"].begin(); it != x["tensors"].end(); ++it)
+      EXPECT_EQ(it.value()["digest"], y["tensors"][it.key()]["digest"]) << it.key();
+  }
 }
 
 // Saved at 2 ranks with full_shard; loaded at 3 with full_shard and at 1 with no_shard; the
@@ -127,7 +132,8 @@ TEST(Checkpoint, CorruptionIsNamed) {
     return p;
   };
   auto load = [&](const fs::path& p) {
-    return run_command(train() + " --batch-size 12" + kRun + "--steps 3 --resume " + p.string());
+    return run_command(train() + " --batch-size 12" + kRun + "--steps 3 --resume " + p.string() + " --out " +
+                       (dir.path() / "reload").string());
   };
 
   const fs::path flipped = copy("flipped");

@@ -130,7 +130,8 @@ TEST_F(OptimizerTest, StateBytesPerParameter) {
   EXPECT_EQ(bytes("adamw", {}, at::kFloat), 8.0);
   EXPECT_EQ(bytes("anyprecision_adamw", {}, at::kFloat), 6.0);  // fp32 momentum + bf16 variance
   EXPECT_EQ(bytes("anyprecision_adamw", {{"use_kahan_summation", "true"}}, at::kBFloat16), 8.0);  // + bf16 compensation
-  EXPECT_EQ(bytes("sgd", {{"momentum", "0.9"}}, at::kFloat), 0.0);  // the buffer appears with the first step
+  EXPECT_EQ(bytes("sgd", {{"momentum", "0.9"}}, at::kFloat), 4.0);  // the buffer exists from init (checkpoints need it)
+  EXPECT_EQ(bytes("sgd", {}, at::kFloat), 0.0);                     // no momentum, no state
 }
 
 TEST_F(OptimizerTest, BadOptionsAreClearErrors) {
