@@ -1,6 +1,7 @@
 // Checkpoints end to end: exact resume, resharding across world sizes and strategies, an
 // interrupted save, corruption, and Python interop; and the safetensors reader against hostile
 // files.
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -248,4 +249,25 @@ TEST(Safetensors, RowDigestIsIndependentOfTheSplit) {
   swapped.add_rows(bytes.data(), 1, 1, 12);
   swapped.add_rows(bytes.data() + 24, 2, 8, 12);
   EXPECT_NE(whole.hex(), swapped.hex());
+}
+
+// --save-every with --keep-last: the newest K stay; fsdpx-ckpt inspect tells what one holds.
+TEST(Checkpoint, KeepLastAndInspect) {
+  TempDir dir;
+  auto r = run_command(train() + " --nproc-per-node 2 --batch-size 6 --save-every 2 --keep-last 2 --steps 6" + kRun + "--out " +
+                       dir.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir.path() / "checkpoints")) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"step-00000004", "step-00000006"}));
+  auto i = run_command(ckpt() + " inspect " + (dir.path() / "checkpoints" / "step-00000006").string());
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  EXPECT_NE(i.out.find("format fsdpx-sharded, step 6, saved by 2 rank(s)"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("tok_embeddings"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("rank-00000.safetensors: 0+128, rank-00001.safetensors: 128+128"), std::string::npos) << i.out;
+  EXPECT_NE(i.out.find("[checkpoint]\nname=sharded"), std::string::npos) << i.out;
+  auto bad = run_command(ckpt() + " inspekt x");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("unknown command or wrong arguments: 'inspekt'"), std::string::npos) << bad.err;
 }
