@@ -55,7 +55,7 @@ po::options_description TrainSettings::options() {
     ("log-every", po::value<int64_t>()->default_value(10), "steps between metric lines")
     ("lr-schedule", po::value<std::string>()->default_value("constant"), "constant or cosine (the optimizer's lr is the peak)")
     ("warmup-steps", po::value<int64_t>()->default_value(0), "linear warm-up steps")
-    ("min-lr-ratio", po::value<double>()->default_value(0.1), "cosine floor as a fraction of the peak lr")
+    ("min-lr-ratio", po::value<double>()->default_value(0.1, "0.1"), "cosine floor as a fraction of the peak lr")
     ("clip-grad-norm", po::value<double>()->default_value(0.0), "clip the global gradient norm to this (0: off)")
     ("eval-every", po::value<int64_t>()->default_value(0), "held-out evaluation every N steps (0: at the end only)")
     ("peak-tflops", po::value<double>()->default_value(0.0), "per-rank peak for MFU (0: measure on CPU with a large matmul)")

@@ -176,3 +176,13 @@ TEST(Trainer, SequenceLongerThanContextIsNamed) {
             std::string::npos)
       << r.err;
 }
+
+// --help lists the trainer's options and those of the components the run would use.
+TEST(Trainer, HelpListsTheChosenComponentsOptions) {
+  auto r = run_command(train_cmd() + " --help --model.name mlp --sharding.name hybrid_shard");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* want : {"--steps", "--batch-size", "--grad-accum", "--dry-run", "--nproc-per-node",
+                           "model 'mlp'", "in_features", "sharding strategy 'hybrid_shard'", "shard_size", "optimizer 'adamw'",
+                           "data source 'text'", "--activation-checkpointing"})
+    EXPECT_NE(r.out.find(want), std::string::npos) << want;
+}
