@@ -180,6 +180,9 @@ int main(int argc, char** argv) {
       // one line, not one per rank.
       Loaded l = load(plain, desc);
       auto settings = fsdpx::TrainSettings::from(l.config.host_values());
+      if (l.config.host_values()["device"].as<std::string>() == "cuda" && !has(plain, "--dry-run"))
+        throw fsdpx::Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups "
+                           "are built and checked by --check-comm); use --device cpu");
       auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(la.nproc_per_node));
       if (has(plain, "--dry-run")) {
         std::cout << plan.text();
