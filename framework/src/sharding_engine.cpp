@@ -162,6 +162,9 @@ struct Unit final : UnitHooks {
   bool checkpoint = false;  // recompute activations in backward instead of storing them
   std::function<at::Tensor(const std::vector<at::Tensor>&)> recompute;  // this step's forward
   uint64_t recompute_generation = 0;
+  std::vector<int64_t> recompute_slots;  // which of the forward's tensor arguments were defined
+  size_t recompute_arity = 0;            // how many tensor arguments it has
+  at::Tensor recompute_rng;              // the CPU generator's state when the forward ran
   std::vector<Param> params;
   int64_t total = 0;  // shard elements (padded)
   at::Tensor flat_shard, flat_grad;
@@ -286,6 +289,19 @@ struct Unit final : UnitHooks {
   at::Tensor post_forward(at::Tensor output) override;
   at::Tensor run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
                  const std::vector<at::Tensor>& inputs) override;
+  bool recomputes() const override { return checkpoint && at::GradMode::is_enabled(); }
+  // The forward's tensor arguments from the defined ones (undefined where they were).
+  std::vector<at::Tensor> arguments(const std::vector<at::Tensor>& defined) const {
+    std::vector<at::Tensor> out(recompute_arity);
+    for (size_t k = 0; k < recompute_slots.size() && k < defined.size(); ++k)
+      out[static_cast<size_t>(recompute_slots[k])] = defined[k];
+    return out;
+  }
+  void drop_recompute() {
+    recompute = nullptr;
+    recompute_slots.clear();
+    recompute_rng = at::Tensor();
+  }
 
   void pre_backward(uint64_t gen) {
     engine->check_generation(gen, fqn);
@@ -318,6 +334,7 @@ struct Unit final : UnitHooks {
   }
 
   void begin_step() {
+    drop_recompute();
     forward_calls = 0;
     pre_backward_done = post_backward_done = false;
   }
@@ -381,21 +398,26 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
 // usual, so the unit's post-backward reduces them). The parameters are arguments so that the
 // output has a history even when no input needs a gradient.
 struct Recompute : public torch::autograd::Function<Recompute> {
+  // `all` = the defined tensor arguments (Unit::recompute_slots says where they go), then the
+  // unit's parameters.
   static at::Tensor forward(AutogradContext* ctx, int64_t unit, int64_t generation, int64_t num_inputs, at::TensorList all) {
     ctx->saved_data["unit"] = unit;
     ctx->saved_data["generation"] = generation;
     ctx->saved_data["num_inputs"] = num_inputs;
-    std::vector<at::Tensor> inputs(all.begin(), all.begin() + num_inputs);
+    std::vector<at::Tensor> defined(all.begin(), all.begin() + num_inputs);
     c10::List<bool> needs;
-    for (const auto& t : inputs) needs.push_back(t.defined() && t.requires_grad());
+    for (const auto& t : defined) needs.push_back(t.requires_grad());
     ctx->saved_data["needs"] = needs;
-    ctx->save_for_backward(inputs);
-    at::Tensor out;
+    ctx->save_for_backward(defined);
+    Unit* u = reinterpret_cast<Unit*>(unit);
     {
-      at::NoGradGuard no_grad;
-      out = reinterpret_cast<Unit*>(unit)->recompute(inputs);
+      // The generator's state, so that the recompute draws the same random numbers (dropout).
+      at::CPUGeneratorImpl* gen = at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());
+      std::lock_guard<std::mutex> lock(gen->mutex_);
+      u->recompute_rng = at::Tensor(gen->get_state());
     }
-    return out;
+    at::NoGradGuard no_grad;
+    return u->recompute(u->arguments(defined));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     Unit* u = reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt());
@@ -405,13 +427,12 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     u->pre_backward(gen);  // the parameters, gathered again (a no-op when the output hook did it)
     if (u->recompute_generation != gen || !u->recompute)
       throw Error("unit '" + u->fqn + "': the forward to recompute belongs to another step");
-    std::vector<at::Tensor> saved = ctx->get_saved_variables(), inputs;
+    std::vector<at::Tensor> saved = ctx->get_saved_variables(), defined;
     variable_list wrt;
     std::vector<int64_t> input_slot;
     for (int64_t i = 0; i < n; ++i) {
-      at::Tensor x = saved[static_cast<size_t>(i)];
-      if (x.defined()) x = x.detach().requires_grad_(needs.get(static_cast<size_t>(i)));
-      inputs.push_back(x);
+      at::Tensor x = saved[static_cast<size_t>(i)].detach().requires_grad_(needs.get(static_cast<size_t>(i)));
+      defined.push_back(x);
       if (needs.get(static_cast<size_t>(i))) {
         input_slot.push_back(i);
         wrt.push_back(x);
@@ -425,8 +446,23 @@ struct Recompute : public torch::autograd::Function<Recompute> {
       }
     at::Tensor out;
     {
+      at::CPUGeneratorImpl* cpu = at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());
+      at::Tensor now;
+      {
+        std::lock_guard<std::mutex> lock(cpu->mutex_);
+        now = at::Tensor(cpu->get_state());
+        cpu->set_state(*u->recompute_rng.unsafeGetTensorImpl());
+      }
       at::AutoGradMode enable(true);
-      out = u->recompute(inputs);
+      try {
+        out = u->recompute(u->arguments(defined));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(cpu->mutex_);
+        cpu->set_state(*now.unsafeGetTensorImpl());
+        throw;
+      }
+      std::lock_guard<std::mutex> lock(cpu->mutex_);
+      cpu->set_state(*now.unsafeGetTensorImpl());
     }
     variable_list g = wrt.empty() ? variable_list{}
                                   : torch::autograd::grad({out}, wrt, {grads[0]}, /*retain_graph=*/false,
@@ -434,19 +470,29 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     variable_list result(static_cast<size_t>(3 + n + static_cast<int64_t>(u->params.size())));
     for (size_t j = 0; j < input_slot.size(); ++j) result[static_cast<size_t>(3 + input_slot[j])] = g[j];
     for (size_t j = 0; j < param_slot.size(); ++j) result[3 + static_cast<size_t>(n) + param_slot[j]] = g[input_slot.size() + j];
-    u->recompute = nullptr;
+    u->drop_recompute();
     return result;
   }
 };
 
 at::Tensor Unit::run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f, const std::vector<at::Tensor>& inputs) {
-  if (!checkpoint || !at::GradMode::is_enabled()) return f(inputs);
+  if (!recomputes()) {
+    drop_recompute();
+    return f(inputs);
+  }
   recompute = f;
   recompute_generation = engine->generation;
-  std::vector<at::Tensor> all(inputs.begin(), inputs.end());
+  recompute_arity = inputs.size();
+  recompute_slots.clear();
+  std::vector<at::Tensor> all;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].defined()) {
+      recompute_slots.push_back(static_cast<int64_t>(i));
+      all.push_back(inputs[i]);
+    }
+  const auto n = static_cast<int64_t>(all.size());
   for (const Param& p : params) all.push_back(p.param);
-  return Recompute::apply(reinterpret_cast<int64_t>(this), static_cast<int64_t>(engine->generation),
-                          static_cast<int64_t>(inputs.size()), at::TensorList(all));
+  return Recompute::apply(reinterpret_cast<int64_t>(this), static_cast<int64_t>(engine->generation), n, at::TensorList(all));
 }
 
 at::Tensor Unit::post_forward(at::Tensor output) {
@@ -529,6 +575,7 @@ void ShardingEngine::Impl::abort_step(bool drop_grads) {
       }
       u->replicating = false;
     }
+    u->drop_recompute();  // a forward whose backward never came: let its graph go
     u->reshard();
     if (drop_grads)
       for (auto& p : u->params) p.param.mutable_grad() = at::Tensor();

@@ -41,6 +41,20 @@ std::map<Kind, std::string> default_components() {
           {Kind::Wrap, "layer_type"},   {Kind::Precision, "fp32"},  {Kind::Optimizer, "adamw"}};
 }
 
+namespace {
+
+// VmRSS / VmHWM of this process in bytes; -1 when /proc cannot tell.
+int64_t proc_status_bytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const size_t n = std::strlen(key);
+  while (std::getline(in, line))
+    if (line.compare(0, n, key) == 0) return std::stoll(line.substr(n)) * 1024;
+  return -1;
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Settings
 
@@ -112,6 +126,9 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
   non_negative("save-every", static_cast<double>(s.save_every));
   non_negative("keep-last", static_cast<double>(s.keep_last));
   non_negative("max-memory-mib", static_cast<double>(s.max_memory_mib));
+  if (s.max_memory_mib > (int64_t{1} << 30)) throw Error("--max-memory-mib must be at most 2^30 MiB, got " + std::to_string(s.max_memory_mib));
+  if (s.max_memory_mib > 0 && proc_status_bytes("VmHWM:") < 0)
+    throw Error("--max-memory-mib needs /proc/self/status (VmHWM) to measure memory, which this system does not provide");
   if (overlap != 0 && overlap != 1) throw Error("--overlap must be 0 or 1, got " + std::to_string(overlap));
   s.overlap = overlap == 1;
   // The schedule's own checks (kind, warm-up within the run, floor in [0, 1]).
@@ -438,19 +455,14 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
-// VmRSS / VmHWM of this process in bytes; -1 when /proc cannot tell.
-int64_t proc_status_bytes(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  const size_t n = std::strlen(key);
-  while (std::getline(in, line))
-    if (line.compare(0, n, key) == 0) return std::stoll(line.substr(n)) * 1024;
-  return -1;
-}
-
 // Restarts VmHWM from the current RSS (Linux: "5" to /proc/self/clear_refs), so that the peak of
 // one step can be read after it.
-void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+bool reset_peak_rss() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.flush();
+  return static_cast<bool>(f);
+}
 
 // The best of a few large matmuls in `dtype`, in TFLOP/s, on this rank (run by every rank at
 // once, so shared cores are shared as they will be in training).
@@ -520,6 +532,13 @@ class Reporter {
 
 }  // namespace
 
+void check_optimizer_runs_here(const PluginHost& host, const RunConfig& config) {
+  auto opt = make<Optimizer>(host, config);
+  if (auto* d = dynamic_cast<OptimizerDevices*>(opt.get()); d && !d->runs_on_cpu())
+    throw Error("optimizer '" + chosen(config, Kind::Optimizer).name +
+                "' cannot run on the CPU, where this build's engine computes; choose adamw, anyprecision_adamw or sgd");
+}
+
 int train(const PluginHost& host, const RunConfig& config, const TrainSettings& s, const RuntimeOptions& ro) {
   if (ro.device == DeviceKind::Cuda)
     throw Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups are "
@@ -528,6 +547,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
   const Topology& topo = ro.topology;
   const int rank = topo.rank, world = topo.world_size;
   RunPlan plan = plan_run(host, config, s, topo);
+  check_optimizer_runs_here(host, config);
 
   auto groups = ProcessGroups::create(ro);
   auto model = make<Model>(host, config);
@@ -733,7 +753,8 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
   std::string last_checkpoint;
   std::array<int64_t, 4> step_comm{0, 0, 0, 0};
   int64_t max_step_rise = 0;
-  int64_t run_peak = std::max(peak_rss_bytes(), proc_status_bytes("VmHWM:"));  // clear_refs resets both between steps
+  // The run's peak RSS: VmHWM is restarted at every step (clear_refs), so it is collected here.
+  int64_t run_peak = std::max(peak_rss_bytes(), proc_status_bytes("VmHWM:"));
   auto interval_start = std::chrono::steady_clock::now();
   const auto train_start = interval_start;
   int64_t interval_steps = 0, interval_tokens = 0, interval_samples = 0;
@@ -742,7 +763,8 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
     const double lr = schedule.at(step);
     const std::array<int64_t, 4> comm_before = counted();
     const int64_t rss_before = proc_status_bytes("VmRSS:");
-    reset_peak_rss();
+    run_peak = std::max(run_peak, proc_status_bytes("VmHWM:"));  // evaluations and saves since the last step
+    const bool step_measured = reset_peak_rss() && rss_before >= 0;
     double loss_sum = 0;
     int64_t tokens = 0, samples = 0;
     for (int64_t m = 0; m < s.grad_accum; ++m) {
@@ -764,7 +786,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
     const int64_t step_peak = proc_status_bytes("VmHWM:");
     run_peak = std::max(run_peak, step_peak);
     at::Tensor mem_step = at::empty({2}, at::kDouble);
-    mem_step[0] = static_cast<double>(step_peak - rss_before);
+    mem_step[0] = step_measured ? static_cast<double>(step_peak - rss_before) : -1.0;  // -1: unknown
     mem_step[1] = static_cast<double>(step_peak);
     groups->world()->all_reduce(mem_step, ReduceOp::Max).wait();
     const int64_t step_rise = static_cast<int64_t>(mem_step[0].item<double>());

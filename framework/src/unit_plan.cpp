@@ -33,6 +33,10 @@ struct Walker {
     for (const auto& child : m.named_children()) {
       const std::string child_fqn = fqn.empty() ? child.key() : fqn + "." + child.key();
       auto it = unit_index.find(child_fqn);
+      if (it != unit_index.end() && plan->units[unit].activation_checkpoint)
+        throw Error("unit '" + child_fqn + "' is inside '" + plan->units[unit].fqn +
+                    "', whose activations are recomputed in backward; a recomputed unit cannot hold other units "
+                    "(recompute the inner layer type instead, or do not make it a unit)");
       walk(*child.value(), child_fqn, it == unit_index.end() ? unit : it->second);
     }
   }

@@ -220,5 +220,11 @@ TEST(CpuOffload, AnOptimizerThatCannotRunOnTheCpuIsRefused) {
             std::string::npos)
       << r.err;
   auto dry = run_command(train() + " --nproc-per-node 2 --steps 2 --sharding.name full_shard --dry-run" + plugin);
-  EXPECT_EQ(dry.exit_code, 0) << dry.err;  // without offload the plan is fine
+  EXPECT_EQ(dry.exit_code, 0) << dry.err;  // without offload the plan is fine (state bytes unknown)...
+  EXPECT_NE(dry.out.find("optimizer state unknown"), std::string::npos) << dry.out;
+  auto run = run_command(train() + " --nproc-per-node 2 --steps 2 --sharding.name full_shard" + plugin);
+  EXPECT_NE(run.exit_code, 0);  // ...but this build's engine steps on the CPU
+  EXPECT_NE(run.err.find("optimizer 'cuda_only_adam' cannot run on the CPU, where this build's engine computes"),
+            std::string::npos)
+      << run.err;
 }

@@ -17,6 +17,8 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -39,9 +41,11 @@ class FSDPX_API UnitHooks {
   virtual std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs) = 0;
   // After forward. Receives the result and returns the tensor to give the caller.
   virtual at::Tensor post_forward(at::Tensor output) = 0;
-  // ABI 1.1: runs the layer's forward `f` on the tensors pre_forward returned. The engine may
-  // run it without keeping its activations and run it again in backward (activation
-  // checkpointing), so `f` must be callable twice with the same result.
+  // ABI 1.1: whether this unit recomputes its forward in backward (activation checkpointing).
+  // Then run() keeps `f`, which must own copies of the layer's non-tensor arguments.
+  virtual bool recomputes() const { return false; }
+  // ABI 1.1: runs the layer's forward `f` on the tensors pre_forward returned. A unit that
+  // recomputes runs it without keeping activations and calls it again in backward.
   virtual at::Tensor run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
                          const std::vector<at::Tensor>& inputs) {
     return f(inputs);
@@ -69,8 +73,28 @@ void collect(std::vector<at::Tensor>& out, const A& a) {
   if constexpr (is_tensor_v<A>) out.push_back(a);
 }
 
-// The argument to pass for `a`: the next tensor of `in` for a tensor, else `a` itself (as an
-// lvalue: the forward may run twice).
+// The argument to pass for `a`: the next tensor of `in` for a tensor, else `a` itself.
+template <class A>
+passed_t<A> pick(const std::vector<at::Tensor>& in, size_t& next, A&& a) {
+  if constexpr (is_tensor_v<A>) {
+    return in[next++];
+  } else {
+    return std::forward<A>(a);
+  }
+}
+
+// What a recomputed forward keeps of argument `a`: a copy, or an empty tensor for a tensor (the
+// engine hands the tensors in again).
+template <class A>
+std::decay_t<A> keep(const A& a) {
+  if constexpr (is_tensor_v<A>) {
+    return at::Tensor();
+  } else {
+    return a;
+  }
+}
+
+// The same as pick for a forward that may run twice: other arguments as lvalues.
 template <class A>
 passed_t<A&> pick_copy(const std::vector<at::Tensor>& in, size_t& next, A& a) {
   if constexpr (is_tensor_v<A>) {
@@ -108,21 +132,37 @@ class UnitHolder : public torch::nn::ModuleHolder<Impl> {
     std::vector<at::Tensor> inputs;
     (detail::collect(inputs, args), ...);
     inputs = hooks->pre_forward(std::move(inputs));
-    // The forward as a function of the tensor arguments; the others are kept by value, so that
-    // it can run again in backward (activation checkpointing).
-    auto others = std::make_shared<std::tuple<std::decay_t<Args>...>>(args...);
-    auto f = [impl, others](const std::vector<at::Tensor>& tensors) -> at::Tensor {
-      return std::apply(
-          [&](auto&... a) -> at::Tensor {
-            size_t next = 0;
-            // Braced initialisation evaluates left to right, so tensors are picked in order.
-            std::tuple<detail::passed_t<decltype(a)&>...> passed{detail::pick_copy(tensors, next, a)...};
-            return std::apply([impl](auto&&... b) -> at::Tensor { return impl->forward(std::forward<decltype(b)>(b)...); },
-                              std::move(passed));
-          },
-          *others);
-    };
-    return hooks->post_forward(hooks->run(f, inputs));
+    if (!hooks->recomputes()) {
+      // Called once, inside run(): the arguments as they were given, forwarded.
+      auto f = [&](const std::vector<at::Tensor>& tensors) -> at::Tensor {
+        size_t next = 0;
+        // Braced initialisation evaluates left to right, so tensors are picked in order.
+        std::tuple<detail::passed_t<Args>...> passed{detail::pick(tensors, next, std::forward<Args>(args))...};
+        return std::apply([impl](auto&&... a) -> at::Tensor { return impl->forward(std::forward<decltype(a)>(a)...); },
+                          std::move(passed));
+      };
+      return hooks->post_forward(hooks->run(f, inputs));
+    }
+    // Recomputed in backward: the forward must outlive this call, so it owns copies of the
+    // non-tensor arguments (the tensors come from the engine each time).
+    if constexpr ((std::is_copy_constructible_v<std::decay_t<Args>> && ...)) {
+      auto kept = std::make_shared<std::tuple<std::decay_t<Args>...>>(detail::keep(args)...);
+      auto f = [impl, kept](const std::vector<at::Tensor>& tensors) -> at::Tensor {
+        return std::apply(
+            [&](auto&... a) -> at::Tensor {
+              size_t next = 0;
+              std::tuple<detail::passed_t<decltype(a)&>...> passed{detail::pick_copy(tensors, next, a)...};
+              return std::apply([impl](auto&&... b) -> at::Tensor { return impl->forward(std::forward<decltype(b)>(b)...); },
+                                std::move(passed));
+            },
+            *kept);
+      };
+      return hooks->post_forward(hooks->run(f, inputs));
+    } else {
+      throw std::logic_error(std::string("layer ") + impl->name() +
+                             ": its forward takes an argument that cannot be copied, so its activations cannot be "
+                             "recomputed; do not checkpoint this layer type");
+    }
   }
 
  private:

@@ -92,6 +92,10 @@ FSDPX_API RunPlan plan_run(const PluginHost& host, const RunConfig& config, cons
 // The plan as JSON (plan.json in a run directory; exact byte counts for tools and tests).
 FSDPX_API void write_plan_json(const RunPlan& plan, const std::string& path);
 
+// Refuses an optimizer that declares it cannot step on the CPU (fsdpx/capabilities.h): this
+// build's engine computes there.
+FSDPX_API void check_optimizer_runs_here(const PluginHost& host, const RunConfig& config);
+
 // Trains. Collective: every rank calls it with the same configuration. Returns the exit status.
 FSDPX_API int train(const PluginHost& host, const RunConfig& config, const TrainSettings& settings,
                     const RuntimeOptions& runtime);
