@@ -100,12 +100,12 @@ int main(int argc, char** argv) {
     for (const std::string backend : {"sharded", "consolidated"}) {
       auto b = host.create<CheckpointBackend>(backend, std::map<std::string, std::string>{});
       const std::string dir = (root / backend / "step-00000001").string();
-      CheckpointState st = checkpoint_state(engine, *opt);
+      CheckpointState st = checkpoint_state(engine, *opt, /*for_load=*/false);
       st.step = 1;
       const double save_s = timed([&] { b->save(dir, st, ctx); });
       st = CheckpointState();
       const double bytes = static_cast<double>(dir_bytes(dir));
-      CheckpointState target = checkpoint_state(engine, *opt);
+      CheckpointState target = checkpoint_state(engine, *opt, /*for_load=*/true);
       const int64_t rss_before = status_kib("VmRSS:");
       reset_peak_rss();
       const double load_s = timed([&] { b->load(dir, target, ctx); });

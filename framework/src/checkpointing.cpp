@@ -1,6 +1,5 @@
 #include "fsdpx/framework/checkpointing.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -58,23 +57,7 @@ std::string read_text(const fs::path& p) {
 }
 
 // Written and fsynced, so that a checkpoint renamed into place survives a crash.
-void write_text(const fs::path& p, const std::string& text) {
-  const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(p.string() + ": cannot be written: " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      ::close(fd);
-      throw Error(p.string() + ": write failed: " + std::strerror(errno));
-    }
-    done += static_cast<size_t>(w);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!synced) throw Error(p.string() + ": fsync failed: " + std::strerror(errno));
-}
+void write_text(const fs::path& p, const std::string& text) { write_file_synced(p.string(), text); }
 
 int64_t parse_step(const std::string& text, const std::string& where) {
   char* end = nullptr;
@@ -111,19 +94,46 @@ void swap_into_place(const fs::path& tmp, const fs::path& final_dir) {
 
 // Runs `local` on this rank, then agrees over all ranks: if any rank failed, every rank throws
 // (the failing rank with its own message), so that no rank waits for a peer that gave up.
-void agree(const CheckpointContext& ctx, const std::string& what, const std::function<void()>& local) {
+void agree(const CheckpointContext& ctx, const std::string& what, const std::function<void()>& local,
+           std::vector<RowDigest>* digests = nullptr) {
   std::string error;
   try {
     local();
   } catch (const std::exception& e) {
     error = e.what();
   }
-  std::vector<int64_t> failed(static_cast<size_t>(ctx.world_size), 0);
-  failed[static_cast<size_t>(ctx.rank)] = error.empty() ? 0 : 1;
-  if (ctx.all_sum) ctx.all_sum(failed);
+  // One all-sum carries every rank's failure flag and, on load, the digests' partial sums.
+  std::vector<int64_t> sums(static_cast<size_t>(ctx.world_size), 0);
+  sums[static_cast<size_t>(ctx.rank)] = error.empty() ? 0 : 1;
+  if (digests)
+    for (const auto& d : *digests) {
+      sums.push_back(d.lo);
+      sums.push_back(d.hi);
+    }
+  if (ctx.all_sum) ctx.all_sum(sums);
   if (!error.empty()) throw Error(error);
   for (int r = 0; r < ctx.world_size; ++r)
-    if (failed[static_cast<size_t>(r)]) throw Error(what + " failed on rank " + std::to_string(r) + " (its log says why)");
+    if (sums[static_cast<size_t>(r)]) throw Error(what + " failed on rank " + std::to_string(r) + " (its log says why)");
+  if (digests)
+    for (size_t i = 0; i < digests->size(); ++i) {
+      const size_t at = static_cast<size_t>(ctx.world_size) + 2 * i;
+      (*digests)[i] = RowDigest{sums[at], sums[at + 1]};
+    }
+}
+
+// After a load: every tensor's digest, summed over the ranks, against the one the checkpoint
+// recorded (`recorded` gives it, "" when it has none).
+void check_digests(const std::string& dir, const CheckpointState& st, const std::vector<RowDigest>& digests,
+                   const std::function<std::string(const std::string&)>& recorded, const char* source, const char* damage) {
+  for (size_t i = 0; i < st.tensors.size(); ++i) {
+    const std::string& name = st.tensors[i].name;
+    const std::string want = recorded(name);
+    if (want.empty()) continue;
+    const std::string got = digests[i].hex();
+    if (got != want)
+      throw Error("checkpoint " + dir + ": tensor '" + name + "' does not match its digest (" + got + ", " + source + " says " +
+                  want + "): " + damage);
+  }
 }
 
 at::Tensor bytes_to_tensor(std::vector<char>& bytes, const std::vector<int64_t>& shape, int64_t rows, c10::ScalarType t) {
@@ -246,7 +256,7 @@ std::vector<char> read_tensor_rows(Files& files, const std::string& name, const 
 
 // --- The trainer's side ---------------------------------------------------------------------
 
-CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& optimizer) {
+CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& optimizer, bool for_load) {
   at::NoGradGuard no_grad;
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& u : engine.plan().units)
@@ -264,7 +274,7 @@ CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& 
     st.tensors.push_back({p.name, local, shape, offset});
     if (!p.param.requires_grad()) continue;  // frozen: no optimizer state
     for (const auto& [key, t] : optimizer.state(p.name)) {
-      at::Tensor c = t.detach().clone();
+      at::Tensor c = for_load ? t.detach().clone() : t.detach();
       if (t.dim() > 0 && t.size(0) == rps && !shape.empty()) {
         std::vector<int64_t> g = t.sizes().vec();
         g[0] = d0;
@@ -391,6 +401,12 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& root) {
+  auto all = list_checkpoints(root);
+  if (all.empty()) return std::nullopt;
+  return all.back().second;
 }
 
 void prune_checkpoints(const std::string& root, int64_t keep) {
@@ -536,20 +552,9 @@ void load_sharded(const std::string& dir, CheckpointState& st, const CheckpointC
       at::Tensor src = bytes_to_tensor(bytes, shape, n, saved);
       t.local.copy_(src.reshape(t.local.sizes()));  // casts when the run stores another dtype
     }
-  });
-  std::vector<int64_t> sums;
-  for (const auto& d : digests) {
-    sums.push_back(d.lo);
-    sums.push_back(d.hi);
-  }
-  if (ctx.all_sum) ctx.all_sum(sums);
-  for (size_t i = 0; i < st.tensors.size(); ++i) {
-    const std::string got = RowDigest{sums[2 * i], sums[2 * i + 1]}.hex();
-    const std::string want = ix.j["tensors"][st.tensors[i].name].value("digest", "");
-    if (got != want)
-      throw Error("checkpoint " + dir + ": tensor '" + st.tensors[i].name + "' does not match its digest (" + got + ", the index says " +
-                  want + "): a shard file is corrupted");
-  }
+  }, &digests);
+  check_digests(dir, st, digests, [&](const std::string& name) { return ix.j["tensors"][name].value("digest", "?"); },
+                "the index", "a shard file is corrupted");
 }
 
 CheckpointInfo inspect_checkpoint(const std::string& path) {
@@ -763,22 +768,12 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
       if (owns(t, ctx)) digests[i].add_rows(bytes.data(), t.row_offset, n, e.row_bytes());
       t.local.copy_(bytes_to_tensor(bytes, e.shape, n, e.scalar_type).reshape(t.local.sizes()));
     }
-  });
-  std::vector<int64_t> sums;
-  for (const auto& d : digests) {
-    sums.push_back(d.lo);
-    sums.push_back(d.hi);
-  }
-  if (ctx.all_sum) ctx.all_sum(sums);
-  for (size_t i = 0; i < st.tensors.size(); ++i) {
-    const std::string& name = st.tensors[i].name;
-    const std::string w = want.contains(name) && want[name].is_string() ? want[name].get<std::string>() : "";
-    if (w.empty()) continue;
-    const std::string got = RowDigest{sums[2 * i], sums[2 * i + 1]}.hex();
-    if (got != w)
-      throw Error("checkpoint " + dir + ": tensor '" + st.tensors[i].name + "' does not match its digest (" + got +
-                  ", digests.json says " + w + "): the file is corrupted");
-  }
+  }, &digests);
+  check_digests(dir, st, digests,
+                [&](const std::string& name) {
+                  return want.contains(name) && want[name].is_string() ? want[name].get<std::string>() : std::string();
+                },
+                "digests.json", "the file is corrupted");
 }
 
 }  // namespace fsdpx

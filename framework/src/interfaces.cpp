@@ -19,6 +19,14 @@ Optimizer::~Optimizer() = default;
 CheckpointBackend::~CheckpointBackend() = default;
 Model::~Model() = default;
 DataSource::~DataSource() = default;
+
+std::string layer_type_name(const torch::nn::Module& module) {
+  const std::string& name = module.name();
+  const size_t colon = name.rfind("::");
+  std::string s = name.substr(colon == std::string::npos ? 0 : colon + 2);
+  if (s.size() > 4 && s.compare(s.size() - 4, 4, "Impl") == 0) s.resize(s.size() - 4);
+  return s;
+}
 Evaluable::~Evaluable() = default;
 HeldOutData::~HeldOutData() = default;
 OptimizerDevices::~OptimizerDevices() = default;

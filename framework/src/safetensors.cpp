@@ -167,29 +167,20 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
   }
   std::string header = h.dump();
   while (header.size() % 8 != 0) header.push_back(' ');  // the format's alignment convention
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(path + ": cannot be created: " + std::strerror(errno));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error(path + ": cannot be created: " + std::strerror(errno));
   unsigned char len[8];
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  auto put = [&](const void* p, size_t bytes) {
-    const char* c = static_cast<const char*>(p);
-    while (bytes > 0) {
-      ssize_t w = ::write(fd, c, bytes);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        const std::string why = std::strerror(errno);
-        ::close(fd);
-        ::unlink(path.c_str());
-        throw Error(path + ": write failed: " + why);
-      }
-      c += w;
-      bytes -= static_cast<size_t>(w);
-    }
-  };
-  put(len, 8);
-  put(header.data(), header.size());
-  fd_ = fd;
+  try {
+    write_all(fd_, reinterpret_cast<const char*>(len), 8, path);
+    write_all(fd_, header.data(), header.size(), path);
+  } catch (...) {
+    ::close(fd_);  // the destructor does not run for a constructor that throws
+    fd_ = -1;
+    ::unlink(path.c_str());
+    throw;
+  }
 }
 
 void SafetensorsWriter::write(const at::Tensor& tensor) {
@@ -199,15 +190,7 @@ void SafetensorsWriter::write(const at::Tensor& tensor) {
     throw Error(path_ + ": tensor '" + s.name + "' written as " + c10::toString(tensor.scalar_type()) + " " +
                 c10::str(tensor.sizes()) + ", declared " + c10::toString(s.dtype) + " " + c10::str(at::IntArrayRef(s.shape)));
   at::Tensor c = tensor.contiguous().cpu();
-  const char* p = static_cast<const char*>(c.data_ptr());
-  size_t bytes = c.nbytes();
-  while (bytes > 0) {
-    ssize_t w = ::write(fd_, p, bytes);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw Error(path_ + ": write failed: " + std::strerror(errno));
-    p += w;
-    bytes -= static_cast<size_t>(w);
-  }
+  write_all(fd_, static_cast<const char*>(c.data_ptr()), c.nbytes(), path_);
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -256,6 +239,30 @@ std::string RowDigest::hex() const {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(splitmix(v)));
   return buf;
+}
+
+void write_all(int fd, const char* data, size_t bytes, const std::string& path) {
+  while (bytes > 0) {
+    const ssize_t w = ::write(fd, data, bytes);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw Error(path + ": write failed: " + std::strerror(errno));
+    data += w;
+    bytes -= static_cast<size_t>(w);
+  }
+}
+
+void write_file_synced(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(path + ": cannot be written: " + std::strerror(errno));
+  try {
+    write_all(fd, text.data(), text.size(), path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!synced) throw Error(path + ": fsync failed: " + std::strerror(errno));
 }
 
 void fsync_directory(const std::string& dir) {

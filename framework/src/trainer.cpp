@@ -44,13 +44,19 @@ std::map<Kind, std::string> default_components() {
 namespace {
 
 // VmRSS / VmHWM of this process in bytes; -1 when /proc cannot tell.
-int64_t proc_status_bytes(const char* key) {
+struct ProcMemory {
+  int64_t rss = -1, hwm = -1;  // VmRSS and VmHWM in bytes; -1 when /proc cannot tell
+};
+
+ProcMemory proc_memory() {
   std::ifstream in("/proc/self/status");
   std::string line;
-  const size_t n = std::strlen(key);
-  while (std::getline(in, line))
-    if (line.compare(0, n, key) == 0) return std::stoll(line.substr(n)) * 1024;
-  return -1;
+  ProcMemory m;
+  while (std::getline(in, line)) {
+    if (line.compare(0, 6, "VmRSS:") == 0) m.rss = std::stoll(line.substr(6)) * 1024;
+    if (line.compare(0, 6, "VmHWM:") == 0) m.hwm = std::stoll(line.substr(6)) * 1024;
+  }
+  return m;
 }
 
 }  // namespace
@@ -127,7 +133,7 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
   non_negative("keep-last", static_cast<double>(s.keep_last));
   non_negative("max-memory-mib", static_cast<double>(s.max_memory_mib));
   if (s.max_memory_mib > (int64_t{1} << 30)) throw Error("--max-memory-mib must be at most 2^30 MiB, got " + std::to_string(s.max_memory_mib));
-  if (s.max_memory_mib > 0 && proc_status_bytes("VmHWM:") < 0)
+  if (s.max_memory_mib > 0 && proc_memory().hwm < 0)
     throw Error("--max-memory-mib needs /proc/self/status (VmHWM) to measure memory, which this system does not provide");
   if (overlap != 0 && overlap != 1) throw Error("--overlap must be 0 or 1, got " + std::to_string(overlap));
   s.overlap = overlap == 1;
@@ -211,17 +217,23 @@ std::shared_ptr<T> make(const PluginHost& host, const RunConfig& config) {
 // Persistent optimizer state per parameter element, in bytes: measured on the optimizer itself
 // by one step over a small parameter of the storage dtype (state of dim 0, e.g. a step count, is
 // not per element and is left out, here as in the run's measurement).
-double optimizer_bytes_per_element(const PluginHost& host, const RunConfig& config, const PrecisionSpec& p) {
-  auto opt = make<Optimizer>(host, config);
-  if (auto* d = dynamic_cast<OptimizerDevices*>(opt.get()); d && !d->runs_on_cpu()) return -1;  // cannot probe here
+// Whether `opt` can step on the CPU (fsdpx/capabilities.h; yes unless it says otherwise).
+bool runs_on_cpu(const Optimizer& opt) {
+  const auto* d = dynamic_cast<const OptimizerDevices*>(&opt);
+  return !d || d->runs_on_cpu();
+}
+
+// `opt`: a fresh instance, which the probe consumes.
+double optimizer_bytes_per_element(Optimizer& opt, const PrecisionSpec& p) {
+  if (!runs_on_cpu(opt)) return -1;  // cannot probe here
   constexpr int64_t n = 4096;
   at::Tensor param = at::zeros({n}, at::TensorOptions().dtype(p.storage));
   param.set_requires_grad(true);
   param.mutable_grad() = at::full({n}, 1e-3, at::TensorOptions().dtype(p.gradient));
-  opt->init({ParamShard{"probe", param}});
-  opt->step(0.0);
+  opt.init({ParamShard{"probe", param}});
+  opt.step(0.0);
   int64_t bytes = 0;
-  for (const auto& [key, t] : opt->state("probe"))
+  for (const auto& [key, t] : opt.state("probe"))
     if (t.dim() > 0) bytes += t.numel() * t.element_size();
   return static_cast<double>(bytes) / n;
 }
@@ -236,12 +248,7 @@ std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, co
   if (s.checkpoint_layer_types.empty()) return sel;
   const auto types = model.layer_types();
   std::map<std::string, std::string> type_of;
-  for (const auto& m : root->named_modules("", /*include_self=*/false)) {
-    std::string n = m.value()->name();
-    n = n.substr(n.rfind("::") == std::string::npos ? 0 : n.rfind("::") + 2);
-    if (n.size() > 4 && n.compare(n.size() - 4, 4, "Impl") == 0) n.resize(n.size() - 4);
-    type_of[m.key()] = n;
-  }
+  for (const auto& m : root->named_modules("", /*include_self=*/false)) type_of[m.key()] = layer_type_name(*m.value());
   std::string unit_types;
   for (const auto& u : sel)
     if (unit_types.find(type_of[u.fqn]) == std::string::npos) unit_types += (unit_types.empty() ? "" : ", ") + type_of[u.fqn];
@@ -288,10 +295,10 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   if (!config.choice(Kind::Checkpoint) && (s.save_every > 0 || !s.resume.empty()))
     throw Error(std::string(s.resume.empty() ? "--save-every" : "--resume") +
                 " needs a checkpoint component: add --checkpoint.name sharded (or [checkpoint] name=sharded)");
-  if (plan.layout.offload_to_cpu) {
-    auto opt = make<Optimizer>(host, config);
-    if (auto* d = dynamic_cast<OptimizerDevices*>(opt.get()); d && !d->runs_on_cpu())
-      throw Error("sharding '" + plan.strategy + "' offloads the optimizer state to host memory and steps on the CPU, but "
+  auto opt_probe = make<Optimizer>(host, config);
+  plan.optimizer_runs_on_cpu = runs_on_cpu(*opt_probe);
+  if (plan.layout.offload_to_cpu && !plan.optimizer_runs_on_cpu) {
+    throw Error("sharding '" + plan.strategy + "' offloads the optimizer state to host memory and steps on the CPU, but "
                   "optimizer '" + plan.optimizer + "' cannot run on the CPU; choose one that can (adamw, "
                   "anyprecision_adamw, sgd) or a strategy without offload");
   }
@@ -314,7 +321,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   plan.total_params = up.total_params;
   const int64_t S = L.shard_group_size, R = L.replicate_group_size;
   const bool separate = S > 1 || plan.dtypes.compute != plan.dtypes.storage;
-  const double opt_per_elt = optimizer_bytes_per_element(host, config, plan.dtypes);
+  const double opt_per_elt = optimizer_bytes_per_element(*opt_probe, plan.dtypes);
   int64_t ag = 0, rs = 0, ar = 0, sent = 0;
   for (size_t i = 0; i < up.units.size(); ++i) {
     const UnitInfo& u = up.units[i];
@@ -532,10 +539,9 @@ class Reporter {
 
 }  // namespace
 
-void check_optimizer_runs_here(const PluginHost& host, const RunConfig& config) {
-  auto opt = make<Optimizer>(host, config);
-  if (auto* d = dynamic_cast<OptimizerDevices*>(opt.get()); d && !d->runs_on_cpu())
-    throw Error("optimizer '" + chosen(config, Kind::Optimizer).name +
+void check_optimizer_runs_here(const RunPlan& plan) {
+  if (!plan.optimizer_runs_on_cpu)
+    throw Error("optimizer '" + plan.optimizer +
                 "' cannot run on the CPU, where this build's engine computes; choose adamw, anyprecision_adamw or sgd");
 }
 
@@ -547,7 +553,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
   const Topology& topo = ro.topology;
   const int rank = topo.rank, world = topo.world_size;
   RunPlan plan = plan_run(host, config, s, topo);
-  check_optimizer_runs_here(host, config);
+  check_optimizer_runs_here(plan);
 
   auto groups = ProcessGroups::create(ro);
   auto model = make<Model>(host, config);
@@ -611,7 +617,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
       dir = latest ? *latest : "";
     }
     if (!dir.empty()) {
-      CheckpointState st = checkpoint_state(engine, *opt);
+      CheckpointState st = checkpoint_state(engine, *opt, /*for_load=*/true);
       CheckpointContext ctx = checkpoint_context(*groups, engine);
       ckpt->load(dir, st, ctx);
       apply_checkpoint(st, *opt, *data);
@@ -730,7 +736,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
 
   auto save = [&](int64_t step) -> std::string {
     const std::string dir = (fs::path(ckpt_root) / checkpoint_dir_name(step)).string();
-    CheckpointState st = checkpoint_state(engine, *opt);
+    CheckpointState st = checkpoint_state(engine, *opt, /*for_load=*/false);
     st.step = step;
     st.trainer_state_json = json{{"data", json::parse(data->state())}, {"seed", s.seed}, {"step", step}}.dump();
     st.config_ini = s.to_ini() + "\n" + config.to_ini();
@@ -754,7 +760,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
   std::array<int64_t, 4> step_comm{0, 0, 0, 0};
   int64_t max_step_rise = 0;
   // The run's peak RSS: VmHWM is restarted at every step (clear_refs), so it is collected here.
-  int64_t run_peak = std::max(peak_rss_bytes(), proc_status_bytes("VmHWM:"));
+  int64_t run_peak = std::max(peak_rss_bytes(), proc_memory().hwm);
   auto interval_start = std::chrono::steady_clock::now();
   const auto train_start = interval_start;
   int64_t interval_steps = 0, interval_tokens = 0, interval_samples = 0;
@@ -762,9 +768,9 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
   for (int64_t step = start_step; step < s.steps; ++step) {
     const double lr = schedule.at(step);
     const std::array<int64_t, 4> comm_before = counted();
-    const int64_t rss_before = proc_status_bytes("VmRSS:");
-    run_peak = std::max(run_peak, proc_status_bytes("VmHWM:"));  // evaluations and saves since the last step
-    const bool step_measured = reset_peak_rss() && rss_before >= 0;
+    const ProcMemory before = proc_memory();
+    run_peak = std::max(run_peak, before.hwm);  // evaluations and saves since the last step
+    const bool step_measured = reset_peak_rss() && before.rss >= 0;
     double loss_sum = 0;
     int64_t tokens = 0, samples = 0;
     for (int64_t m = 0; m < s.grad_accum; ++m) {
@@ -781,35 +787,49 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
     opt->step(lr);
     const std::array<int64_t, 4> comm_after = counted();
     for (int k = 0; k < 4; ++k) step_comm[k] = comm_after[k] - comm_before[k];
-    // The step's memory: the rise of the peak RSS over the RSS before it (activations and
-    // transient buffers), and the peak itself for --max-memory-mib. Max over ranks.
-    const int64_t step_peak = proc_status_bytes("VmHWM:");
+    // One collective per step: every rank's loss share, tokens, samples, and memory (the rise of
+    // the peak RSS over the RSS before the step: activations and transient buffers; the step's
+    // peak, for --max-memory-mib; the run's peak, for the metrics).
+    const int64_t step_peak = proc_memory().hwm;
     run_peak = std::max(run_peak, step_peak);
-    at::Tensor mem_step = at::empty({2}, at::kDouble);
-    mem_step[0] = step_measured ? static_cast<double>(step_peak - rss_before) : -1.0;  // -1: unknown
-    mem_step[1] = static_cast<double>(step_peak);
-    groups->world()->all_reduce(mem_step, ReduceOp::Max).wait();
-    const int64_t step_rise = static_cast<int64_t>(mem_step[0].item<double>());
-    const int64_t step_peak_max = static_cast<int64_t>(mem_step[1].item<double>());
+    constexpr int64_t kFields = 6;
+    at::Tensor mine_step = at::empty({kFields}, at::kDouble);
+    double* f = mine_step.data_ptr<double>();
+    f[0] = loss_sum;
+    f[1] = static_cast<double>(tokens);
+    f[2] = static_cast<double>(samples);
+    f[3] = step_measured ? static_cast<double>(step_peak - before.rss) : -1.0;  // -1: unknown
+    f[4] = static_cast<double>(step_peak);
+    f[5] = static_cast<double>(run_peak);
+    at::Tensor all_step = at::empty({world * kFields}, at::kDouble);
+    groups->world()->all_gather(all_step, mine_step).wait();
+    const double* a = all_step.data_ptr<double>();
+    double sum_loss = 0, sum_tokens = 0, sum_samples = 0, rise = -1, peak_max = 0;
+    std::vector<int64_t> rank_peaks;
+    for (int r = 0; r < world; ++r) {  // in rank order: the same result on every rank
+      sum_loss += a[r * kFields];
+      sum_tokens += a[r * kFields + 1];
+      sum_samples += a[r * kFields + 2];
+      rise = std::max(rise, a[r * kFields + 3]);
+      peak_max = std::max(peak_max, a[r * kFields + 4]);
+      rank_peaks.push_back(static_cast<int64_t>(a[r * kFields + 5]));
+    }
+    const int64_t step_rise = static_cast<int64_t>(rise);
+    const int64_t step_peak_max = static_cast<int64_t>(peak_max);
     max_step_rise = std::max(max_step_rise, step_rise);
     if (s.max_memory_mib > 0 && step_peak_max > s.max_memory_mib * (int64_t{1} << 20))
       throw Error("step " + std::to_string(step + 1) + " reached a peak RSS of " + std::to_string(step_peak_max >> 20) +
                   " MiB on a rank, over --max-memory-mib " + std::to_string(s.max_memory_mib) +
                   "; lower --batch-size, or recompute activations (--activation-checkpointing)");
-    at::Tensor red = at::empty({3}, at::kDouble);
-    red[0] = loss_sum;
-    red[1] = static_cast<double>(tokens);
-    red[2] = static_cast<double>(samples);
-    groups->world()->all_reduce(red, ReduceOp::Sum).wait();
-    const double loss = red[0].item<double>() / world;
+    const double loss = sum_loss / world;
     if (!std::isfinite(loss))
       throw Error("the loss is " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                   "; training diverged: lower the optimizer's lr (--optimizer.lr), add --warmup-steps or --clip-grad-norm");
     if (std::isnan(first_loss)) first_loss = loss;
     last_loss = loss;
     ++interval_steps;
-    interval_tokens += red[1].item<int64_t>();
-    interval_samples += red[2].item<int64_t>();
+    interval_tokens += static_cast<int64_t>(sum_tokens);
+    interval_samples += static_cast<int64_t>(sum_samples);
     const int64_t done = step + 1;
     const bool log_now = done % s.log_every == 0 || done == s.steps;
     const auto now = std::chrono::steady_clock::now();
@@ -820,8 +840,6 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
     const double run_elapsed = std::chrono::duration<double>(now - train_start).count();
     const double eta = run_elapsed / static_cast<double>(done - start_step) * static_cast<double>(s.steps - done);
     if (log_now) {
-      at::Tensor mem = at::empty({world}, at::kLong);
-      groups->world()->all_gather(mem, at::full({1}, run_peak, at::kLong)).wait();
       if (writer) {
         const std::array<int64_t, 4> comm_now = counted();
         const double tflops = plan.flops_per_token * static_cast<double>(interval_tokens) / std::max(elapsed, 1e-9) / 1e12;
@@ -831,7 +849,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
                {"tokens_per_s", static_cast<double>(interval_tokens) / std::max(elapsed, 1e-9)},
                {"samples_per_s", static_cast<double>(interval_samples) / std::max(elapsed, 1e-9)},
                {"step_time_s", step_time},
-               {"peak_memory_bytes", std::vector<int64_t>(mem.data_ptr<int64_t>(), mem.data_ptr<int64_t>() + world)},
+               {"peak_memory_bytes", rank_peaks},
                {"memory_kind", "rss"},
                {"step_rss_rise_bytes", step_rise},
                {"allgather_bytes", (comm_now[0] - interval_comm_start[0]) / interval_steps},
@@ -844,7 +862,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
         }
         if (grad_norm >= 0) m["grad_norm"] = grad_norm;
         metrics << m.dump() << std::endl;
-        out.update(done, loss, per_s, tokens_matter ? "tok" : "samples", step_time, mem.max().item<int64_t>(), eta, true, lr);
+        out.update(done, loss, per_s, tokens_matter ? "tok" : "samples", step_time, *std::max_element(rank_peaks.begin(), rank_peaks.end()), eta, true, lr);
       }
       interval_start = std::chrono::steady_clock::now();
       interval_steps = interval_tokens = interval_samples = 0;
@@ -869,7 +887,7 @@ int train(const PluginHost& host, const RunConfig& config, const TrainSettings& 
   mine[0] = mem.param_bytes;
   mine[1] = mem.grad_bytes;
   mine[2] = optimizer_bytes;
-  mine[3] = std::max(run_peak, proc_status_bytes("VmHWM:"));
+  mine[3] = std::max(run_peak, proc_memory().hwm);
   at::Tensor all = at::empty({4 * world}, at::kLong);
   groups->world()->all_gather(all, mine).wait();
   if (writer) {

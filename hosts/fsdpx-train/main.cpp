@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
         throw fsdpx::Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups "
                            "are built and checked by --check-comm); use --device cpu");
       auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(la.nproc_per_node));
-      if (!has(plain, "--dry-run")) fsdpx::check_optimizer_runs_here(*l.host, l.config);
+      if (!has(plain, "--dry-run")) fsdpx::check_optimizer_runs_here(plan);
       if (has(plain, "--dry-run")) {
         std::cout << plan.text();
         if (!settings.out_dir.empty()) {

@@ -16,11 +16,7 @@ class Consolidated final : public fsdpx::CheckpointBackend {
   void load(const std::string& dir, fsdpx::CheckpointState& state, const fsdpx::CheckpointContext& ctx) override {
     fsdpx::load_consolidated(dir, state, ctx);
   }
-  std::optional<std::string> latest(const std::string& root) const override {
-    auto all = fsdpx::list_checkpoints(root);
-    if (all.empty()) return std::nullopt;
-    return all.back().second;
-  }
+  std::optional<std::string> latest(const std::string& root) const override { return fsdpx::latest_checkpoint(root); }
 
  private:
   bool optimizer_;

@@ -11,12 +11,6 @@
 
 namespace {
 
-std::string short_name(const std::string& name) {
-  std::string s = name.substr(name.rfind("::") == std::string::npos ? 0 : name.rfind("::") + 2);
-  if (s.size() > 4 && s.compare(s.size() - 4, 4, "Impl") == 0) s.resize(s.size() - 4);
-  return s;
-}
-
 class LayerTypeWrap final : public fsdpx::WrapPolicy {
  public:
   LayerTypeWrap(std::vector<std::string> types, bool recompute) : types_(types.begin(), types.end()), recompute_(recompute) {}
@@ -41,7 +35,7 @@ class LayerTypeWrap final : public fsdpx::WrapPolicy {
              std::set<std::string>& present) const {
     for (const auto& c : m.named_children()) {
       const std::string child = fqn.empty() ? c.key() : fqn + "." + c.key();
-      const std::string type = short_name(c.value()->name());
+      const std::string type = fsdpx::layer_type_name(*c.value());
       present.insert(type);
       if (types_.count(type)) units.push_back({child, recompute_});
       visit(*c.value(), child, units, present);

@@ -18,6 +18,10 @@ struct UnitSelection {
   bool activation_checkpoint = false;  // recompute this unit's activations in backward
 };
 
+// A module's layer type, as layer_type and --activation-checkpointing name it: its module name
+// (torch::nn::Module("Block")) or its C++ type name, without namespaces and a trailing "Impl".
+FSDPX_API std::string layer_type_name(const torch::nn::Module& module);
+
 class FSDPX_API WrapPolicy {
  public:
   static constexpr Kind kKind = Kind::Wrap;

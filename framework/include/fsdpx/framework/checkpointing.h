@@ -36,8 +36,9 @@ struct RunPlan;
 // Every tensor this rank holds: each parameter's real rows (padding left out) under its own name,
 // and the optimizer's state under "optim/<param>/<key>" (per-row state sharded like the
 // parameter, scalars replicated). The locals of parameters are views of the engine's shards, so
-// a load writes them in place; optimizer state is copied and handed back by apply_checkpoint.
-FSDPX_API CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& optimizer);
+// a load writes them in place. For a load (`for_load`), optimizer state is copied, filled and
+// handed back by apply_checkpoint; for a save it is the optimizer's own tensors, not copied.
+FSDPX_API CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& optimizer, bool for_load);
 // A context over the world: barrier, all_sum, gather_to_rank0, and primary = first replica.
 FSDPX_API CheckpointContext checkpoint_context(const ProcessGroups& groups, const ShardingEngine& engine);
 // After a load: the optimizer state into the optimizer, the data position into the data source.
@@ -46,6 +47,8 @@ FSDPX_API void apply_checkpoint(const CheckpointState& state, Optimizer& optimiz
 FSDPX_API std::string checkpoint_dir_name(int64_t step);  // "step-00000010"
 // Complete checkpoints under `root` (those whose index.json or digests.json parses), oldest first.
 FSDPX_API std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
+// The newest of them (CheckpointBackend::latest of both formats).
+FSDPX_API std::optional<std::string> latest_checkpoint(const std::string& root);
 // Removes all but the newest `keep` complete checkpoints, and stale temporary directories.
 FSDPX_API void prune_checkpoints(const std::string& root, int64_t keep);
 

@@ -79,6 +79,7 @@ struct FSDPX_API RunPlan {
   int64_t allgather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0, sent_bytes = 0;
   int64_t samples_per_step = 0, tokens_per_step = 0;
   double flops_per_token = 0;
+  bool optimizer_runs_on_cpu = true;  // fsdpx/capabilities.h
 
   std::string text() const;  // the dry-run report
 };
@@ -94,7 +95,7 @@ FSDPX_API void write_plan_json(const RunPlan& plan, const std::string& path);
 
 // Refuses an optimizer that declares it cannot step on the CPU (fsdpx/capabilities.h): this
 // build's engine computes there.
-FSDPX_API void check_optimizer_runs_here(const PluginHost& host, const RunConfig& config);
+FSDPX_API void check_optimizer_runs_here(const RunPlan& plan);
 
 // Trains. Collective: every rank calls it with the same configuration. Returns the exit status.
 FSDPX_API int train(const PluginHost& host, const RunConfig& config, const TrainSettings& settings,
