@@ -14,20 +14,17 @@
 #include <string>
 
 #include <ATen/ops/full.h>
-#include <boost/program_options.hpp>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/checkpointing.h"
-#include "fsdpx/framework/launcher.h"
-#include "fsdpx/framework/plugin_host.h"
-#include "fsdpx/framework/process_groups.h"
-#include "fsdpx/framework/sharding_engine.h"
-#include "fsdpx/framework/topology_resolver.h"
+#include "fsdpx/framework/checkpoint/checkpointing.h"
+#include "fsdpx/framework/trainer/checkpoint_state.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/interfaces.h"
+#include "tool.h"
 
-namespace po = boost::program_options;
 namespace fs = std::filesystem;
 using namespace fsdpx;
+namespace po = boost::program_options;
 
 namespace {
 
@@ -51,36 +48,27 @@ int64_t dir_bytes(const fs::path& p) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  try {
-    std::vector<std::string> args;
-    if (auto rc = launch_if_requested(argc, argv, "fsdpx-ckpt-bench", args)) return *rc;
-    po::options_description desc;
-    desc.add_options()("dir", po::value<std::string>()->default_value("/tmp/fsdpx-ckpt-bench"), "where to write")
-        ("dim", po::value<int>()->default_value(1024), "")("layers", po::value<int>()->default_value(8), "")
-        ("vocab", po::value<int>()->default_value(32000), "");
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-    RuntimeOptions ro;
-    ro.topology = resolve_topology({}, process_environment()).topology;
-    auto groups = ProcessGroups::create(ro);
-    const int rank = ro.topology.rank, world = ro.topology.world_size;
-    PluginHost host;
-    for (const auto& e : host.discover(PluginSearch{})) throw Error(e);
-    auto model = host.create<Model>("gpt", std::map<std::string, std::string>{{"dim", std::to_string(vm["dim"].as<int>())},
+  po::options_description desc("fsdpx-ckpt-bench [--nproc-per-node N] [options]");
+  desc.add_options()("dir", po::value<std::string>()->default_value("/tmp/fsdpx-ckpt-bench"), "where to write")
+      ("dim", po::value<int>()->default_value(1024), "model width")("layers", po::value<int>()->default_value(8), "layers")
+      ("vocab", po::value<int>()->default_value(32000), "vocabulary");
+  return tool::main(argc, argv, "fsdpx-ckpt-bench", desc, [](const po::variables_map& vm) {
+    auto groups = tool::join_world();
+    const int rank = groups->topology().rank, world = groups->topology().world_size;
+    auto host = tool::default_plugins();
+    auto model = host->create<Model>("gpt", std::map<std::string, std::string>{{"dim", std::to_string(vm["dim"].as<int>())},
                                                                              {"layers", std::to_string(vm["layers"].as<int>())},
                                                                              {"heads", "16"},
                                                                              {"vocab", std::to_string(vm["vocab"].as<int>())},
                                                                              {"seq", "128"}});
-    auto policy = host.create<WrapPolicy>("layer_type", std::map<std::string, std::string>{{"layer_types", "Block"}});
+    auto policy = host->create<WrapPolicy>("layer_type", std::map<std::string, std::string>{{"layer_types", "Block"}});
     EngineOptions eo;
     eo.layout = ShardingLayout{world, 1, true, false};
     EngineComms comms;
     comms.world = groups->world();
     if (world > 1) comms.shard = groups->world();
     ShardingEngine engine(model, policy->select(*model->module()), comms, eo);
-    auto opt = host.create<Optimizer>("adamw", std::map<std::string, std::string>{});
+    auto opt = host->create<Optimizer>("adamw", std::map<std::string, std::string>{});
     opt->init(engine.shards());
     const int64_t params = engine.plan().total_params;
     const int64_t shard_bytes = engine.memory().param_bytes;
@@ -98,7 +86,7 @@ int main(int argc, char** argv) {
     };
     const fs::path root = vm["dir"].as<std::string>();
     for (const std::string backend : {"sharded", "consolidated"}) {
-      auto b = host.create<CheckpointBackend>(backend, std::map<std::string, std::string>{});
+      auto b = host->create<CheckpointBackend>(backend, std::map<std::string, std::string>{});
       const std::string dir = (root / backend / "step-00000001").string();
       CheckpointState st = checkpoint_state(engine, *opt, /*for_load=*/false);
       st.step = 1;
@@ -121,8 +109,5 @@ int main(int argc, char** argv) {
       if (rank == 0) fs::remove_all(root / backend);
     }
     return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdpx-ckpt-bench: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -12,36 +12,21 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
-#include <boost/program_options.hpp>
 
-#include "fsdpx/framework/launcher.h"
-#include "fsdpx/framework/process_groups.h"
-#include "fsdpx/framework/topology_resolver.h"
+#include "fsdpx/framework/runtime/topology_resolver.h"
+#include "tool.h"
 
-namespace po = boost::program_options;
 using namespace fsdpx;
+namespace po = boost::program_options;
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  try {
-    std::vector<std::string> args;
-    if (auto rc = launch_if_requested(argc, argv, "fsdpx-comm-bench", args)) return *rc;
-    po::options_description desc("fsdpx-comm-bench [--nproc-per-node N] [options]");
-    desc.add_options()("sizes-mib", po::value<std::string>()->default_value("1,16,64"), "buffer sizes in MiB")
-        ("dtype", po::value<std::string>()->default_value("fp32"), "fp32 or bf16")
-        ("seconds", po::value<double>()->default_value(2.0), "time budget per size and collective")
-        ("help,h", "this help");
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-    if (vm.count("help")) {
-      std::cout << desc << "\n";
-      return 0;
-    }
+  po::options_description desc("fsdpx-comm-bench [--nproc-per-node N] [options]");
+  desc.add_options()("sizes-mib", po::value<std::string>()->default_value("1,16,64"), "buffer sizes in MiB")
+      ("dtype", po::value<std::string>()->default_value("fp32"), "fp32 or bf16")
+      ("seconds", po::value<double>()->default_value(2.0), "time budget per size and collective");
+  return tool::main(argc, argv, "fsdpx-comm-bench", desc, [](const po::variables_map& vm) {
     const auto dtype = vm["dtype"].as<std::string>() == "bf16" ? at::kBFloat16 : at::kFloat;
-    RuntimeOptions ro;
-    ro.topology = resolve_topology({}, process_environment()).topology;
-    auto groups = ProcessGroups::create(ro);
+    auto groups = tool::join_world();
     auto world = groups->world();
     const int n = world->size();
     if (world->rank() == 0)
@@ -80,8 +65,5 @@ int main(int argc, char** argv) {
       }
     }
     return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdpx-comm-bench: %s\n", e.what());
-    return 1;
-  }
+  });
 }

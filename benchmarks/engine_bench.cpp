@@ -7,70 +7,63 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <iostream>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/randint.h>
-#include <boost/program_options.hpp>
+#include <torch/csrc/autograd/grad_mode.h>
 
-#include "fsdpx/error.h"
-#include "fsdpx/framework/launcher.h"
-#include "fsdpx/framework/plugin_host.h"
-#include "fsdpx/framework/process_groups.h"
-#include "fsdpx/framework/sharding_engine.h"
-#include "fsdpx/framework/topology_resolver.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/interfaces.h"
+#include "tool.h"
 
-namespace po = boost::program_options;
 using namespace fsdpx;
+namespace po = boost::program_options;
+
+namespace {
+
+// One configuration under test: its model, engine and step times.
+struct Arm {
+  std::shared_ptr<Model> model;
+  std::unique_ptr<ShardingEngine> engine;
+  std::vector<double> times;
+};
+
+Arm make_arm(PluginHost& host, ProcessGroups& groups, const po::variables_map& vm, bool overlap) {
+  Arm arm;
+  arm.model = host.create<Model>("gpt", {{"size", vm["size"].as<std::string>()}, {"seq", std::to_string(vm["seq"].as<int64_t>())}});
+  EngineOptions eo;
+  eo.layout = host.create<ShardingStrategy>("full_shard")->layout(groups.topology());
+  eo.overlap = overlap;
+  EngineComms comms{groups.world(), eo.layout.shard_group_size > 1 ? groups.world() : nullptr, nullptr};
+  auto policy = host.create<WrapPolicy>("layer_type");
+  arm.engine = std::make_unique<ShardingEngine>(arm.model, policy->select(*arm.model->module()), comms, eo);
+  return arm;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  try {
-    std::vector<std::string> args;
-    if (auto rc = launch_if_requested(argc, argv, "fsdpx-engine-bench", args)) return *rc;
-    po::options_description desc("fsdpx-engine-bench [--nproc-per-node N] [options]");
-    desc.add_options()("size", po::value<std::string>()->default_value("small"), "gpt size")
-        ("batch", po::value<int64_t>()->default_value(8), "sequences per rank")
-        ("seq", po::value<int64_t>()->default_value(128), "tokens per sequence")
-        ("rounds", po::value<int>()->default_value(3), "alternating rounds of overlap on / off")
-        ("steps", po::value<int>()->default_value(5), "timed steps per round")
-        ("threads", po::value<int>()->default_value(1), "compute threads per rank")
-        ("help,h", "this help");
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-    if (vm.count("help")) {
-      std::cout << desc << "\n";
-      return 0;
-    }
+  po::options_description desc("fsdpx-engine-bench [--nproc-per-node N] [options]");
+  desc.add_options()("size", po::value<std::string>()->default_value("small"), "gpt size")
+      ("batch", po::value<int64_t>()->default_value(8), "sequences per rank")
+      ("seq", po::value<int64_t>()->default_value(128), "tokens per sequence")
+      ("rounds", po::value<int>()->default_value(3), "alternating rounds of overlap on / off")
+      ("steps", po::value<int>()->default_value(5), "timed steps per round")
+      ("threads", po::value<int>()->default_value(1), "compute threads per rank");
+  return tool::main(argc, argv, "fsdpx-engine-bench", desc, [](const po::variables_map& vm) {
     at::set_num_threads(vm["threads"].as<int>());
     const int64_t batch = vm["batch"].as<int64_t>(), seq = vm["seq"].as<int64_t>();
-    PluginHost host;
-    for (const auto& e : host.discover(PluginSearch{})) throw Error(e);
-    RuntimeOptions ro;
-    ro.topology = resolve_topology({}, process_environment()).topology;
-    auto groups = ProcessGroups::create(ro);
-    auto strategy = host.create<ShardingStrategy>("full_shard");
-    auto policy = host.create<WrapPolicy>("layer_type");
-
-    struct Arm {
-      std::shared_ptr<Model> model;
-      std::unique_ptr<ShardingEngine> engine;
-      std::vector<double> times;
-    };
-    Arm arms[2];  // 0: overlap on, 1: off
-    for (int a = 0; a < 2; ++a) {
-      arms[a].model = host.create<Model>("gpt", {{"size", vm["size"].as<std::string>()}, {"seq", std::to_string(seq)}});
-      EngineOptions eo;
-      eo.layout = strategy->layout(ro.topology);
-      eo.overlap = a == 0;
-      EngineComms comms{groups->world(), eo.layout.shard_group_size > 1 ? groups->world() : nullptr, nullptr};
-      arms[a].engine = std::make_unique<ShardingEngine>(arms[a].model, policy->select(*arms[a].model->module()), comms, eo);
-    }
-    const int64_t params = arms[0].engine->plan().total_params;
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(ro.topology.rank + 1);
+    auto host = tool::default_plugins();
+    auto groups = tool::join_world();
+    const Topology& topo = groups->topology();
+    Arm arms[2] = {make_arm(*host, *groups, vm, true), make_arm(*host, *groups, vm, false)};  // overlap on, off
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(topo.rank + 1);
     auto step = [&](Arm& arm) {
       at::Tensor t = at::randint(256, {batch, seq + 1}, gen, at::kLong);
       Batch b = next_token_batch(t);
@@ -89,22 +82,15 @@ int main(int argc, char** argv) {
           groups->world()->barrier().wait();
           arm.times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    if (ro.topology.rank == 0) {
+    if (topo.rank == 0) {
       const double on = median(arms[0].times), off = median(arms[1].times);
       std::printf("fsdpx-engine-bench: gpt %s (%lld parameters), full_shard, %d ranks, batch %lld x %lld tokens per rank, %d thread(s) per rank\n",
-                  vm["size"].as<std::string>().c_str(), static_cast<long long>(params), ro.topology.world_size,
-                  static_cast<long long>(batch), static_cast<long long>(seq), vm["threads"].as<int>());
+                  vm["size"].as<std::string>().c_str(), static_cast<long long>(arms[0].engine->plan().total_params),
+                  topo.world_size, static_cast<long long>(batch), static_cast<long long>(seq), vm["threads"].as<int>());
       std::printf("  step time, overlap on : %8.1f ms (median of %zu)\n", on * 1e3, arms[0].times.size());
       std::printf("  step time, overlap off: %8.1f ms (median of %zu)\n", off * 1e3, arms[1].times.size());
       std::printf("  off / on = %.3f\n", off / on);
     }
     return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdpx-engine-bench: %s\n", e.what());
-    return 1;
-  }
+  });
 }

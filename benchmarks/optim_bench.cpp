@@ -9,32 +9,22 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/randn.h>
-#include <boost/program_options.hpp>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/plugin_host.h"
 #include "fsdpx/optimizer.h"
+#include "tool.h"
 
-namespace po = boost::program_options;
 using namespace fsdpx;
+namespace po = boost::program_options;
 
 int main(int argc, char** argv) {
-  try {
-    po::options_description desc("fsdpx-optim-bench [options]");
-    desc.add_options()("numel", po::value<int64_t>()->default_value(100000000), "elements of the shard")
-        ("steps", po::value<int>()->default_value(5), "timed steps per optimizer (after one warm-up)")
-        ("threads", po::value<int>()->default_value(0), "intra-op threads (0: LibTorch's default)")
-        ("help,h", "this help");
-    po::variables_map vm;
-    po::store(po::parse_command_line(argc, argv, desc), vm);
-    po::notify(vm);
-    if (vm.count("help")) {
-      std::cout << desc << "\n";
-      return 0;
-    }
+  po::options_description desc("fsdpx-optim-bench [options]");
+  desc.add_options()("numel", po::value<int64_t>()->default_value(100000000), "elements of the shard")
+      ("steps", po::value<int>()->default_value(5), "timed steps per optimizer (after one warm-up)")
+      ("threads", po::value<int>()->default_value(0), "intra-op threads (0: LibTorch's default)");
+  return tool::main(argc, argv, "fsdpx-optim-bench", desc, [](const po::variables_map& vm) {
     if (vm["threads"].as<int>() > 0) at::set_num_threads(vm["threads"].as<int>());
-    PluginHost host;
-    for (const auto& e : host.discover(PluginSearch{})) throw Error(e);
+    auto host = tool::default_plugins();
     const int64_t n = vm["numel"].as<int64_t>();
     struct Case {
       const char* label;
@@ -51,7 +41,7 @@ int main(int argc, char** argv) {
                 at::get_num_threads());
     double base = 0;
     for (const auto& c : cases) {
-      auto opt = host.create<Optimizer>(c.name, c.options);
+      auto opt = host->create<Optimizer>(c.name, c.options);
       at::Tensor p = at::randn({n}).to(c.dtype).requires_grad_(true);
       p.mutable_grad() = at::randn({n}).to(c.dtype) * 1e-3;
       opt->init({{"p", p}});
@@ -68,8 +58,5 @@ int main(int argc, char** argv) {
       std::printf("  %-50s %9.1f ms/step  (%.2fx adamw)\n", c.label, med * 1e3, med / base);
     }
     return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdpx-optim-bench: %s\n", e.what());
-    return 1;
-  }
+  });
 }

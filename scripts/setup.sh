@@ -3,7 +3,8 @@
 #   - Debian packages (Boost 1.81, GoogleTest, nlohmann-json, ccache, CMake, Ninja, and Slurm with
 #     munge for the Slurm tests);
 #   - torch==2.11.0 from PyPI into a virtual environment cached outside the checkout, with
-#     matplotlib (fsdpx-plot), safetensors (the interop test) and scikit-learn (its breast-cancer CSV).
+#     matplotlib (fsdpx-plot), safetensors (the interop test), scikit-learn (its breast-cancer CSV)
+#     and lizard (the function-length check).
 # --print-breast-cancer-csv prints that CSV's path (after making sure it is installed).
 # Prints nothing but progress on stderr; the venv's python path on stdout when asked with --print-python.
 set -euo pipefail
@@ -66,8 +67,8 @@ if ! have_torch; then
   have_torch || die "torch==$TORCH_VERSION is not importable from $VENV after installing it"
 fi
 # --- Python tools beside torch: plots, the safetensors interop test, the breast-cancer CSV ----
-PY_TOOLS=(matplotlib safetensors scikit-learn)
-if ! "$VENV/bin/python" -c "import matplotlib, safetensors, sklearn" 2>/dev/null; then
+PY_TOOLS=(matplotlib safetensors scikit-learn lizard)
+if ! "$VENV/bin/python" -c "import matplotlib, safetensors, sklearn, lizard" 2>/dev/null; then
   say "installing ${PY_TOOLS[*]} into $VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PY_TOOLS[@]}" >&2 \
     || die "pip install ${PY_TOOLS[*]} into $VENV failed (see above)"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/checkpointing.h"
+#include "fsdpx/framework/checkpoint/checkpointing.h"
 
 namespace {
 

@@ -8,11 +8,11 @@
 #include <boost/program_options/options_description.hpp>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/build_info.h"
-#include "fsdpx/framework/plugin_host.h"
-#include "fsdpx/framework/run_config.h"
-#include "fsdpx/framework/suggest.h"
-#include "fsdpx/framework/unit_plan.h"
+#include "fsdpx/framework/runtime/build_info.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/plugin_host/run_config.h"
+#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/framework/engine/unit_plan.h"
 #include "fsdpx/model.h"
 #include "fsdpx/optimizer.h"
 #include "fsdpx/precision_policy.h"

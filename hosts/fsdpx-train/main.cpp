@@ -1,6 +1,6 @@
 // fsdpx-train: the training host. Composes a run from plugins (--<section>.name NAME and their
 // options, or an INI file with --config), places the ranks (flags, torchrun, Slurm, or its own
-// launcher with --nproc-per-node), and trains (fsdpx/framework/trainer.h). --dry-run plans without
+// launcher with --nproc-per-node), and trains (fsdpx/framework/trainer/trainer.h). --dry-run plans without
 // a process group; --check-comm verifies the runtime; --print-topology shows where a rank sits.
 #include <unistd.h>
 
@@ -16,12 +16,12 @@
 #include <boost/program_options.hpp>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/launcher.h"
-#include "fsdpx/framework/plugin_host.h"
-#include "fsdpx/framework/run_config.h"
-#include "fsdpx/framework/trainer.h"
-#include "fsdpx/framework/process_groups.h"
-#include "fsdpx/framework/topology_resolver.h"
+#include "fsdpx/framework/runtime/launcher.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/plugin_host/run_config.h"
+#include "fsdpx/framework/trainer/trainer.h"
+#include "fsdpx/framework/runtime/process_groups.h"
+#include "fsdpx/framework/runtime/topology_resolver.h"
 
 namespace po = boost::program_options;
 

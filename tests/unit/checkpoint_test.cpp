@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/safetensors.h"
+#include "fsdpx/framework/checkpoint/safetensors.h"
 #include "test_paths.h"
 
 using namespace fsdpx::test;

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdpx/data_source.h"
-#include "fsdpx/framework/plugin_host.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "test_paths.h"
 
 namespace fsdpx {

@@ -18,7 +18,7 @@
 #include <torch/nn/module.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/sharding_engine.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/unit.h"
 #include "test_paths.h"
 

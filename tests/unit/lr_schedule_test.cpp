@@ -1,7 +1,7 @@
 // The trainer's learning-rate schedules.
 #include <gtest/gtest.h>
 
-#include "fsdpx/framework/lr_schedule.h"
+#include "fsdpx/framework/trainer/lr_schedule.h"
 #include "test_paths.h"
 
 namespace fsdpx {

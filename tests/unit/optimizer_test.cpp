@@ -11,7 +11,7 @@
 #include <torch/optim/sgd.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/plugin_host.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/optimizer.h"
 #include "test_paths.h"
 

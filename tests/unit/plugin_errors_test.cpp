@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/plugin_host.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/wrap_policy.h"
 #include "test_paths.h"
 

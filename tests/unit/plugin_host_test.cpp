@@ -6,7 +6,7 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
-#include "fsdpx/framework/plugin_host.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/wrap_policy.h"
 #include "test_paths.h"
 

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/run_config.h"
+#include "fsdpx/framework/plugin_host/run_config.h"
 #include "test_paths.h"
 
 namespace fsdpx {

@@ -18,8 +18,8 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
-#include "fsdpx/framework/c10d_backends.h"
-#include "fsdpx/framework/communicator.h"
+#include "fsdpx/framework/runtime/c10d_backends.h"
+#include "fsdpx/framework/runtime/communicator.h"
 #include "test_paths.h"
 
 namespace fsdpx {

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "fsdpx/framework/sampler.h"
+#include "fsdpx/framework/trainer/sampler.h"
 #include "test_paths.h"
 
 namespace fsdpx {

@@ -6,8 +6,8 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
 
-#include "fsdpx/framework/plugin_host.h"
-#include "fsdpx/framework/unit_plan.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/engine/unit_plan.h"
 
 namespace fsdpx {
 namespace {

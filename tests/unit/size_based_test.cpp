@@ -7,8 +7,8 @@
 #include <torch/nn/modules/linear.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/plugin_host.h"
-#include "fsdpx/framework/unit_plan.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/engine/unit_plan.h"
 #include "fsdpx/unit.h"
 #include "test_paths.h"
 

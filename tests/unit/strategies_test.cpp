@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "fsdpx/framework/plugin_host.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/interfaces.h"
 #include "test_paths.h"
 

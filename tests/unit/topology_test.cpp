@@ -6,7 +6,7 @@
 #include "test_paths.h"
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/topology_resolver.h"
+#include "fsdpx/framework/runtime/topology_resolver.h"
 
 namespace fsdpx {
 namespace {

@@ -24,15 +24,14 @@
 #include <ATen/ops/remainder.h>
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
-#include <boost/program_options.hpp>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/launcher.h"
-#include "fsdpx/framework/process_groups.h"
-#include "fsdpx/framework/topology_resolver.h"
+#include "fsdpx/framework/runtime/process_groups.h"
+#include "fsdpx/framework/runtime/topology_resolver.h"
+#include "tool.h"
 
-namespace po = boost::program_options;
 using namespace fsdpx;
+namespace po = boost::program_options;
 
 namespace {
 
@@ -91,82 +90,75 @@ void collectives(Communicator& c) {
   c.barrier().wait();
 }
 
+// Runs `scenario` on this rank; returns the exit status.
+int run_scenario(const std::string& scenario, const RuntimeOptions& ro, const po::variables_map& vm) {
+  const int rank = ro.topology.rank;
+  if (scenario == "sleep") {
+    std::ofstream(vm["dir"].as<std::string>() + "/pid." + std::to_string(rank)) << ::getpid() << "\n";
+    std::this_thread::sleep_for(std::chrono::seconds(120));
+    return 0;
+  }
+  auto groups = ProcessGroups::create(ro);
+  if (scenario == "collectives") {
+    collectives(*groups->world());
+    std::printf("collectives ok\n");
+  } else if (scenario == "hybrid") {
+    auto h = groups->hybrid(ro.topology.local_world_size);
+    collectives(*h.shard);
+    collectives(*h.replicate);
+    // Which ranks are where: sum of global ranks in each group.
+    at::Tensor s = at::full({1}, static_cast<double>(rank));
+    h.shard->all_reduce(s, ReduceOp::Sum).wait();
+    at::Tensor t = at::full({1}, static_cast<double>(rank));
+    h.replicate->all_reduce(t, ReduceOp::Sum).wait();
+    std::printf("hybrid ok shard=%d/%d sum=%g replicate=%d/%d sum=%g\n", h.shard->rank(), h.shard->size(),
+                s.item<double>(), h.replicate->rank(), h.replicate->size(), t.item<double>());
+  } else if (scenario == "subgroups") {
+    // A group of some ranks, then groups of all: creation must agree per group, not per rank.
+    if (rank < 2) {
+      auto pair = groups->new_group("pair", {0, 1});
+      at::Tensor t = at::ones({3});
+      pair->all_reduce(t, ReduceOp::Sum).wait();
+      expect_equal(t, at::full({3}, 2.0), "pair all_reduce");
+    }
+    auto h = groups->hybrid(2);
+    at::Tensor s = at::full({1}, static_cast<double>(rank));
+    h.shard->all_reduce(s, ReduceOp::Sum).wait();
+    expect_equal(s, at::full({1}, rank < 2 ? 1.0 : 5.0), "shard all_reduce after a subset group");
+    std::printf("subgroups ok\n");
+  } else if (scenario == "die") {
+    at::Tensor t = at::ones({1024});
+    groups->world()->all_reduce(t, ReduceOp::Sum).wait();
+    if (rank == 1) ::raise(SIGKILL);
+    at::Tensor u = at::ones({1 << 20});
+    groups->world()->all_reduce(u, ReduceOp::Sum).wait();
+    std::printf("rank %d: the collective succeeded without rank 1\n", rank);
+    return 0;
+  } else if (scenario == "exit") {
+    groups->world()->barrier().wait();
+    if (rank == vm["fail-rank"].as<int>()) return vm["code"].as<int>();
+    std::this_thread::sleep_for(std::chrono::seconds(120));
+  } else {
+    throw Error("unknown scenario '" + scenario + "'");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  try {
-    std::vector<std::string> args;
-    if (auto rc = launch_if_requested(argc, argv, "comm_worker", args)) return *rc;
-    po::options_description desc;
-    desc.add_options()("scenario", po::value<std::string>()->required(), "")
-        ("rendezvous-timeout", po::value<double>()->default_value(30), "")
-        ("collective-timeout", po::value<double>()->default_value(30), "")
-        ("fail-rank", po::value<int>()->default_value(1), "")
-        ("code", po::value<int>()->default_value(3), "")
-        ("dir", po::value<std::string>(), "");
-    po::variables_map vm;
-    po::store(po::command_line_parser(args).options(desc).run(), vm);
-    po::notify(vm);
-    const std::string scenario = vm["scenario"].as<std::string>();
-    TopologyFlags flags;
+  po::options_description desc;
+  desc.add_options()("scenario", po::value<std::string>()->required(), "")
+      ("rendezvous-timeout", po::value<double>()->default_value(30), "")
+      ("collective-timeout", po::value<double>()->default_value(30), "")
+      ("fail-rank", po::value<int>()->default_value(1), "")
+      ("code", po::value<int>()->default_value(3), "")
+      ("dir", po::value<std::string>(), "");
+  return tool::main(argc, argv, "comm_worker", desc, [](const po::variables_map& vm) {
     RuntimeOptions ro;
-    ro.topology = resolve_topology(flags, process_environment()).topology;
+    ro.topology = resolve_topology({}, process_environment()).topology;
     ro.rendezvous_timeout = std::chrono::milliseconds(static_cast<int64_t>(vm["rendezvous-timeout"].as<double>() * 1000));
     ro.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(vm["collective-timeout"].as<double>() * 1000));
-    const int rank = ro.topology.rank;
-
-    if (scenario == "sleep") {
-      std::ofstream(vm["dir"].as<std::string>() + "/pid." + std::to_string(rank)) << ::getpid() << "\n";
-      std::this_thread::sleep_for(std::chrono::seconds(120));
-      return 0;
-    }
-    auto groups = ProcessGroups::create(ro);
-    if (scenario == "collectives") {
-      collectives(*groups->world());
-      std::printf("collectives ok\n");
-    } else if (scenario == "hybrid") {
-      auto h = groups->hybrid(ro.topology.local_world_size);
-      collectives(*h.shard);
-      collectives(*h.replicate);
-      // Which ranks are where: sum of global ranks in each group.
-      at::Tensor s = at::full({1}, static_cast<double>(rank));
-      h.shard->all_reduce(s, ReduceOp::Sum).wait();
-      at::Tensor t = at::full({1}, static_cast<double>(rank));
-      h.replicate->all_reduce(t, ReduceOp::Sum).wait();
-      std::printf("hybrid ok shard=%d/%d sum=%g replicate=%d/%d sum=%g\n", h.shard->rank(), h.shard->size(),
-                  s.item<double>(), h.replicate->rank(), h.replicate->size(), t.item<double>());
-    } else if (scenario == "subgroups") {
-      // A group of some ranks, then groups of all: creation must agree per group, not per rank.
-      if (rank < 2) {
-        auto pair = groups->new_group("pair", {0, 1});
-        at::Tensor t = at::ones({3});
-        pair->all_reduce(t, ReduceOp::Sum).wait();
-        expect_equal(t, at::full({3}, 2.0), "pair all_reduce");
-      }
-      auto h = groups->hybrid(2);
-      at::Tensor s = at::full({1}, static_cast<double>(rank));
-      h.shard->all_reduce(s, ReduceOp::Sum).wait();
-      expect_equal(s, at::full({1}, rank < 2 ? 1.0 : 5.0), "shard all_reduce after a subset group");
-      std::printf("subgroups ok\n");
-    } else if (scenario == "die") {
-      at::Tensor t = at::ones({1024});
-      groups->world()->all_reduce(t, ReduceOp::Sum).wait();
-      if (rank == 1) ::raise(SIGKILL);
-      at::Tensor u = at::ones({1 << 20});
-      groups->world()->all_reduce(u, ReduceOp::Sum).wait();
-      std::printf("rank %d: the collective succeeded without rank 1\n", rank);
-      return 0;
-    } else if (scenario == "exit") {
-      groups->world()->barrier().wait();
-      if (rank == vm["fail-rank"].as<int>()) return vm["code"].as<int>();
-      std::this_thread::sleep_for(std::chrono::seconds(120));
-    } else {
-      throw Error("unknown scenario '" + scenario + "'");
-    }
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "comm_worker: %s\n", e.what());
-    return 1;
-  }
+    return run_scenario(vm["scenario"].as<std::string>(), ro, vm);
+  });
 }

@@ -16,7 +16,7 @@
 #include <fsdpx/data_source.h>
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
-#include <fsdpx/framework/sampler.h>
+#include <fsdpx/framework/trainer/sampler.h>
 #include <fsdpx/plugin.h>
 
 namespace {
@@ -41,79 +41,118 @@ bool parse_number(const std::string& s, double& out) {
   return end == s.c_str() + s.size() && std::isfinite(out);
 }
 
+// A CSV file's rows as numbers: features row-major, labels as class indices.
+struct Table {
+  int64_t rows = 0, features = 0;
+  std::vector<float> x;
+  std::vector<int64_t> y;
+};
+
+// The file's non-empty lines split at commas; `first_line` is the line number of the first.
+std::vector<std::vector<std::string>> read_rows(std::istream& in, int64_t& first_line) {
+  std::vector<std::vector<std::string>> rows;
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty() || line == "\r") continue;
+    if (rows.empty()) first_line = line_no;
+    rows.push_back(split_line(line));
+  }
+  return rows;
+}
+
+// Whether the first row is a header: asked for, or (auto) a first line that is not all numbers
+// or whose width differs from the next (sklearn's "569,30,malignant,benign").
+bool has_header(const std::vector<std::vector<std::string>>& rows, const std::string& header) {
+  if (header != "auto") return header == "yes";
+  double v;
+  bool skip = false;
+  for (const auto& f : rows[0]) skip = skip || !parse_number(f, v);
+  return skip || (rows.size() > 1 && rows[0].size() != rows[1].size());
+}
+
+// Labels as class indices: non-negative integers as they are, else text mapped to its index in
+// sorted order.
+std::vector<int64_t> label_ids(const std::vector<std::string>& labels) {
+  std::vector<int64_t> y(labels.size());
+  bool numeric = true;
+  for (const auto& l : labels) {
+    double v;
+    numeric = numeric && parse_number(l, v) && v == std::floor(v) && v >= 0 && v < 1e15;
+  }
+  if (numeric) {
+    for (size_t i = 0; i < labels.size(); ++i) {
+      double v = 0;
+      parse_number(labels[i], v);
+      y[i] = static_cast<int64_t>(v);
+    }
+    return y;
+  }
+  std::map<std::string, int64_t> ids;
+  for (const auto& l : labels) ids.emplace(l, 0);
+  int64_t next = 0;
+  for (auto& [name, id] : ids) id = next++;
+  for (size_t i = 0; i < labels.size(); ++i) y[i] = ids[labels[i]];
+  return y;
+}
+
+// Parses a CSV stream (named `path` in errors) into a table. Throws fsdpx::Error naming the row,
+// line and column of anything that is not a number outside the label column, a ragged row, an
+// empty file, or a label column outside the table.
+Table parse_table(std::istream& in, const std::string& path, int64_t label_column, const std::string& header) {
+  int64_t first_line = 0;
+  std::vector<std::vector<std::string>> rows = read_rows(in, first_line);
+  if (rows.empty()) throw fsdpx::Error("csv file " + path + " is empty (data.path)");
+  const bool skip = has_header(rows, header);
+  if (skip) rows.erase(rows.begin());
+  if (rows.empty()) throw fsdpx::Error("csv file " + path + " has a header and no rows");
+  const int64_t cols = static_cast<int64_t>(rows[0].size());
+  if (cols < 2) throw fsdpx::Error("csv file " + path + " has " + std::to_string(cols) + " column; it needs features and a label");
+  const int64_t label = label_column < 0 ? cols + label_column : label_column;
+  if (label < 0 || label >= cols)
+    throw fsdpx::Error("data.label_column " + std::to_string(label_column) + " is outside the " + std::to_string(cols) +
+                       " columns of " + path + " (0.." + std::to_string(cols - 1) + ", or -1 for the last)");
+  Table t;
+  t.rows = static_cast<int64_t>(rows.size());
+  t.features = cols - 1;
+  t.x.resize(static_cast<size_t>(t.rows * t.features));
+  std::vector<std::string> labels(static_cast<size_t>(t.rows));
+  for (int64_t i = 0; i < t.rows; ++i) {
+    const auto& row = rows[static_cast<size_t>(i)];
+    const std::string where = "csv file " + path + ": row " + std::to_string(i + 1) + " (line " +
+                              std::to_string(first_line + i + (skip ? 1 : 0)) + ")";
+    if (static_cast<int64_t>(row.size()) != cols)
+      throw fsdpx::Error(where + " has " + std::to_string(row.size()) + " fields, the first row has " + std::to_string(cols));
+    int64_t k = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const std::string& field = row[static_cast<size_t>(c)];
+      if (c == label) {
+        labels[static_cast<size_t>(i)] = field;
+        continue;
+      }
+      double v;
+      if (!parse_number(field, v))
+        throw fsdpx::Error(where + ", column " + std::to_string(c) + " is '" + field +
+                           "', not a number; only the label column may hold text");
+      t.x[static_cast<size_t>(i * t.features + k++)] = static_cast<float>(v);
+    }
+  }
+  t.y = label_ids(labels);
+  return t;
+}
+
 class Csv final : public fsdpx::DataSource, public fsdpx::HeldOutData {
  public:
   Csv(const std::string& path, int64_t label_column, const std::string& header, double holdout, uint64_t split_seed,
       bool standardize) {
     std::ifstream in(path);
     if (!in) throw fsdpx::Error("csv file " + path + " cannot be opened (data.path); does it exist?");
-    std::vector<std::vector<std::string>> rows;
-    std::string line;
-    int64_t line_no = 0, first_line = 0;
-    while (std::getline(in, line)) {
-      ++line_no;
-      if (line.empty() || line == "\r") continue;
-      if (rows.empty()) first_line = line_no;
-      rows.push_back(split_line(line));
-    }
-    if (rows.empty()) throw fsdpx::Error("csv file " + path + " is empty (data.path)");
-    // The header: asked for, or (auto) a first line that is not all numbers.
-    bool skip = header == "yes";
-    if (header == "auto") {
-      double v;
-      for (const auto& f : rows[0]) skip = skip || !parse_number(f, v);
-      if (rows.size() > 1 && rows[0].size() != rows[1].size()) skip = true;  // sklearn's "569,30,malignant,benign"
-    }
-    if (skip) rows.erase(rows.begin());
-    if (rows.empty()) throw fsdpx::Error("csv file " + path + " has a header and no rows");
-    const int64_t cols = static_cast<int64_t>(rows[0].size());
-    if (cols < 2) throw fsdpx::Error("csv file " + path + " has " + std::to_string(cols) + " column; it needs features and a label");
-    const int64_t label = label_column < 0 ? cols + label_column : label_column;
-    if (label < 0 || label >= cols)
-      throw fsdpx::Error("data.label_column " + std::to_string(label_column) + " is outside the " + std::to_string(cols) +
-                         " columns of " + path + " (0.." + std::to_string(cols - 1) + ", or -1 for the last)");
-    n_ = static_cast<int64_t>(rows.size());
-    features_ = cols - 1;
-    x_.resize(static_cast<size_t>(n_ * features_));
-    std::vector<std::string> labels(static_cast<size_t>(n_));
-    bool numeric_labels = true;
-    for (int64_t i = 0; i < n_; ++i) {
-      const auto& row = rows[static_cast<size_t>(i)];
-      const int64_t at_line = first_line + i + (skip ? 1 : 0);
-      if (static_cast<int64_t>(row.size()) != cols)
-        throw fsdpx::Error("csv file " + path + ": row " + std::to_string(i + 1) + " (line " + std::to_string(at_line) +
-                           ") has " + std::to_string(row.size()) + " fields, the first row has " + std::to_string(cols));
-      int64_t k = 0;
-      for (int64_t c = 0; c < cols; ++c) {
-        if (c == label) {
-          labels[static_cast<size_t>(i)] = row[static_cast<size_t>(c)];
-          double v;
-          numeric_labels = numeric_labels && parse_number(row[static_cast<size_t>(c)], v) && v == std::floor(v) && v >= 0 &&
-                           v < 1e15;
-          continue;
-        }
-        double v;
-        if (!parse_number(row[static_cast<size_t>(c)], v))
-          throw fsdpx::Error("csv file " + path + ": row " + std::to_string(i + 1) + " (line " + std::to_string(at_line) +
-                             "), column " + std::to_string(c) + " is '" + row[static_cast<size_t>(c)] +
-                             "', not a number; only the label column may hold text");
-        x_[static_cast<size_t>(i * features_ + k++)] = static_cast<float>(v);
-      }
-    }
-    y_.resize(static_cast<size_t>(n_));
-    if (numeric_labels) {
-      for (int64_t i = 0; i < n_; ++i) {
-        double v = 0;
-        parse_number(labels[static_cast<size_t>(i)], v);
-        y_[static_cast<size_t>(i)] = static_cast<int64_t>(v);
-      }
-    } else {
-      std::map<std::string, int64_t> ids;
-      for (const auto& l : labels) ids.emplace(l, 0);
-      int64_t next = 0;
-      for (auto& [name, id] : ids) id = next++;
-      for (int64_t i = 0; i < n_; ++i) y_[static_cast<size_t>(i)] = ids[labels[static_cast<size_t>(i)]];
-    }
+    Table t = parse_table(in, path, label_column, header);
+    n_ = t.rows;
+    features_ = t.features;
+    x_ = std::move(t.x);
+    y_ = std::move(t.y);
     // The split: a permutation from split_seed alone; the last `holdout` fraction is held out.
     order_.resize(static_cast<size_t>(n_));
     std::iota(order_.begin(), order_.end(), 0);
@@ -122,22 +161,7 @@ class Csv final : public fsdpx::DataSource, public fsdpx::HeldOutData {
     heldout_ = static_cast<int64_t>(std::floor(n_ * holdout));
     train_ = n_ - heldout_;
     if (train_ < 1) throw fsdpx::Error("csv file " + path + " leaves no training rows with data.holdout " + std::to_string(holdout));
-    if (standardize) {
-      for (int64_t f = 0; f < features_; ++f) {
-        double sum = 0, sq = 0;
-        for (int64_t t = 0; t < train_; ++t) sum += x_[static_cast<size_t>(order_[static_cast<size_t>(t)] * features_ + f)];
-        const double mean = sum / train_;
-        for (int64_t t = 0; t < train_; ++t) {
-          const double d = x_[static_cast<size_t>(order_[static_cast<size_t>(t)] * features_ + f)] - mean;
-          sq += d * d;
-        }
-        const double sd = std::sqrt(sq / train_);
-        for (int64_t i = 0; i < n_; ++i) {
-          float& v = x_[static_cast<size_t>(i * features_ + f)];
-          v = static_cast<float>((v - mean) / (sd > 0 ? sd : 1.0));
-        }
-      }
-    }
+    if (standardize) standardise();
   }
 
   void open(const fsdpx::DataContext& ctx) override {
@@ -168,6 +192,24 @@ class Csv final : public fsdpx::DataSource, public fsdpx::HeldOutData {
   }
 
  private:
+  // Features to zero mean and unit variance, with the training rows' statistics.
+  void standardise() {
+    for (int64_t f = 0; f < features_; ++f) {
+      double sum = 0, sq = 0;
+      for (int64_t t = 0; t < train_; ++t) sum += x_[static_cast<size_t>(order_[static_cast<size_t>(t)] * features_ + f)];
+      const double mean = sum / train_;
+      for (int64_t t = 0; t < train_; ++t) {
+        const double d = x_[static_cast<size_t>(order_[static_cast<size_t>(t)] * features_ + f)] - mean;
+        sq += d * d;
+      }
+      const double sd = std::sqrt(sq / train_);
+      for (int64_t i = 0; i < n_; ++i) {
+        float& v = x_[static_cast<size_t>(i * features_ + f)];
+        v = static_cast<float>((v - mean) / (sd > 0 ? sd : 1.0));
+      }
+    }
+  }
+
   fsdpx::Batch rows(const std::vector<int64_t>& idx) {
     const int64_t b = static_cast<int64_t>(idx.size());
     fsdpx::Batch batch;

@@ -6,8 +6,8 @@
 
 #include <fsdpx/data_source.h>
 #include <fsdpx/error.h>
-#include <fsdpx/framework/sampler.h>
-#include <fsdpx/framework/sharding_engine.h>
+#include <fsdpx/framework/base/seeds.h>
+#include <fsdpx/framework/trainer/sampler.h>
 #include <fsdpx/plugin.h>
 
 namespace {

@@ -16,7 +16,7 @@
 #include <fsdpx/data_source.h>
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
-#include <fsdpx/framework/sampler.h>
+#include <fsdpx/framework/trainer/sampler.h>
 #include <fsdpx/plugin.h>
 
 namespace fs = std::filesystem;

@@ -1,0 +1,80 @@
+// Checkpoints: the trainer's side (what a rank saves and fills on load) and the sharded and
+// consolidated formats, shared by the checkpoint plugins and fsdpx-ckpt.
+//
+// Sharded format, a directory step-NNNNNNNN/:
+//   index.json             {"format": "fsdpx-sharded", "version": 1, "step", "world_size",
+//                           "tensors": {name: {"dtype", "shape", "digest",
+//                                             "pieces": [{"file", "row_offset", "rows"}]}},
+//                           "files": {file: bytes}}
+//   rank-RRRRR.safetensors the rows rank R held, one entry per tensor it wrote
+//   trainer_state.json     step, data position, seed
+//   config.ini             the resolved configuration the run was started with
+// Written under .tmp-step-NNNNNNNN/ (every file fsynced) and renamed when every rank has
+// finished, so an interrupted save is never taken for a checkpoint; an older step-N it replaces
+// is moved to .old-step-N first and removed last (list_checkpoints moves it back if the save
+// died in between).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdpx/checkpoint_backend.h"
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+// --- A run's checkpoint directory -------------------------------------------------------
+
+FSDPX_API std::string checkpoint_dir_name(int64_t step);  // "step-00000010"
+// Complete checkpoints under `root` (those whose index.json or digests.json parses), oldest first.
+FSDPX_API std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
+// The newest of them (CheckpointBackend::latest of both formats).
+FSDPX_API std::optional<std::string> latest_checkpoint(const std::string& root);
+// Removes all but the newest `keep` complete checkpoints, and stale temporary directories.
+FSDPX_API void prune_checkpoints(const std::string& root, int64_t keep);
+
+// Fault injection for the interrupted-save test: FSDPX_FAULT=save-after-write:R makes rank R
+// exit abruptly after writing its file, before the save completes.
+FSDPX_API void maybe_fault(const char* point, int rank);
+
+// --- The sharded format ---------------------------------------------------------------------
+
+FSDPX_API void save_sharded(const std::string& dir, const CheckpointState& state, const CheckpointContext& ctx);
+// Fills state.tensors (any layout: each rank reads the byte ranges overlapping its rows),
+// state.step, trainer_state_json and config_ini; then every rank checks the digests of the
+// tensors assembled over all ranks. Collective. Throws fsdpx::Error naming the tensor or file.
+FSDPX_API void load_sharded(const std::string& dir, CheckpointState& state, const CheckpointContext& ctx);
+
+// Offline (one process, no process group).
+struct CheckpointTensorInfo {
+  std::string name, dtype, digest;
+  std::vector<int64_t> shape;
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> pieces;  // file, (row_offset, rows)
+};
+struct CheckpointInfo {
+  std::string format;  // "fsdpx-sharded" or "safetensors"
+  int64_t step = 0;
+  int world_size = 0;
+  std::vector<CheckpointTensorInfo> tensors;
+  std::string trainer_state_json, config_ini;
+  int64_t bytes = 0;
+};
+FSDPX_API CheckpointInfo inspect_checkpoint(const std::string& path);
+// Re-reads every byte and checks every digest and size. Returns the tensors checked; throws
+// fsdpx::Error naming the first problem.
+FSDPX_API int64_t verify_checkpoint(const std::string& path);
+// A consolidated safetensors file from a sharded checkpoint, one tensor at a time.
+// `with_optimizer` keeps the optim/ tensors; the model's names are kept as they are.
+FSDPX_API void consolidate_checkpoint(const std::string& dir, const std::string& out, bool with_optimizer);
+
+// --- The consolidated format ----------------------------------------------------------------
+
+// One safetensors file DIR/model.safetensors of whole tensors, written by rank 0 from tensors
+// gathered one at a time; __metadata__ holds the step, trainer state and configuration.
+FSDPX_API void save_consolidated(const std::string& dir, const CheckpointState& state, const CheckpointContext& ctx,
+                                 bool with_optimizer);
+FSDPX_API void load_consolidated(const std::string& dir, CheckpointState& state, const CheckpointContext& ctx);
+
+}  // namespace fsdpx

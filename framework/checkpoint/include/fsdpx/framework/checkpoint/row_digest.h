@@ -1,0 +1,25 @@
+// RowDigest: the per-tensor digest of fsdpx checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+// A digest of a tensor that adds up over its dim-0 rows: the sum over rows i of
+// mix(i, hash(row bytes)), kept as two 32-bit half sums so that partial sums from any split of
+// the rows (any world size, any sharding) add to the same total without overflow.
+struct FSDPX_API RowDigest {
+  int64_t lo = 0, hi = 0;
+  // Adds rows [first, first + count) given as `bytes` (count x row_bytes).
+  void add_rows(const char* bytes, int64_t first, int64_t count, int64_t row_bytes);
+  void add(const RowDigest& o) {
+    lo += o.lo;
+    hi += o.hi;
+  }
+  std::string hex() const;  // 16 hex digits
+};
+
+}  // namespace fsdpx

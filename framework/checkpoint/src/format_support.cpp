@@ -1,0 +1,215 @@
+#include "format_support.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <ATen/ops/from_blob.h>
+
+#include "fsdpx/error.h"
+
+namespace fsdpx::ckpt {
+
+
+int64_t rows_of(const at::Tensor& local) { return local.dim() == 0 ? 1 : local.size(0); }
+int64_t rows_of(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape[0]; }
+int64_t row_bytes_of(const std::vector<int64_t>& shape, c10::ScalarType t) {
+  int64_t n = static_cast<int64_t>(c10::elementSize(t));
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+// Whether this rank writes (and counts in digests) its rows of `t`: the first replica alone, and
+// a tensor held whole by every rank (a replicated scalar) only by rank 0.
+bool owns(const TensorShard& t, const CheckpointContext& ctx) {
+  const int64_t local = rows_of(t.local);
+  if (local == 0 || !ctx.primary) return false;
+  return local < rows_of(t.global_shape) || ctx.rank == 0;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw Error(p.string() + ": cannot be read");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Written and fsynced, so that a checkpoint renamed into place survives a crash.
+void write_text(const fs::path& p, const std::string& text) { write_file_synced(p.string(), text); }
+
+int64_t parse_step(const std::string& text, const std::string& where) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || v < 0) throw Error(where + ": step '" + text + "' is not a step number");
+  return v;
+}
+
+json parse_json_file(const fs::path& p) {
+  try {
+    return json::parse(read_text(p));
+  } catch (const json::exception& e) {
+    throw Error(p.string() + ": not valid JSON (" + e.what() + ")");
+  }
+}
+
+// Replaces `final_dir` by `tmp`. The old checkpoint is moved aside first and removed last; if
+// the process dies in between, list_checkpoints moves it back.
+void swap_into_place(const fs::path& tmp, const fs::path& final_dir) {
+  const fs::path root = final_dir.parent_path();
+  std::error_code ec;
+  if (fs::exists(final_dir)) {
+    const fs::path old = root / (".old-" + final_dir.filename().string());
+    fs::remove_all(old, ec);
+    fs::rename(final_dir, old);
+    fs::rename(tmp, final_dir);
+    fsync_directory(root.string());
+    fs::remove_all(old, ec);
+  } else {
+    fs::rename(tmp, final_dir);
+  }
+  fsync_directory(root.string());
+}
+
+// Runs `local` on this rank, then agrees over all ranks: if any rank failed, every rank throws
+// (the failing rank with its own message), so that no rank waits for a peer that gave up.
+void agree(const CheckpointContext& ctx, const std::string& what, const std::function<void()>& local,
+           std::vector<RowDigest>* digests) {
+  std::string error;
+  try {
+    local();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // One all-sum carries every rank's failure flag and, on load, the digests' partial sums.
+  std::vector<int64_t> sums(static_cast<size_t>(ctx.world_size), 0);
+  sums[static_cast<size_t>(ctx.rank)] = error.empty() ? 0 : 1;
+  if (digests)
+    for (const auto& d : *digests) {
+      sums.push_back(d.lo);
+      sums.push_back(d.hi);
+    }
+  if (ctx.all_sum) ctx.all_sum(sums);
+  if (!error.empty()) throw Error(error);
+  for (int r = 0; r < ctx.world_size; ++r)
+    if (sums[static_cast<size_t>(r)]) throw Error(what + " failed on rank " + std::to_string(r) + " (its log says why)");
+  if (digests)
+    for (size_t i = 0; i < digests->size(); ++i) {
+      const size_t at = static_cast<size_t>(ctx.world_size) + 2 * i;
+      (*digests)[i] = RowDigest{sums[at], sums[at + 1]};
+    }
+}
+
+// After a load: every tensor's digest, summed over the ranks, against the one the checkpoint
+// recorded (`recorded` gives it, "" when it has none).
+void check_digests(const std::string& dir, const CheckpointState& st, const std::vector<RowDigest>& digests,
+                   const std::function<std::string(const std::string&)>& recorded, const char* source, const char* damage) {
+  for (size_t i = 0; i < st.tensors.size(); ++i) {
+    const std::string& name = st.tensors[i].name;
+    const std::string want = recorded(name);
+    if (want.empty()) continue;
+    const std::string got = digests[i].hex();
+    if (got != want)
+      throw Error("checkpoint " + dir + ": tensor '" + name + "' does not match its digest (" + got + ", " + source + " says " +
+                  want + "): " + damage);
+  }
+}
+
+at::Tensor bytes_to_tensor(std::vector<char>& bytes, const std::vector<int64_t>& shape, int64_t rows, c10::ScalarType t) {
+  std::vector<int64_t> s = shape.empty() ? std::vector<int64_t>{} : shape;
+  if (!s.empty()) s[0] = rows;
+  return at::from_blob(bytes.data(), s, at::TensorOptions().dtype(t)).clone();
+}
+
+std::string shape_text(const std::vector<int64_t>& s) { return c10::str(at::IntArrayRef(s)); }
+
+Index read_index(const std::string& dir) {
+  const fs::path p = fs::path(dir) / "index.json";
+  if (!fs::exists(p)) {
+    if (fs::exists(fs::path(dir) / "model.safetensors"))
+      throw Error(dir + " is a consolidated checkpoint (model.safetensors), not a sharded one (fsdpx-train loads it with "
+                  "--checkpoint.name consolidated; it is already one file, nothing to consolidate)");
+    throw Error(dir + " is not a checkpoint: it has no index.json (an interrupted save leaves only a .tmp- directory)");
+  }
+  Index ix{json(), dir};
+  try {
+    ix.j = json::parse(read_text(p));
+  } catch (const json::exception& e) {
+    throw Error(p.string() + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!ix.j.is_object() || ix.j.value("format", "") != "fsdpx-sharded" || !ix.j.contains("tensors") ||
+      !ix.j["tensors"].is_object())
+    throw Error(p.string() + ": not an fsdpx sharded checkpoint index");
+  if (ix.j.value("version", 0) != 1)
+    throw Error(p.string() + ": format version " + std::to_string(ix.j.value("version", 0)) + ", this fsdpx reads version 1");
+  return ix;
+}
+
+std::vector<int64_t> json_shape(const json& j, const std::string& where) {
+  if (!j.is_array()) throw Error(where + ": shape is not a list");
+  std::vector<int64_t> s;
+  for (const auto& d : j) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0) throw Error(where + ": shape " + j.dump() + " is not a list of sizes");
+    s.push_back(d.get<int64_t>());
+  }
+  return s;
+}
+
+SafetensorsReader& Files::get(const std::string& file) {
+  auto it = open_.find(file);
+  if (it != open_.end()) return *it->second;
+  if (file.find('/') != std::string::npos || file.find("..") != std::string::npos)
+    throw Error((dir_ / "index.json").string() + ": file name '" + file + "' leaves the checkpoint directory");
+  const fs::path p = dir_ / file;
+  std::error_code ec;
+  const auto size = fs::file_size(p, ec);
+  if (ec) throw Error(p.string() + ": missing (" + ec.message() + ")");
+  if (sizes_.contains(file) && sizes_[file].is_number_integer() && static_cast<int64_t>(size) != sizes_[file].get<int64_t>())
+    throw Error(p.string() + ": " + std::to_string(size) + " bytes, the index records " +
+                std::to_string(sizes_[file].get<int64_t>()) + " (truncated or replaced)");
+  return *open_.emplace(file, std::make_unique<SafetensorsReader>(p.string())).first->second;
+}
+std::vector<Piece> pieces_of(const json& entry, const std::string& where) {
+  std::vector<Piece> out;
+  if (!entry.contains("pieces") || !entry["pieces"].is_array()) throw Error(where + ": no pieces");
+  for (const auto& p : entry["pieces"]) {
+    if (!p.is_object() || !p.contains("file") || !p.contains("row_offset") || !p.contains("rows") || !p["file"].is_string() ||
+        !p["row_offset"].is_number_integer() || !p["rows"].is_number_integer())
+      throw Error(where + ": a piece lacks file, row_offset or rows");
+    out.push_back({p["file"].get<std::string>(), p["row_offset"].get<int64_t>(), p["rows"].get<int64_t>()});
+  }
+  return out;
+}
+
+// Reads rows [first, first + count) of tensor `name` from its pieces, checking each piece's
+// header against the index. Adds the bytes to `digest` when `count_digest`.
+std::vector<char> read_tensor_rows(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
+                                   c10::ScalarType dtype, int64_t first, int64_t count, RowDigest* digest) {
+  const std::string where = "tensor '" + name + "'";
+  const int64_t rb = row_bytes_of(shape, dtype);
+  std::vector<char> out(static_cast<size_t>(count * rb));
+  int64_t covered = 0;
+  for (const Piece& p : pieces_of(entry, where)) {
+    const int64_t lo = std::max(first, p.offset), hi = std::min(first + count, p.offset + p.rows);
+    if (lo >= hi) continue;
+    SafetensorsReader& r = files.get(p.file);
+    const SafetensorsEntry& e = r.entry(name);
+    std::vector<int64_t> piece_shape = shape;
+    if (!piece_shape.empty()) piece_shape[0] = p.rows;
+    if (e.scalar_type != dtype || e.shape != piece_shape)
+      throw Error(r.path() + ": " + where + " is " + e.dtype + " " + shape_text(e.shape) + ", the index says " +
+                  safetensors_dtype(dtype) + " " + shape_text(piece_shape));
+    std::vector<char> bytes = r.read_rows(name, lo - p.offset, hi - lo);
+    if (digest) digest->add_rows(bytes.data(), lo, hi - lo, rb);
+    std::memcpy(out.data() + (lo - first) * rb, bytes.data(), bytes.size());
+    covered += hi - lo;
+  }
+  if (covered != count)
+    throw Error(where + ": the checkpoint's pieces cover " + std::to_string(covered) + " of rows " + std::to_string(first) + ".." +
+                std::to_string(first + count) + " (the index is damaged)");
+  return out;
+}
+
+}  // namespace fsdpx::ckpt

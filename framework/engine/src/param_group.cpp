@@ -1,0 +1,169 @@
+#include "param_group.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "unit_collectives.h"
+
+namespace fsdpx {
+
+bool ParamGroup::separate() const {
+  const PrecisionSpec& p = config->options.precision;
+  return sharded_layout() || p.compute != p.storage;
+}
+
+bool ParamGroup::reshard_after_forward() const {
+  return sharded_layout() && !root && config->options.layout.reshard_after_forward;
+}
+
+void ParamGroup::materialise(Model& model) {
+  const int64_t S = config->shard_size;
+  for (ShardedParam& p : params) {
+    p.lay_out(S, total);
+    total += p.shard_numel;
+  }
+  const PrecisionSpec& prec = config->options.precision;
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  flat_shard = at::zeros({total}, opts.dtype(prec.storage));
+  flat_grad = at::zeros({total}, opts.dtype(prec.gradient));
+  if (separate()) {
+    unsharded = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * total) * c10::elementSize(prec.compute),
+                             c10::GetAllocator(at::kCPU), /*resizable=*/true);
+    unsharded_flat = tensor_over(unsharded, 0, {S * total}, prec.compute);
+  }
+  for (ShardedParam& p : params) {
+    std::vector<int64_t> shard_shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
+    shard_shape[0] = p.rows_per_shard;
+    {
+      at::NoGradGuard no_grad;
+      p.shard = tensor_over(flat_shard.storage(), p.offset, shard_shape, prec.storage);
+      // A frozen parameter stays frozen (no gradient view); a trainable one sees its slice of
+      // the unit's flat gradient (zeros where no rank produced a gradient).
+      if (p.param.requires_grad()) {
+        p.shard.requires_grad_(true);
+        p.shard.mutable_grad() = tensor_over(flat_grad.storage(), p.offset, shard_shape, prec.gradient);
+      }
+      p.init_shard(model, at::make_generator<at::CPUGeneratorImpl>(parameter_seed(config->options.seed, p.name)),
+                   config->shard_rank);
+    }
+    // The module's parameter becomes a view of the unit's unsharded storage (or, unsharded, of
+    // the shard itself); its object stays, so the model and autograd keep using it.
+    at::Tensor view = separate() ? tensor_over(unsharded, S * p.offset, p.shape, prec.compute)
+                                 : tensor_over(flat_shard.storage(), p.offset, p.shape, prec.storage);
+    p.param.set_data(view);
+  }
+  if (separate()) resize_storage(unsharded, 0);
+}
+
+void ParamGroup::start_gather() {
+  if (state != State::Sharded) return;
+  state = State::Gathering;
+  if (!sharded_layout()) return;
+  gather_in = cast_for_all_gather(flat_shard, config->options.precision.compute);
+  gather_out = at::empty({config->shard_size * total}, gather_in.options());
+  gather_work = config->comms.shard->all_gather(gather_out, gather_in);
+}
+
+void ParamGroup::unshard() {
+  if (state == State::Unsharded) return;
+  start_gather();
+  if (separate()) {
+    const int64_t s = config->shard_size;
+    at::Tensor src;
+    if (sharded_layout()) {
+      gather_work.wait();
+      src = gather_out.view({s, total});
+    } else {
+      src = flat_shard.view({1, total});  // cast by the copy-out
+    }
+    resize_storage(unsharded, static_cast<size_t>(s * total) * unsharded_flat.element_size());
+    copy_out_gathered(unsharded_flat, src, params, s);
+    gather_out = at::Tensor();
+    gather_in = at::Tensor();
+  }
+  state = State::Unsharded;
+}
+
+void ParamGroup::reshard() {
+  if (!separate() || state != State::Unsharded) return;
+  resize_storage(unsharded, 0);
+  state = State::Sharded;
+}
+
+void ParamGroup::reduce_grads() {
+  at::NoGradGuard no_grad;
+  const auto& comms = config->comms;
+  reduce_in = pack_gradients(params, config->shard_size, total, flat_grad.options().dtype(config->options.precision.reduce));
+  if (sharded_layout()) {
+    // Straight into the gradient shard when the dtypes agree; else through a reduce-dtype buffer.
+    reduce_out = reduce_in.scalar_type() == flat_grad.scalar_type() ? flat_grad : at::empty({total}, reduce_in.options());
+    reduce_work = comms.shard->reduce_scatter(reduce_out, reduce_in, ReduceOp::Avg);
+  } else {
+    flat_grad.copy_(reduce_in);
+    reduce_in = at::Tensor();
+    if (comms.replicate) reduce_work = comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
+  }
+  reduced = true;
+}
+
+void ParamGroup::finish_reduce() {
+  if (!reduced) return;
+  reduce_work.wait();
+  reduce_in = at::Tensor();
+  if (reduce_out.defined() && !reduce_out.is_same(flat_grad)) {
+    at::NoGradGuard no_grad;
+    flat_grad.copy_(reduce_out);
+  }
+  reduce_out = at::Tensor();
+  // Hybrid: the shard's gradients across the replicas, asynchronously, so that this unit's
+  // all-reduce overlaps the next units' reduce-scatters (finish_replicate waits).
+  if (sharded_layout() && config->comms.replicate) {
+    replicate_work = config->comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
+    replicating = true;
+  }
+  reduced = false;
+}
+
+void ParamGroup::finish_replicate() {
+  if (!replicating) return;
+  replicating = false;
+  replicate_work.wait();
+  replicate_work = Work();
+}
+
+namespace {
+// Waits for `work` of a step being abandoned: its failure was or will be reported elsewhere.
+void wait_quietly(Work& work) {
+  try {
+    work.wait();
+  } catch (const std::exception&) {
+  }
+}
+}  // namespace
+
+void ParamGroup::abandon(bool drop_grads) {
+  if (state == State::Gathering) {
+    wait_quietly(gather_work);
+    gather_out = at::Tensor();
+    gather_in = at::Tensor();
+    state = State::Sharded;
+  }
+  if (reduced) {
+    wait_quietly(reduce_work);
+    reduce_in = at::Tensor();
+    reduce_out = at::Tensor();
+    reduced = false;
+  }
+  if (replicating) {
+    replicating = false;
+    wait_quietly(replicate_work);
+    replicate_work = Work();
+  }
+  reshard();
+  if (drop_grads)
+    for (auto& p : params) p.param.mutable_grad() = at::Tensor();
+}
+
+}  // namespace fsdpx

@@ -1,0 +1,61 @@
+// ParamGroup: the parameters of one unit and their collectives (FSDP2's FSDPParamGroup). One flat
+// shard (the all-gather input) and one flat gradient shard (the reduce-scatter output); while
+// gathered, one storage of shard_size x shard elements in the compute dtype, which every
+// parameter's module tensor views.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+
+#include "engine_config.h"
+#include "sharded_param.h"
+
+namespace fsdpx {
+
+struct ParamGroup {
+  const EngineConfig* config = nullptr;
+  bool root = false;
+  std::vector<ShardedParam> params;
+  int64_t total = 0;  // shard elements (padded)
+  at::Tensor flat_shard, flat_grad;
+  c10::Storage unsharded;     // shard_size * total elements while gathered
+  at::Tensor unsharded_flat;  // over `unsharded`, for the copy-out
+
+  enum class State { Sharded, Gathering, Unsharded } state = State::Sharded;
+  Work gather_work;
+  at::Tensor gather_in, gather_out;
+  Work reduce_work;
+  Work replicate_work;  // hybrid: the all-reduce across replicas, in flight after finish_reduce
+  bool reduced = false, replicating = false;
+  at::Tensor reduce_in, reduce_out;
+
+  bool sharded_layout() const { return config->shard_size > 1; }
+  // Whether the gathered parameters live in storage of their own (sharded, or computed in
+  // another dtype than stored); otherwise they are the shards themselves.
+  bool separate() const;
+  bool reshard_after_forward() const;
+
+  // Lays out the shards, allocates the flat buffers, fills this rank's rows from the model's
+  // initialisation (seed, name), and points every module tensor at its gathered view.
+  void materialise(Model& model);
+
+  // Issues the all-gather (async); Sharded -> Gathering. A no-op unless Sharded.
+  void start_gather();
+  // Waits for the all-gather and copies it out into the unsharded storage; -> Unsharded.
+  void unshard();
+  // Frees the unsharded storage; -> Sharded.
+  void reshard();
+  // Packs the parameters' unsharded gradients (then drops them) and issues the reduce-scatter
+  // (or, unsharded, the all-reduce across replicas) into flat_grad; async.
+  void reduce_grads();
+  // Waits for reduce_grads' collective; hybrid: issues the all-reduce across replicas (async).
+  void finish_reduce();
+  void finish_replicate();
+  // After a failed or abandoned step: waits for and drops whatever is in flight, reshards.
+  void abandon(bool drop_grads);
+};
+
+}  // namespace fsdpx

@@ -1,0 +1,114 @@
+#include "recompute.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "engine_state.h"
+#include "fsdpx/error.h"
+
+namespace fsdpx {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+at::CPUGeneratorImpl* cpu_generator() {
+  return at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());
+}
+
+at::Tensor generator_state(at::CPUGeneratorImpl* gen) {
+  std::lock_guard<std::mutex> lock(gen->mutex_);
+  return at::Tensor(gen->get_state());
+}
+
+void set_generator_state(at::CPUGeneratorImpl* gen, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(gen->mutex_);
+  gen->set_state(*state.unsafeGetTensorImpl());
+}
+
+// Runs the unit's forward again with a graph, the generator as it was in the first forward.
+at::Tensor replay(Unit& u, const std::vector<at::Tensor>& defined) {
+  at::CPUGeneratorImpl* cpu = cpu_generator();
+  const at::Tensor now = generator_state(cpu);
+  set_generator_state(cpu, u.recompute_rng);
+  at::AutoGradMode enable(true);
+  at::Tensor out;
+  try {
+    out = u.recompute(u.arguments(defined));
+  } catch (...) {
+    set_generator_state(cpu, now);
+    throw;
+  }
+  set_generator_state(cpu, now);
+  return out;
+}
+
+struct Recompute : public torch::autograd::Function<Recompute> {
+  // `all` = the defined tensor arguments (Unit::recompute_slots says where they go), then the
+  // unit's parameters.
+  static at::Tensor forward(AutogradContext* ctx, int64_t unit, int64_t generation, int64_t num_inputs, at::TensorList all) {
+    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["generation"] = generation;
+    ctx->saved_data["num_inputs"] = num_inputs;
+    std::vector<at::Tensor> defined(all.begin(), all.begin() + num_inputs);
+    c10::List<bool> needs;
+    for (const auto& t : defined) needs.push_back(t.requires_grad());
+    ctx->saved_data["needs"] = needs;
+    ctx->save_for_backward(defined);
+    Unit* u = reinterpret_cast<Unit*>(unit);
+    u->recompute_rng = generator_state(cpu_generator());
+    at::NoGradGuard no_grad;
+    return u->recompute(u->arguments(defined));
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Unit* u = reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt());
+    const auto gen = static_cast<uint64_t>(ctx->saved_data["generation"].toInt());
+    const int64_t n = ctx->saved_data["num_inputs"].toInt();
+    c10::List<bool> needs = ctx->saved_data["needs"].toBoolList();
+    u->pre_backward(gen);  // the parameters, gathered again (a no-op when the output hook did it)
+    if (u->recompute_generation != gen || !u->recompute)
+      throw Error("unit '" + u->fqn + "': the forward to recompute belongs to another step");
+    std::vector<at::Tensor> saved = ctx->get_saved_variables(), defined;
+    variable_list wrt;
+    std::vector<int64_t> input_slot;
+    for (int64_t i = 0; i < n; ++i) {
+      const bool need = needs.get(static_cast<size_t>(i));
+      at::Tensor x = saved[static_cast<size_t>(i)].detach().requires_grad_(need);
+      defined.push_back(x);
+      if (need) {
+        input_slot.push_back(i);
+        wrt.push_back(x);
+      }
+    }
+    std::vector<size_t> param_slot;
+    const auto& params = u->group.params;
+    for (size_t k = 0; k < params.size(); ++k)
+      if (params[k].param.requires_grad()) {
+        param_slot.push_back(k);
+        wrt.push_back(params[k].param);
+      }
+    at::Tensor out = replay(*u, defined);
+    variable_list g = wrt.empty() ? variable_list{}
+                                  : torch::autograd::grad({out}, wrt, {grads[0]}, /*retain_graph=*/false,
+                                                          /*create_graph=*/false, /*allow_unused=*/true);
+    variable_list result(static_cast<size_t>(3 + n + static_cast<int64_t>(params.size())));
+    for (size_t j = 0; j < input_slot.size(); ++j) result[static_cast<size_t>(3 + input_slot[j])] = g[j];
+    for (size_t j = 0; j < param_slot.size(); ++j) result[3 + static_cast<size_t>(n) + param_slot[j]] = g[input_slot.size() + j];
+    u->drop_recompute();
+    return result;
+  }
+};
+
+}  // namespace
+
+at::Tensor run_recomputed(Unit& u, const std::vector<at::Tensor>& defined) {
+  std::vector<at::Tensor> all = defined;
+  const auto n = static_cast<int64_t>(all.size());
+  for (const ShardedParam& p : u.group.params) all.push_back(p.param);
+  return Recompute::apply(reinterpret_cast<int64_t>(&u), static_cast<int64_t>(u.engine->generation), n, at::TensorList(all));
+}
+
+}  // namespace fsdpx

@@ -1,0 +1,61 @@
+#include "sharded_param.h"
+
+#include <algorithm>
+
+#include <ATen/native/Resize.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+namespace fsdpx {
+
+void ShardedParam::lay_out(int64_t shard_size, int64_t at) {
+  d0 = shape.empty() ? 1 : shape[0];
+  row = shape.empty() ? 1 : numel_of(std::vector<int64_t>(shape.begin() + 1, shape.end()));
+  rows_per_shard = d0 == 0 ? 0 : (d0 + shard_size - 1) / shard_size;
+  shard_numel = rows_per_shard * row;
+  offset = at;
+}
+
+int64_t ShardedParam::valid_rows(int shard_rank) const {
+  const int64_t first = shard_rank * rows_per_shard;
+  return std::max<int64_t>(0, std::min(rows_per_shard, d0 - first));
+}
+
+void ShardedParam::init_shard(Model& model, at::Generator gen, int shard_rank) const {
+  at::NoGradGuard no_grad;
+  // The whole parameter exists only for this moment.
+  at::Tensor full = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
+  model.init_parameter(name, full, gen);
+  const int64_t mine = valid_rows(shard_rank);
+  if (mine > 0)
+    shard.view({rows_per_shard, row})
+        .narrow(0, 0, mine)
+        .copy_(full.reshape({d0, row}).narrow(0, shard_rank * rows_per_shard, mine));
+}
+
+void resize_storage(const c10::Storage& storage, size_t bytes) {
+  at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), bytes);
+}
+
+at::Tensor tensor_over(const c10::Storage& storage, int64_t offset, at::IntArrayRef sizes, at::ScalarType dtype) {
+  at::NoGradGuard no_grad;
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (int64_t i = static_cast<int64_t>(sizes.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * sizes[i + 1];
+  t.set_(storage, offset, sizes, strides);
+  return t;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace fsdpx

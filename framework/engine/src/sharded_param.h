@@ -1,0 +1,46 @@
+// ShardedParam: one parameter of a unit, split over the shard group by rows (dim 0), padded to
+// equal shares (FSDP2's FSDPParam). Its module tensor keeps its identity: set_data points it at
+// a view of the unit's unsharded storage (or of the shard itself when nothing is gathered).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/Storage.h>
+
+#include "fsdpx/model.h"
+
+namespace fsdpx {
+
+struct ShardedParam {
+  std::string name;
+  at::Tensor param;  // the module's registered parameter; its data is swapped, never the object
+  std::vector<int64_t> shape;
+  // Geometry in a shard group of S ranks: d0 rows of `row` elements; each rank holds
+  // rows_per_shard = ceil(d0 / S) rows (shard_numel elements) at `offset` in the unit's flat shard.
+  int64_t d0 = 1, row = 1, rows_per_shard = 1, shard_numel = 1, offset = 0;
+  at::Tensor shard;  // leaf [rows_per_shard, ...] over the unit's flat shard
+
+  // Sets the geometry for a shard group of `shard_size` ranks, placed at `offset`.
+  void lay_out(int64_t shard_size, int64_t offset);
+  // Rows this rank of the shard group really holds (the rest of its share is padding).
+  int64_t valid_rows(int shard_rank) const;
+  // Fills this rank's rows of the shard from the whole parameter, created alone from `gen`
+  // through `model` (the same values at every world size).
+  void init_shard(Model& model, at::Generator gen, int shard_rank) const;
+};
+
+// Resizes a storage of the engine's device to `bytes` (0 frees it; the storage object stays).
+void resize_storage(const c10::Storage& storage, size_t bytes);
+
+// A tensor of `sizes` (contiguous) over `storage` from element `offset`, with its own version
+// counter, so that refilling the storage never trips autograd's check on tensors it saved.
+at::Tensor tensor_over(const c10::Storage& storage, int64_t offset, at::IntArrayRef sizes, at::ScalarType dtype);
+
+int64_t numel_of(const std::vector<int64_t>& shape);
+std::string shape_text(const std::vector<int64_t>& shape);  // "[2, 3]"
+
+}  // namespace fsdpx

@@ -1,0 +1,202 @@
+// The engine facade: a step's forward and backward around the units, and what the optimizer,
+// checkpoints and planners read.
+#include "fsdpx/framework/engine/sharding_engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "engine_state.h"
+#include "fsdpx/error.h"
+#include "fsdpx/framework/base/unit_registry.h"
+
+namespace fsdpx {
+
+// ---- The engine's state ------------------------------------------------------------------------
+
+void ShardingEngine::Impl::prefetch_after(Unit* u, const std::vector<Unit*>& order) {
+  auto it = std::find(order.begin(), order.end(), u);
+  if (it == order.end()) return;
+  int issued = 0;
+  for (++it; it != order.end() && issued < config.options.prefetch; ++it) {
+    if ((*it)->post_backward_done) continue;  // already through its backward
+    if ((*it)->group.state == ParamGroup::State::Sharded) (*it)->group.start_gather();
+    ++issued;
+  }
+}
+
+void ShardingEngine::Impl::check_generation(uint64_t gen, const std::string& unit) const {
+  const std::string name = unit.empty() ? "the root" : "unit '" + unit + "'";
+  if (gen != generation)
+    throw Error("backward reached " + name + " of an earlier forward: fsdpx needs each forward's backward before the "
+                "next forward (for gradient accumulation, run forward and backward per micro-batch with "
+                "set_requires_gradient_sync(false))");
+  if (gen == finished_generation)
+    throw Error("a second backward reached " + name + " of the same forward: fsdpx gathers and reduces each unit "
+                "once per forward; run forward again");
+}
+
+void ShardingEngine::Impl::finish_backward() {
+  // Units whose post-backward did not fire (inputs that need no gradient, such as token ids,
+  // and the root), latest first.
+  for (auto it = units.rbegin(); it != units.rend(); ++it) (*it)->post_backward();
+  if (sync) {
+    for (auto& u : units) u->group.finish_reduce();
+    for (auto& u : units) u->group.finish_replicate();
+  }
+  abort_step(/*drop_grads=*/false);  // gathers prefetched for units whose backward never came
+  finished_generation = generation;
+  in_backward = false;
+  awaiting_backward = false;
+}
+
+void ShardingEngine::Impl::abort_step(bool drop_grads) {
+  for (auto& u : units) {
+    u->drop_recompute();  // a forward whose backward never came: let its graph go
+    u->group.abandon(drop_grads);
+  }
+  in_backward = false;
+  awaiting_backward = false;
+}
+
+// ---- The facade --------------------------------------------------------------------------------
+
+ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<UnitSelection>& selected,
+                               EngineComms comms, EngineOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->model = std::move(model);
+  impl_->config.comms = std::move(comms);
+  impl_->config.options = options;
+  build_engine(*impl_, selected);
+}
+
+ShardingEngine::~ShardingEngine() {
+  std::vector<const torch::nn::Module*> modules;
+  std::vector<UnitHooks*> hooks;
+  for (auto& u : impl_->units)
+    if (!u->root) {
+      modules.push_back(u->module);
+      hooks.push_back(u.get());
+    }
+  remove_unit_hooks(modules, hooks);
+}
+
+at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
+  Impl& e = *impl_;
+  // A forward whose backward never came (validation with grad on, a skipped step), or a
+  // backward that failed half-way: bring everything back to rest. Everything is resharded, the
+  // root too, so that the new forward gathers what the optimizer last wrote.
+  if (e.in_backward) e.abort_step(/*drop_grads=*/true);
+  if (e.awaiting_backward) e.abort_step(/*drop_grads=*/false);
+  for (auto& u : e.units) {
+    u->group.reshard();
+    u->begin_step();
+  }
+  ++e.generation;
+  e.forward_order.clear();
+  Unit& root = *e.units[0];
+  root.pre_forward({});
+  at::Tensor out = f();
+  out = root.post_forward(out);
+  for (auto& u : e.units)
+    if (!u->root && !u->group.params.empty() && u->forward_calls == 0)
+      throw Error("unit '" + u->fqn + "' did not run in this forward; call it through its FSDPX_MODULE holder (`layer(x)`), "
+                  "not layer->forward(x)");
+  e.last_forward_order = e.forward_order;
+  if (!at::GradMode::is_enabled() || !out.requires_grad()) {
+    for (auto& u : e.units) u->group.reshard();  // no backward will follow
+  } else {
+    e.awaiting_backward = true;
+  }
+  return out;
+}
+
+void ShardingEngine::backward(const at::Tensor& loss) {
+  Impl& e = *impl_;
+  try {
+    loss.backward();
+    // The final callback did not run: no unit's hook fired (the loss does not depend on them).
+    if (e.awaiting_backward && e.finished_generation != e.generation) e.finish_backward();
+  } catch (...) {
+    e.abort_step(/*drop_grads=*/true);
+    throw;
+  }
+}
+
+void ShardingEngine::set_requires_gradient_sync(bool sync) { impl_->sync = sync; }
+
+double ShardingEngine::clip_grad_norm(double max_norm) {
+  Impl& e = *impl_;
+  at::Tensor sq = at::zeros({1}, at::kDouble);
+  for (auto& u : e.units) sq += u->group.flat_grad.to(at::kDouble).pow(2).sum();
+  if (e.config.comms.shard) e.config.comms.shard->all_reduce(sq, ReduceOp::Sum).wait();
+  const double norm = std::sqrt(sq.item<double>());
+  const double scale = max_norm / (norm + 1e-6);
+  if (scale < 1.0) {
+    at::NoGradGuard no_grad;
+    for (auto& u : e.units) u->group.flat_grad.mul_(scale);
+  }
+  return norm;
+}
+
+std::vector<ParamShard> ShardingEngine::shards() const {
+  std::vector<ParamShard> out;
+  for (auto& u : impl_->units)
+    for (auto& p : u->group.params) out.push_back({p.name, p.shard});
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardingEngine::full_parameters() {
+  Impl& e = *impl_;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  const int64_t S = e.config.shard_size;
+  for (auto& u : e.units) {
+    const ParamGroup& g = u->group;
+    at::Tensor all = g.flat_shard;
+    if (S > 1) {
+      all = at::empty({S * g.total}, g.flat_shard.options());
+      e.config.comms.shard->all_gather(all, g.flat_shard).wait();
+    }
+    at::Tensor grid = all.view({S, g.total});
+    for (auto& p : g.params) {
+      at::Tensor full = grid.narrow(1, p.offset, p.shard_numel).reshape({S * p.rows_per_shard, p.row});
+      out.emplace_back(p.name, full.narrow(0, 0, p.d0).reshape(p.shape).clone());
+    }
+  }
+  return out;
+}
+
+const UnitPlan& ShardingEngine::plan() const { return impl_->plan; }
+int ShardingEngine::shard_rank() const { return impl_->config.shard_rank; }
+int ShardingEngine::shard_size() const { return static_cast<int>(impl_->config.shard_size); }
+int ShardingEngine::replicate_rank() const {
+  return impl_->config.comms.replicate ? impl_->config.comms.replicate->rank() : 0;
+}
+
+MemoryReport ShardingEngine::memory() const {
+  MemoryReport m;
+  for (auto& u : impl_->units) {
+    const ParamGroup& g = u->group;
+    m.param_bytes += static_cast<int64_t>(g.flat_shard.storage().nbytes());
+    m.grad_bytes += static_cast<int64_t>(g.flat_grad.storage().nbytes());
+    if (g.separate()) m.unsharded_bytes += static_cast<int64_t>(g.unsharded.nbytes());
+  }
+  return m;
+}
+
+std::vector<int64_t> ShardingEngine::unit_shard_numels() const {
+  std::vector<int64_t> out;
+  for (auto& u : impl_->units) out.push_back(u->group.total);
+  return out;
+}
+
+std::vector<bool> ShardingEngine::unit_reshards_after_forward() const {
+  std::vector<bool> out;
+  for (auto& u : impl_->units) out.push_back(u->group.reshard_after_forward());
+  return out;
+}
+
+}  // namespace fsdpx

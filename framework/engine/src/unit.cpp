@@ -1,0 +1,150 @@
+#include "unit.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "engine_state.h"
+#include "fsdpx/error.h"
+#include "recompute.h"
+
+namespace fsdpx {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The identity on a unit's inputs. Its backward runs once the unit's backward has produced the
+// gradients of its inputs, after its parameters' gradients were accumulated: post-backward.
+// (The inputs travel as at::TensorList: LibTorch's custom functions take a std::vector of
+// tensors for a plain argument, and the outputs would then have no history.)
+struct PostBackward : public torch::autograd::Function<PostBackward> {
+  static variable_list forward(AutogradContext* ctx, int64_t unit, int64_t generation, at::TensorList inputs) {
+    ctx->saved_data["unit"] = unit;
+    ctx->saved_data["generation"] = generation;
+    variable_list out;
+    for (const auto& t : inputs) out.push_back(t.view_as(t));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt())
+        ->post_backward(static_cast<uint64_t>(ctx->saved_data["generation"].toInt()));
+    variable_list out{at::Tensor(), at::Tensor()};
+    out.insert(out.end(), grads.begin(), grads.end());
+    return out;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
+  if (forward_calls++ > 0)
+    throw Error("unit '" + fqn + "' ran its forward twice in one step; fsdpx gathers and reduces a unit once per "
+                "step, so a layer called twice must not be a unit (wrap its parent instead)");
+  engine->forward_order.push_back(this);
+  const PrecisionSpec& prec = engine->config.options.precision;
+  if (prec.cast_forward_inputs)
+    for (auto& t : inputs)
+      if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != prec.compute) t = t.to(prec.compute);
+  group.unshard();
+  if (engine->config.options.overlap) engine->prefetch_after(this, engine->last_forward_order);
+  if (!at::GradMode::is_enabled()) return inputs;
+  std::vector<size_t> idx;
+  variable_list needs;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].defined() && inputs[i].requires_grad()) {
+      idx.push_back(i);
+      needs.push_back(inputs[i]);
+    }
+  if (needs.empty()) return inputs;
+  variable_list wrapped = PostBackward::apply(reinterpret_cast<int64_t>(this), static_cast<int64_t>(engine->generation),
+                                             at::TensorList(needs));
+  for (size_t k = 0; k < idx.size(); ++k) inputs[idx[k]] = wrapped[k];
+  return inputs;
+}
+
+bool Unit::recomputes() const { return checkpoint && at::GradMode::is_enabled(); }
+
+at::Tensor Unit::run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f, const std::vector<at::Tensor>& inputs) {
+  if (!recomputes()) {
+    drop_recompute();
+    return f(inputs);
+  }
+  recompute = f;
+  recompute_generation = engine->generation;
+  recompute_arity = inputs.size();
+  recompute_slots.clear();
+  std::vector<at::Tensor> defined;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].defined()) {
+      recompute_slots.push_back(static_cast<int64_t>(i));
+      defined.push_back(inputs[i]);
+    }
+  return run_recomputed(*this, defined);
+}
+
+at::Tensor Unit::post_forward(at::Tensor output) {
+  if (group.reshard_after_forward()) group.reshard();
+  const auto& out_dtype = engine->config.options.precision.output;
+  if (root && out_dtype && output.defined() && at::isFloatingType(output.scalar_type()) && output.scalar_type() != *out_dtype)
+    output = output.to(*out_dtype);
+  if (at::GradMode::is_enabled() && output.defined() && output.requires_grad()) {
+    const uint64_t gen = engine->generation;
+    output.register_hook([this, gen](const at::Tensor& grad) {
+      pre_backward(gen);
+      return grad;
+    });
+  }
+  return output;
+}
+
+void Unit::pre_backward(uint64_t gen) {
+  engine->check_generation(gen, fqn);
+  if (pre_backward_done) return;
+  pre_backward_done = true;
+  if (!engine->in_backward) {
+    engine->in_backward = true;
+    ShardingEngine::Impl* e = engine;
+    torch::autograd::Engine::get_default_engine().queue_callback([e, gen] {
+      if (e->generation == gen && e->in_backward) e->finish_backward();
+    });
+  }
+  group.unshard();
+  if (engine->config.options.overlap) {
+    std::vector<Unit*> reverse(engine->last_forward_order.rbegin(), engine->last_forward_order.rend());
+    engine->prefetch_after(this, reverse);
+  }
+}
+
+void Unit::post_backward(uint64_t gen) {
+  engine->check_generation(gen, fqn);
+  post_backward();
+}
+
+void Unit::post_backward() {
+  if (post_backward_done) return;
+  post_backward_done = true;
+  if (engine->sync) group.reduce_grads();
+  group.reshard();
+}
+
+void Unit::begin_step() {
+  drop_recompute();
+  forward_calls = 0;
+  pre_backward_done = post_backward_done = false;
+}
+
+std::vector<at::Tensor> Unit::arguments(const std::vector<at::Tensor>& defined) const {
+  std::vector<at::Tensor> out(recompute_arity);
+  for (size_t k = 0; k < recompute_slots.size() && k < defined.size(); ++k)
+    out[static_cast<size_t>(recompute_slots[k])] = defined[k];
+  return out;
+}
+
+void Unit::drop_recompute() {
+  recompute = nullptr;
+  recompute_slots.clear();
+  recompute_rng = at::Tensor();
+}
+
+}  // namespace fsdpx

@@ -1,0 +1,59 @@
+// Unit: one sharding unit's lifecycle around its forward and backward (FSDP2's FSDPState hooks
+// with its FSDPParamGroup). The engine installs it as the UnitHooks of its module (fsdpx/unit.h).
+//
+//   pre_forward   unshard (wait for the gather), prefetch the next units, wrap the inputs in
+//                 PostBackward so that post_backward runs once the unit's backward is done
+//   run           the forward, or (activation checkpointing) the Recompute function
+//   post_forward  reshard (if the layout says so), cast the root's output, hook the output's
+//                 gradient to run pre_backward
+//   pre_backward  unshard again, prefetch the previous units
+//   post_backward reduce the gradients (when syncing), reshard
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include "fsdpx/unit.h"
+#include "param_group.h"
+
+namespace fsdpx {
+
+struct Unit final : UnitHooks {
+  ShardingEngine::Impl* engine = nullptr;
+  std::string fqn;  // "" for the root
+  torch::nn::Module* module = nullptr;
+  bool root = false;
+  bool checkpoint = false;  // recompute activations in backward instead of storing them
+  ParamGroup group;
+
+  // Activation checkpointing: this step's forward and what it needs to run again.
+  std::function<at::Tensor(const std::vector<at::Tensor>&)> recompute;
+  uint64_t recompute_generation = 0;
+  std::vector<int64_t> recompute_slots;  // which of the forward's tensor arguments were defined
+  size_t recompute_arity = 0;            // how many tensor arguments it has
+  at::Tensor recompute_rng;              // the CPU generator's state when the forward ran
+
+  int forward_calls = 0;
+  bool pre_backward_done = false, post_backward_done = false;
+
+  std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs) override;
+  at::Tensor post_forward(at::Tensor output) override;
+  at::Tensor run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
+                 const std::vector<at::Tensor>& inputs) override;
+  bool recomputes() const override;
+
+  void pre_backward(uint64_t generation);
+  void post_backward(uint64_t generation);  // checks the generation first
+  void post_backward();
+  // A new forward: the step's flags and recompute state cleared.
+  void begin_step();
+  // The forward's tensor arguments from the defined ones (undefined where they were).
+  std::vector<at::Tensor> arguments(const std::vector<at::Tensor>& defined) const;
+  void drop_recompute();
+};
+
+}  // namespace fsdpx

@@ -1,0 +1,65 @@
+// RunConfig: a run's chosen components and their options, from the command line and an INI file.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/program_options/options_description.hpp>
+#include <boost/program_options/variables_map.hpp>
+
+#include "fsdpx/component.h"
+#include "fsdpx/export.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/options.h"
+
+namespace fsdpx {
+
+struct ComponentChoice {
+  std::string name;
+  Options options;
+};
+
+// What a host asks of the resolver.
+struct ConfigRequest {
+  // The host's own options (e.g. --steps). The resolver adds --config FILE and, for every
+  // kind, --<section>.name and the chosen component's options.
+  const boost::program_options::options_description* host_options = nullptr;
+  // The component used for a kind that neither the command line nor the file chooses.
+  std::map<Kind, std::string> default_names;
+};
+
+class FSDPX_API RunConfig {
+ public:
+  // Parses `args` (without the program name) and the INI file named by --config, if any. The
+  // command line wins over the file. `[wrap] name=size_based` in the file is the same as
+  // `--wrap.name size_based`. Throws fsdpx::Error naming the offending option and what would
+  // be right: an unknown option (with the closest name), an ill-typed value (with the expected
+  // type), an unknown component (with the installed ones), a missing or malformed file.
+  static RunConfig resolve(const PluginHost& host, const std::vector<std::string>& args,
+                           const ConfigRequest& request);
+
+  // The chosen component of each kind that has one.
+  const std::map<Kind, ComponentChoice>& components() const { return components_; }
+  const ComponentChoice* choice(Kind kind) const;
+  // The host's own options, parsed and notified.
+  const boost::program_options::variables_map& host_values() const { return host_values_; }
+  const std::optional<std::filesystem::path>& config_file() const { return config_file_; }
+
+  // The resolved configuration as an INI file that reproduces it: every chosen component with
+  // every option, defaults included, in kind order.
+  std::string to_ini() const;
+
+ private:
+  std::map<Kind, ComponentChoice> components_;
+  boost::program_options::variables_map host_values_;
+  std::optional<std::filesystem::path> config_file_;
+};
+
+// A component's description and its options as a table (name, type, default, help), with the
+// spelling for the command line and an INI file. For `fsdpx-plugins show` and --help.
+FSDPX_API std::string describe_component(const ComponentRecord& component);
+
+}  // namespace fsdpx

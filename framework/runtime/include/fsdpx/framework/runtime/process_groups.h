@@ -1,0 +1,58 @@
+// ProcessGroups: rendezvous, the world group, and the sub-groups hybrid sharding needs.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdpx/export.h"
+#include "fsdpx/framework/runtime/communicator.h"
+#include "fsdpx/topology.h"
+
+namespace fsdpx {
+
+enum class DeviceKind { Cpu, Cuda };
+
+struct RuntimeOptions {
+  Topology topology;
+  DeviceKind device = DeviceKind::Cpu;  // Cpu: Gloo; Cuda: NCCL on device local_rank
+  std::chrono::milliseconds rendezvous_timeout{60000};
+  std::chrono::milliseconds collective_timeout{300000};
+};
+
+class FSDPX_API ProcessGroups {
+ public:
+  // Rendezvous through a c10d TCPStore at master_addr:master_port (rank 0 serves it): waits
+  // until every rank has joined, then builds the world group. Throws fsdpx::Error naming the
+  // ranks that did not join after rendezvous_timeout, naming the address if the master cannot be
+  // reached within rendezvous_timeout, or at once if rank 0 cannot serve the port.
+  static std::shared_ptr<ProcessGroups> create(const RuntimeOptions& options);
+  ~ProcessGroups();
+
+  const Topology& topology() const;
+  DeviceKind device() const;
+  std::shared_ptr<Communicator> world() const;
+
+  // A group of `ranks` (global ranks, ascending). Every rank in it must call this, in the same
+  // order relative to other group creations; the others must not. A new backend over a
+  // PrefixStore of the rendezvous store.
+  std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<int>& ranks);
+
+  // Hybrid sharding's groups: `shard` holds the shard_size consecutive ranks that include this
+  // one (a node when shard_size = local world size); `replicate` holds the ranks with the same
+  // index in every shard group. Every rank calls it. Throws fsdpx::Error if shard_size does not
+  // divide the world size.
+  struct Hybrid {
+    std::shared_ptr<Communicator> shard;
+    std::shared_ptr<Communicator> replicate;
+  };
+  Hybrid hybrid(int shard_size);
+
+ private:
+  struct Impl;
+  explicit ProcessGroups(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fsdpx

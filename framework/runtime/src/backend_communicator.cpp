@@ -1,0 +1,156 @@
+#include "backend_communicator.h"
+
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "diagnostics.h"
+
+namespace fsdpx {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  return op == ReduceOp::Max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+}
+
+// output := op over the n slices of `received` (rank order), summed in fp32 or wider.
+void reduce_slices(const at::Tensor& received, at::Tensor& output, ReduceOp op, int64_t n) {
+  at::NoGradGuard no_grad;
+  at::Tensor slices = received.view({n, output.numel()});
+  if (op == ReduceOp::Max) {
+    output.copy_(std::get<0>(slices.max(0)));
+    return;
+  }
+  const auto acc_type = slices.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor sum = slices[0].to(acc_type, /*non_blocking=*/false, /*copy=*/true);
+  for (int64_t r = 1; r < n; ++r) sum.add_(slices[r]);
+  if (op == ReduceOp::Avg) sum.div_(n);
+  output.copy_(sum.view_as(output));
+}
+
+}  // namespace
+
+BackendCommunicator::BackendCommunicator(std::string name, c10::intrusive_ptr<c10d::Backend> backend,
+                                         std::vector<int> global_ranks, int global_rank,
+                                         std::shared_ptr<const PeerMonitor> monitor, std::chrono::milliseconds timeout)
+    : name_(std::move(name)),
+      backend_(std::move(backend)),
+      global_ranks_(std::move(global_ranks)),
+      global_rank_(global_rank),
+      monitor_(std::move(monitor)),
+      timeout_(timeout),
+      gloo_(backend_->getBackendName() == "gloo") {}
+
+Work BackendCommunicator::all_gather(at::Tensor output, at::Tensor input) {
+  check_pair("all_gather", output, input, output.numel() == input.numel() * size(),
+             "output must have size() x input's elements");
+  return issue("all_gather", [&] { return backend_->_allgather_base(output, input); });
+}
+
+Work BackendCommunicator::reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) {
+  check_pair("reduce_scatter", output, input, input.numel() == output.numel() * size(),
+             "input must have size() x output's elements");
+  check_average("reduce_scatter", output, op);
+  if (gloo_) return reduce_scatter_by_all_to_all(output, input, op);
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = to_c10d(op);
+  opts.timeout = timeout_;
+  return issue("reduce_scatter", [&] { return backend_->_reduce_scatter_base(output, input, opts); }, average(op, output));
+}
+
+Work BackendCommunicator::reduce_scatter_by_all_to_all(at::Tensor output, at::Tensor input, ReduceOp op) {
+  at::Tensor received = at::empty_like(input);
+  std::vector<int64_t> even;
+  c10d::AllToAllOptions opts;
+  opts.timeout = timeout_;
+  const int64_t n = size();
+  return issue("reduce_scatter", [&] { return backend_->alltoall_base(received, input, even, even, opts); },
+               [received, output, op, n]() mutable { reduce_slices(received, output, op, n); });
+}
+
+Work BackendCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
+  check_one("all_reduce", tensor);
+  check_average("all_reduce", tensor, op);
+  std::vector<at::Tensor> ts{tensor};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  opts.timeout = timeout_;
+  return issue("all_reduce", [&] { return backend_->allreduce(ts, opts); }, average(op, tensor));
+}
+
+Work BackendCommunicator::broadcast(at::Tensor tensor, int root) {
+  check_one("broadcast", tensor);
+  if (root < 0 || root >= size())
+    throw Error("broadcast on group '" + name_ + "': root " + std::to_string(root) + " is not a rank of this group of " +
+                std::to_string(size()));
+  std::vector<at::Tensor> ts{tensor};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  opts.timeout = timeout_;
+  return issue("broadcast", [&] { return backend_->broadcast(ts, opts); });
+}
+
+Work BackendCommunicator::barrier() {
+  c10d::BarrierOptions opts;
+  opts.timeout = timeout_;
+  return issue("barrier", [&] { return backend_->barrier(opts); });
+}
+
+std::function<void()> BackendCommunicator::average(ReduceOp op, at::Tensor t) const {
+  if (op != ReduceOp::Avg) return nullptr;
+  const int n = size();
+  return [t, n]() mutable { t.div_(n); };
+}
+
+void BackendCommunicator::check_one(const char* what, const at::Tensor& t) const {
+  if (!t.defined() || !t.is_contiguous())
+    throw Error(std::string(what) + " on group '" + name_ + "': the tensor must be defined and contiguous");
+}
+
+void BackendCommunicator::check_average(const char* what, const at::Tensor& t, ReduceOp op) const {
+  if (op == ReduceOp::Avg && !at::isFloatingType(t.scalar_type()))
+    throw Error(std::string(what) + " on group '" + name_ + "': an average of " + c10::toString(t.scalar_type()) +
+                " values is not representable; use Sum");
+}
+
+void BackendCommunicator::check_pair(const char* what, const at::Tensor& out, const at::Tensor& in, bool sizes_ok,
+                                     const char* rule) const {
+  check_one(what, out);
+  check_one(what, in);
+  if (out.scalar_type() != in.scalar_type())
+    throw Error(std::string(what) + " on group '" + name_ + "': output is " + c10::toString(out.scalar_type()) +
+                " but input is " + c10::toString(in.scalar_type()));
+  if (!sizes_ok)
+    throw Error(std::string(what) + " on group '" + name_ + "': " + rule + " (output " + std::to_string(out.numel()) +
+                ", input " + std::to_string(in.numel()) + ", group size " + std::to_string(size()) + ")");
+}
+
+Work BackendCommunicator::issue(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+                                std::function<void()> finish) {
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = start();
+  } catch (const std::exception& e) {
+    throw failure(what, e, /*diagnose=*/false);  // refused at once: a local problem
+  }
+  auto self = shared_from_this();
+  return Work([self, work, finish, what] {
+    try {
+      work->wait(self->timeout_);
+    } catch (const std::exception& e) {
+      throw self->failure(what, e, /*diagnose=*/true);
+    }
+    if (finish) finish();
+  });
+}
+
+Error BackendCommunicator::failure(const char* what, const std::exception& e, bool diagnose) const {
+  std::string msg = "rank " + std::to_string(global_rank_) + ": " + what + " on group '" + name_ + "' (ranks " +
+                    join_ints(global_ranks_) + ") failed: " + first_line(e);
+  if (diagnose && monitor_) {
+    failure_seen().store(true);
+    msg += "; " + monitor_->diagnose(global_ranks_);
+  }
+  return Error(msg);
+}
+
+}  // namespace fsdpx

@@ -1,0 +1,64 @@
+// BackendCommunicator: the Communicator over one c10d backend (Gloo or NCCL). Every collective
+// is checked before it is issued; its Work turns a failure into one message naming the rank, the
+// collective, the group and, through the peer monitor, a lost rank.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/communicator.h"
+#include "peer_monitor.h"
+
+namespace fsdpx {
+
+class BackendCommunicator final : public Communicator, public std::enable_shared_from_this<BackendCommunicator> {
+ public:
+  BackendCommunicator(std::string name, c10::intrusive_ptr<c10d::Backend> backend, std::vector<int> global_ranks,
+                      int global_rank, std::shared_ptr<const PeerMonitor> monitor, std::chrono::milliseconds timeout);
+
+  int rank() const override { return backend_->getRank(); }
+  int size() const override { return backend_->getSize(); }
+  const std::string& name() const override { return name_; }
+
+  Work all_gather(at::Tensor output, at::Tensor input) override;
+  Work reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) override;
+  Work all_reduce(at::Tensor tensor, ReduceOp op) override;
+  Work broadcast(at::Tensor tensor, int root) override;
+  Work barrier() override;
+
+ private:
+  // LibTorch's Gloo reduce-scatter is an all-reduce underneath: each rank sends 2(n-1)/n of the
+  // buffer instead of (n-1)/n (measured on the sockets, see fsdpx-comm-bench). An all-to-all
+  // moves exactly the (n-1)/n: rank r receives everyone's slice r and sums the slices locally,
+  // in rank order (so every rank adds in the same order), accumulating in fp32 or wider.
+  Work reduce_scatter_by_all_to_all(at::Tensor output, at::Tensor input, ReduceOp op);
+  // After the collective: divides by the group size for an average (the backend sums: Gloo's
+  // AVG is unreliable in some versions).
+  std::function<void()> average(ReduceOp op, at::Tensor t) const;
+
+  void check_one(const char* what, const at::Tensor& t) const;
+  void check_average(const char* what, const at::Tensor& t, ReduceOp op) const;
+  void check_pair(const char* what, const at::Tensor& out, const at::Tensor& in, bool sizes_ok, const char* rule) const;
+
+  // Issues the collective `start` returns. The returned Work holds this communicator (and so
+  // its backend and monitor) alive, waits with the timeout, then runs `finish`.
+  Work issue(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+             std::function<void()> finish = nullptr);
+  Error failure(const char* what, const std::exception& e, bool diagnose) const;
+
+  std::string name_;
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  std::vector<int> global_ranks_;
+  int global_rank_;
+  std::shared_ptr<const PeerMonitor> monitor_;
+  std::chrono::milliseconds timeout_;
+  bool gloo_;
+};
+
+}  // namespace fsdpx

@@ -1,0 +1,24 @@
+// Small helpers for the runtime's error messages.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace fsdpx {
+
+// The first line of an exception's message (c10::Error without its backtrace).
+std::string first_line(const std::exception& e);
+std::string seconds_text(std::chrono::milliseconds ms);  // "1.5 s"
+std::string join_ints(const std::vector<int>& v);        // "0, 2, 3"
+// `text` as a decimal integer; throws fsdpx::Error "<what>='<text>' is not an integer".
+long long parse_integer(const std::string& text, const std::string& what);
+
+// Set once a collective failed on this rank: the process groups then linger a little before
+// tearing down, so that peers still diagnosing can read this rank's heartbeat (and, on rank 0,
+// reach the store it serves).
+std::atomic<bool>& failure_seen();
+
+}  // namespace fsdpx

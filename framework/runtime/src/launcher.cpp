@@ -1,0 +1,236 @@
+#include "fsdpx/framework/runtime/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+extern char** environ;
+
+#include "fsdpx/error.h"
+#include "worker_pool.h"
+
+namespace fsdpx {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  unsigned char s = static_cast<unsigned char>(sig);
+  ssize_t rc = ::write(g_signal_pipe[1], &s, 1);
+  (void)rc;
+}
+
+int free_port(const std::string& addr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error(std::string("cannot open a socket to pick a free port: ") + std::strerror(errno));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  sa.sin_addr.s_addr = addr == "127.0.0.1" ? htonl(INADDR_LOOPBACK) : htonl(INADDR_ANY);
+  socklen_t len = sizeof sa;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw Error(std::string("cannot pick a free port: ") + std::strerror(err));
+  }
+  int port = ntohs(sa.sin_port);
+  ::close(fd);
+  return port;
+}
+
+std::string how(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status))
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+  return "stopped";
+}
+
+int code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+std::string self_executable() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+LauncherArgs split_launcher_args(int argc, char** argv) {
+  LauncherArgs a;
+  a.rest.push_back(argc > 0 ? argv[0] : "");
+  auto number = [](const std::string& flag, const std::string& v, int lo, int hi) {
+    char* end = nullptr;
+    long n = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end || n < lo || n > hi)
+      throw Error(flag + " expects an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                  ", got '" + v + "'");
+    return static_cast<int>(n);
+  };
+  const std::string flag = "--nproc-per-node";
+  for (int i = 1; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s == flag) {
+      if (i + 1 >= argc) throw Error(flag + " needs a value");
+      a.nproc_per_node = number(flag, argv[++i], 1, 1024);
+    } else if (s.rfind(flag + "=", 0) == 0) {
+      a.nproc_per_node = number(flag, s.substr(flag.size() + 1), 1, 1024);
+    } else {
+      a.rest.push_back(s);
+    }
+  }
+  return a;
+}
+
+std::optional<int> launch_if_requested(int argc, char** argv, const std::string& name,
+                                       std::vector<std::string>& worker_args) {
+  LauncherArgs la = split_launcher_args(argc, argv);
+  worker_args.assign(la.rest.begin() + 1, la.rest.end());
+  if (la.nproc_per_node == 0 || std::getenv("FSDPX_LAUNCHED")) return std::nullopt;
+  const char* step = std::getenv("SLURM_STEP_ID");
+  const char* ntasks = std::getenv("SLURM_NTASKS");
+  if (std::getenv("RANK") || (step && ntasks && std::atoi(ntasks) > 1))
+    throw Error(std::string("--nproc-per-node starts workers itself, but this process is already one of ") +
+                (std::getenv("RANK") ? "torchrun's workers (RANK is set)"
+                                     : "Slurm's tasks (SLURM_STEP_ID and SLURM_NTASKS > 1)") +
+                "; drop --nproc-per-node and let the launcher place the ranks");
+  LaunchOptions lo;
+  lo.nproc = la.nproc_per_node;
+  lo.argv = la.rest;
+  lo.argv[0] = self_executable();
+  lo.name = name;
+  return launch_local(lo);
+}
+
+namespace {
+
+// The launcher's end of the signal pipe: SIGINT and SIGTERM become a byte to read, so the main
+// loop sees them between polls. Restores the previous handlers when done.
+class SignalPipe {
+ public:
+  SignalPipe() {
+    if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw Error(std::string("cannot create a pipe: ") + std::strerror(errno));
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalPipe() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    ::close(g_signal_pipe[0]);
+    ::close(g_signal_pipe[1]);
+  }
+  int fd() const { return g_signal_pipe[0]; }
+  // The next signal received, or 0.
+  int next() const {
+    unsigned char sig = 0;
+    return ::read(g_signal_pipe[0], &sig, 1) == 1 ? sig : 0;
+  }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// Worker `r`'s environment: this process's, with torchrun's variables set for it.
+std::vector<std::string> worker_environment(const LaunchOptions& o, int r, int port) {
+  const std::map<std::string, std::string> mine = {
+      {"RANK", std::to_string(r)}, {"WORLD_SIZE", std::to_string(o.nproc)},
+      {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
+      {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"ROLE_RANK", std::to_string(r)},
+      {"ROLE_WORLD_SIZE", std::to_string(o.nproc)}, {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(port)}, {"FSDPX_LAUNCHED", "1"}};
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv = *e;
+    if (!mine.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+  }
+  for (const auto& [k, v] : mine) env.push_back(k + "=" + v);
+  return env;
+}
+
+// The launcher's view of the run: the first failure, an interruption, and when to stop waiting
+// for workers told to stop.
+struct Supervision {
+  const LaunchOptions& options;
+  WorkerPool& pool;
+  int failed_rank = -1, failed_status = 0, interrupted = 0;
+  bool stopping = false;
+  Clock::time_point kill_at{};
+
+  void stop(int sig) {
+    pool.signal_all(sig);
+    if (!stopping) {
+      stopping = true;
+      kill_at = Clock::now() + options.grace;
+    }
+  }
+  void on_signal(int sig) {
+    if (!interrupted) {
+      interrupted = sig;
+      std::fprintf(stderr, "%s: got %s; stopping all ranks\n", options.name.c_str(), strsignal(sig));
+    }
+    stop(SIGTERM);
+  }
+  void on_exit(const WorkerPool::Worker& w) {
+    const bool ok = WIFEXITED(w.status) && WEXITSTATUS(w.status) == 0;
+    if (ok || failed_rank >= 0 || interrupted || stopping) return;
+    failed_rank = w.rank;
+    failed_status = w.status;
+    std::fprintf(stderr, "%s: rank %d %s; stopping the other ranks\n", options.name.c_str(), w.rank, how(w.status).c_str());
+    stop(SIGTERM);
+  }
+  void escalate() {
+    if (stopping && Clock::now() >= kill_at) {
+      pool.signal_all(SIGKILL);
+      kill_at = Clock::now() + std::chrono::hours(1);
+    }
+  }
+  int exit_code() const {
+    if (interrupted) return 128 + interrupted;
+    if (failed_rank < 0) return 0;
+    std::fprintf(stderr, "%s: failed: rank %d %s\n", options.name.c_str(), failed_rank, how(failed_status).c_str());
+    return code_of(failed_status) ? code_of(failed_status) : 1;
+  }
+};
+
+}  // namespace
+
+int launch_local(const LaunchOptions& o) {
+  if (o.nproc < 1) throw Error("--nproc-per-node must be at least 1, got " + std::to_string(o.nproc));
+  if (o.argv.empty()) throw Error("launch_local: no worker command");
+  const int port = o.master_port ? o.master_port : free_port(o.master_addr);
+  SignalPipe signals;
+  WorkerPool pool(o.name, o.argv);  // on a failed start, its destructor stops those started
+  for (int r = 0; r < o.nproc; ++r) pool.start(r, worker_environment(o, r, port));
+
+  Supervision run{o, pool};
+  for (;;) {
+    pool.relay_output(100, signals.fd());
+    while (int sig = signals.next()) run.on_signal(sig);
+    for (const WorkerPool::Worker* w : pool.reap()) run.on_exit(*w);
+    run.escalate();
+    if (!pool.any_running()) {
+      pool.drain();
+      break;
+    }
+  }
+  return run.exit_code();
+}
+
+}  // namespace fsdpx

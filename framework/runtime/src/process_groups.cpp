@@ -1,0 +1,168 @@
+#include "fsdpx/framework/runtime/process_groups.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <thread>
+
+#include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "backend_communicator.h"
+#include "diagnostics.h"
+#include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/c10d_backends.h"
+#include "peer_monitor.h"
+
+namespace fsdpx {
+namespace {
+
+// c10d logs its own warnings and errors (socket timeouts, retries) to stderr before fsdpx turns
+// the failure into one clear message. Keep them out unless the user asked for LibTorch's logs
+// (TORCH_CPP_LOG_LEVEL) or fsdpx's debug output (FSDPX_LOG=debug).
+void quiet_c10d_logging() {
+  const char* torch_level = std::getenv("TORCH_CPP_LOG_LEVEL");
+  const char* fsdpx_log = std::getenv("FSDPX_LOG");
+  if (torch_level || (fsdpx_log && std::string(fsdpx_log) == "debug")) return;
+  FLAGS_caffe2_log_level = std::max<int>(FLAGS_caffe2_log_level, 3);  // fatal only
+}
+
+}  // namespace
+
+struct ProcessGroups::Impl {
+  RuntimeOptions options;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<const PeerMonitor> monitor;
+  std::shared_ptr<Communicator> world;
+  std::map<std::string, int> groups_created;  // per (name, members): agreed by the members alone
+
+  std::shared_ptr<Communicator> make(const std::string& name, const std::vector<int>& ranks) {
+    const int me = options.topology.rank;
+    auto it = std::find(ranks.begin(), ranks.end(), me);
+    if (it == ranks.end())
+      throw Error("rank " + std::to_string(me) + " asked to create group '" + name + "' (ranks " +
+                  join_ints(ranks) + "), which does not include it");
+    const int group_rank = static_cast<int>(it - ranks.begin());
+    const int size = static_cast<int>(ranks.size());
+    // A unique store namespace per group: its name, its members and its creation order.
+    const std::string key = "fsdpx/group/" + name + "/" + join_ints(ranks);
+    auto prefix = c10::make_intrusive<c10d::PrefixStore>(key + "/" + std::to_string(groups_created[key]++), store);
+    c10::intrusive_ptr<c10d::Backend> backend;
+    try {
+      if (options.device == DeviceKind::Cuda) {
+        backend = make_nccl_backend(prefix, group_rank, size, options.collective_timeout,
+                                    options.topology.local_rank);
+      } else {
+        backend = make_gloo_backend(prefix, group_rank, size, options.collective_timeout);
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error("rank " + std::to_string(me) + ": creating group '" + name + "' (ranks " +
+                  join_ints(ranks) + ") failed: " + first_line(e));
+    }
+    return std::make_shared<BackendCommunicator>(name, backend, ranks, me, monitor,
+                                                 options.collective_timeout);
+  }
+};
+
+std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& options) {
+  quiet_c10d_logging();
+  const Topology& t = options.topology;
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  const std::string master = t.master_addr + ":" + std::to_string(t.master_port);
+  const auto timeout = options.rendezvous_timeout;
+  try {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(t.master_port);
+    o.isServer = t.rank == 0;
+    o.numWorkers = std::nullopt;
+    o.waitWorkers = false;  // we wait ourselves, to name the ranks that are missing
+    o.timeout = timeout;
+    impl->store = c10::make_intrusive<c10d::TCPStore>(t.master_addr, o);
+  } catch (const std::exception& e) {
+    if (t.rank == 0)
+      throw Error("rank 0 cannot serve the rendezvous on port " + std::to_string(t.master_port) +
+                  " (MASTER_PORT / --master-port): " + first_line(e));
+    throw Error("rank " + std::to_string(t.rank) + " cannot reach the rendezvous master at " + master +
+                " (MASTER_ADDR/MASTER_PORT) within " + seconds_text(timeout) +
+                ": is rank 0 running, and are the address and port right? (" + first_line(e) + ")");
+  }
+
+  // Join: every rank announces itself, then waits for all the others.
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  std::vector<std::string> keys;
+  for (int r = 0; r < t.world_size; ++r) keys.push_back("fsdpx/join/" + std::to_string(r));
+  try {
+    impl->store->set(keys[t.rank], std::string(host) + ":" + std::to_string(::getpid()));
+    impl->store->wait(keys, timeout);
+  } catch (const std::exception& e) {
+    std::vector<int> missing;
+    try {
+      for (int r = 0; r < t.world_size; ++r)
+        if (!impl->store->check({keys[r]})) missing.push_back(r);
+    } catch (const std::exception&) {
+      throw Error("rank " + std::to_string(t.rank) + ": lost the rendezvous store at " + master +
+                  " while waiting for the other ranks: " + first_line(e));
+    }
+    throw Error("rendezvous at " + master + " timed out after " + seconds_text(timeout) + ": " +
+                std::to_string(t.world_size - static_cast<int>(missing.size())) + " of " +
+                std::to_string(t.world_size) + " ranks joined; missing: rank" +
+                (missing.size() == 1 ? " " : "s ") + join_ints(missing) +
+                " (raise --rendezvous-timeout if they are only slow to start)");
+  }
+  try {
+    impl->monitor = std::make_shared<PeerMonitor>(t, timeout);
+  } catch (const std::exception& e) {
+    throw Error("rank " + std::to_string(t.rank) + ": cannot open the heartbeat connection to " +
+                master + ": " + first_line(e));
+  }
+  std::vector<int> all(t.world_size);
+  for (int r = 0; r < t.world_size; ++r) all[r] = r;
+  impl->world = impl->make("world", all);
+  return std::shared_ptr<ProcessGroups>(new ProcessGroups(std::move(impl)));
+}
+
+ProcessGroups::ProcessGroups(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroups::~ProcessGroups() {
+  if (failure_seen().load()) {
+    // Let peers finish diagnosing against this rank's heartbeat and, on rank 0, its store.
+    std::this_thread::sleep_for(std::chrono::milliseconds(impl_->options.topology.rank == 0 ? 3000 : 1500));
+  }
+}
+
+const Topology& ProcessGroups::topology() const { return impl_->options.topology; }
+DeviceKind ProcessGroups::device() const { return impl_->options.device; }
+std::shared_ptr<Communicator> ProcessGroups::world() const { return impl_->world; }
+
+std::shared_ptr<Communicator> ProcessGroups::new_group(const std::string& name,
+                                                       const std::vector<int>& ranks) {
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= impl_->options.topology.world_size || (i && ranks[i] <= ranks[i - 1]))
+      throw Error("group '" + name + "': ranks (" + join_ints(ranks) +
+                  ") must be ascending, distinct and below the world size " +
+                  std::to_string(impl_->options.topology.world_size));
+  }
+  return impl_->make(name, ranks);
+}
+
+ProcessGroups::Hybrid ProcessGroups::hybrid(int shard_size) {
+  const Topology& t = impl_->options.topology;
+  if (shard_size < 1 || t.world_size % shard_size != 0)
+    throw Error("hybrid sharding: shard size " + std::to_string(shard_size) +
+                " must divide the world size " + std::to_string(t.world_size));
+  const int shard_index = t.rank / shard_size, within = t.rank % shard_size;
+  std::vector<int> shard, replicate;
+  for (int i = 0; i < shard_size; ++i) shard.push_back(shard_index * shard_size + i);
+  for (int g = 0; g < t.world_size / shard_size; ++g) replicate.push_back(g * shard_size + within);
+  Hybrid h;
+  h.shard = impl_->make("shard", shard);
+  h.replicate = impl_->make("replicate", replicate);
+  return h;
+}
+
+}  // namespace fsdpx

@@ -1,0 +1,41 @@
+// RunDirectory: what a run leaves in --out DIR (config.ini, plan.json, metrics.jsonl,
+// summary.json; checkpoints/ belongs to the checkpoint component). One rank writes; the others
+// hold an inactive one.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+class FSDPX_API RunDirectory {
+ public:
+  // `dir` empty: the run leaves nothing. `writer`: this rank writes (rank 0).
+  RunDirectory(std::string dir, bool writer);
+
+  bool active() const { return writer_ && !dir_.empty(); }
+  const std::string& dir() const { return dir_; }
+  std::string path(const std::string& name) const;  // DIR/name
+  std::string checkpoints() const;                  // DIR/checkpoints ("" without a directory)
+
+  // Creates the directory and writes config.ini (`config_ini`, after a comment saying how to
+  // reproduce the run on `world` ranks) and plan.json (`plan_json`). Throws fsdpx::Error naming
+  // the file that cannot be written.
+  void create(const std::string& config_ini, int world, const std::string& plan_json);
+  // Opens metrics.jsonl for this run: a resumed run (`resumed_step` > 0) keeps the lines up to
+  // its checkpoint's step and writes the rest anew.
+  void open_metrics(int64_t resumed_step);
+  // One JSON object per line, flushed.
+  void append_metrics(const std::string& json_line);
+  void write_summary(const std::string& json_text);
+
+ private:
+  std::string dir_;
+  bool writer_;
+  std::ofstream metrics_;
+};
+
+}  // namespace fsdpx

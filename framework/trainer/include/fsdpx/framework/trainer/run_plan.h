@@ -1,0 +1,64 @@
+// RunPlan: what a run will hold and move, before anything is allocated (--dry-run, plan.json).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdpx/export.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/plugin_host/run_config.h"
+#include "fsdpx/framework/trainer/train_settings.h"
+#include "fsdpx/precision_policy.h"
+#include "fsdpx/sharding_strategy.h"
+#include "fsdpx/topology.h"
+
+namespace fsdpx {
+
+// What a run will hold and move per step on each rank, computed from the model's shapes and the
+// strategy, precision and optimizer without allocating the model or forming a process group.
+struct UnitBytes {
+  std::string fqn;
+  int64_t params = 0;         // parameter elements gathered with this unit
+  int64_t shard_numel = 0;    // elements of this rank's flat shard (padded)
+  int64_t unsharded_bytes = 0;  // the gathered unit in the compute dtype (0 when it is the shard)
+  bool reshard_after_forward = false;
+  bool recompute = false;       // activation checkpointing
+};
+
+struct FSDPX_API RunPlan {
+  Topology topology;
+  ShardingLayout layout;
+  std::string strategy, wrap, precision, optimizer, model, data;
+  PrecisionSpec dtypes;
+  std::vector<UnitBytes> units;
+  int64_t total_params = 0;
+  int64_t param_bytes = 0;      // per rank: sharded parameters in the storage dtype
+  int64_t grad_bytes = 0;       // per rank: sharded gradients in the gradient dtype
+  int64_t optimizer_bytes = 0;  // per rank: optimizer state (measured per element on the optimizer)
+  int64_t peak_unit_bytes = 0;  // the largest gathered unit
+  std::string peak_unit;
+  // Per step (grad_accum micro-batches), per rank: payload of each collective, and what this
+  // rank sends under the ring algorithm.
+  int64_t allgather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0, sent_bytes = 0;
+  int64_t samples_per_step = 0, tokens_per_step = 0;
+  double flops_per_token = 0;
+  bool optimizer_runs_on_cpu = true;  // fsdpx/capabilities.h
+
+  std::string text() const;  // the dry-run report
+};
+
+// Resolves and checks every component of `config` against `settings` for `topology` (the data
+// source is opened, so a missing file or a batch larger than the data set is caught here), and
+// plans the run. Throws fsdpx::Error naming what is wrong.
+FSDPX_API RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSettings& settings,
+                           const Topology& topology);
+
+// The plan as JSON (plan.json in a run directory; exact byte counts for tools and tests).
+FSDPX_API void write_plan_json(const RunPlan& plan, const std::string& path);
+
+// Refuses an optimizer that declares it cannot step on the CPU (fsdpx/capabilities.h): this
+// build's engine computes there.
+FSDPX_API void check_optimizer_runs_here(const RunPlan& plan);
+
+}  // namespace fsdpx

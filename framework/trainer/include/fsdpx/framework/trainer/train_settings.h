@@ -1,0 +1,46 @@
+// TrainSettings: fsdpx-train's own options (top-level keys of a run's INI file).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <boost/program_options/options_description.hpp>
+#include <boost/program_options/variables_map.hpp>
+
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+// The trainer's own settings (fsdpx-train's host options).
+struct FSDPX_API TrainSettings {
+  int64_t steps = 100;
+  int64_t batch_size = 8;  // samples per rank per micro-batch
+  int64_t grad_accum = 1;  // micro-batches per step
+  uint64_t seed = 0;       // parameters, data order
+  std::string out_dir;     // metrics.jsonl, config.ini, summary.json, plot, checkpoints; "" = none
+  int64_t log_every = 10;
+  std::string lr_schedule = "constant";  // or "cosine"
+  int64_t warmup_steps = 0;
+  double min_lr_ratio = 0.1;
+  double clip_grad_norm = 0;  // 0 = off
+  double peak_tflops = 0;     // per rank; 0 = measure (CPU) or unknown
+  int64_t eval_every = 0;     // held-out evaluation every N steps (0: at the end only)
+  bool overlap = true;
+  std::vector<std::string> checkpoint_layer_types;  // recompute these layer types' activations
+  int64_t max_memory_mib = 0;  // stop when a rank's peak RSS in a step exceeds this (0: no limit)
+  bool progress_bar = false;  // rank 0 draws a bar on its terminal instead of log lines
+  // Checkpoints (the [checkpoint] component writes them).
+  int64_t save_every = 0;     // 0 = only at the end (when a checkpoint component is chosen)
+  int64_t keep_last = 0;      // 0 = keep all
+  std::string resume;         // "", "auto" (the newest under OUT/checkpoints), or a directory
+
+  // Reads the values fsdpx-train's options() declared. Throws fsdpx::Error naming a bad value.
+  static TrainSettings from(const boost::program_options::variables_map& vm);
+  // The host options, for --help and RunConfig.
+  static boost::program_options::options_description options();
+  // The settings as top-level INI lines (they reproduce the run with the components' sections).
+  std::string to_ini() const;
+};
+
+}  // namespace fsdpx

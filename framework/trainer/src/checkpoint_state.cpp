@@ -1,0 +1,141 @@
+#include "fsdpx/framework/trainer/checkpoint_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/runtime/process_groups.h"
+
+using json = nlohmann::json;
+
+namespace fsdpx {
+namespace {
+
+constexpr const char* kOptimPrefix = "optim/";
+
+int64_t rows_of(const at::Tensor& local) { return local.dim() == 0 ? 1 : local.size(0); }
+int64_t rows_of(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape[0]; }
+int64_t row_elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+}  // namespace
+
+CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& optimizer, bool for_load) {
+  at::NoGradGuard no_grad;
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& u : engine.plan().units)
+    for (size_t i = 0; i < u.names.size(); ++i) shapes[u.names[i]] = u.shapes[i];
+  CheckpointState st;
+  const int sr = engine.shard_rank();
+  for (const ParamShard& p : engine.shards()) {
+    auto it = shapes.find(p.name);
+    if (it == shapes.end()) throw Error("checkpoint: parameter '" + p.name + "' is not in the engine's plan (a bug)");
+    const std::vector<int64_t>& shape = it->second;
+    const int64_t d0 = rows_of(shape), rps = rows_of(p.param);
+    const int64_t offset = sr * rps, valid = std::clamp<int64_t>(d0 - offset, 0, rps);
+    at::Tensor param = p.param.detach();
+    at::Tensor local = shape.empty() ? (sr == 0 ? param.reshape({}) : param.narrow(0, 0, 0)) : param.narrow(0, 0, valid);
+    st.tensors.push_back({p.name, local, shape, offset});
+    if (!p.param.requires_grad()) continue;  // frozen: no optimizer state
+    for (const auto& [key, t] : optimizer.state(p.name)) {
+      at::Tensor c = for_load ? t.detach().clone() : t.detach();
+      if (t.dim() > 0 && t.size(0) == rps && !shape.empty()) {
+        std::vector<int64_t> g = t.sizes().vec();
+        g[0] = d0;
+        st.tensors.push_back({kOptimPrefix + p.name + "/" + key, c.narrow(0, 0, valid), g, offset});
+      } else {
+        st.tensors.push_back({kOptimPrefix + p.name + "/" + key, c, t.sizes().vec(), 0});
+      }
+    }
+  }
+  return st;
+}
+
+CheckpointContext checkpoint_context(const ProcessGroups& groups, const ShardingEngine& engine) {
+  auto world = groups.world();
+  CheckpointContext ctx;
+  ctx.rank = world->rank();
+  ctx.world_size = world->size();
+  ctx.primary = engine.replicate_rank() == 0;
+  ctx.barrier = [world] { world->barrier().wait(); };
+  ctx.all_sum = [world](std::vector<int64_t>& v) {
+    if (world->size() == 1 || v.empty()) return;
+    at::Tensor t = at::from_blob(v.data(), {static_cast<int64_t>(v.size())}, at::kLong).clone();
+    world->all_reduce(t, ReduceOp::Sum).wait();
+    std::memcpy(v.data(), t.data_ptr<int64_t>(), v.size() * sizeof(int64_t));
+  };
+  ctx.gather_to_rank0 = [world](const TensorShard& s) -> at::Tensor {
+    const int W = world->size();
+    at::Tensor local = s.local.contiguous();
+    const std::vector<int64_t>& shape = s.global_shape;
+    if (W == 1) return local.reshape(shape).clone();
+    // Every rank's (offset, rows), then the rows padded to the largest share.
+    at::Tensor meta = at::empty({2}, at::kLong);
+    meta[0] = s.row_offset;
+    meta[1] = rows_of(local);
+    at::Tensor metas = at::empty({2 * W}, at::kLong);
+    world->all_gather(metas, meta).wait();
+    int64_t most = 0;
+    for (int r = 0; r < W; ++r) most = std::max(most, metas[2 * r + 1].item<int64_t>());
+    const int64_t row = row_elements(shape);
+    at::Tensor mine = at::zeros({most * row}, local.options());
+    if (local.numel() > 0) mine.narrow(0, 0, local.numel()).copy_(local.reshape({-1}));
+    at::Tensor all = at::empty({W * most * row}, local.options());
+    world->all_gather(all, mine).wait();
+    if (world->rank() != 0) return at::Tensor();
+    at::Tensor full = at::empty({rows_of(shape) * row}, local.options());
+    for (int r = 0; r < W; ++r) {
+      const int64_t off = metas[2 * r].item<int64_t>(), n = metas[2 * r + 1].item<int64_t>();
+      if (n > 0) full.narrow(0, off * row, n * row).copy_(all.narrow(0, r * most * row, n * row));
+    }
+    return full.reshape(shape);
+  };
+  return ctx;
+}
+
+void apply_checkpoint(const CheckpointState& st, Optimizer& optimizer, DataSource& data) {
+  at::NoGradGuard no_grad;
+  std::map<std::string, std::vector<const TensorShard*>> by_param;
+  for (const auto& t : st.tensors)
+    if (t.name.rfind(kOptimPrefix, 0) == 0) {
+      const std::string rest = t.name.substr(std::strlen(kOptimPrefix));
+      by_param[rest.substr(0, rest.rfind('/'))].push_back(&t);
+    }
+  for (const auto& [param, tensors] : by_param) {
+    ShardState current = optimizer.state(param), updated;
+    for (const auto& [key, t] : current) {
+      const std::string name = kOptimPrefix + param + "/" + key;
+      auto it = std::find_if(tensors.begin(), tensors.end(), [&](const TensorShard* s) { return s->name == name; });
+      if (it == tensors.end()) throw Error("checkpoint: optimizer state '" + name + "' was not loaded");
+      at::Tensor fresh = t.detach().clone();
+      const at::Tensor& loaded = (*it)->local;
+      if (loaded.dim() > 0 && fresh.dim() > 0 && loaded.size(0) <= fresh.size(0) && loaded.sizes() != fresh.sizes())
+        fresh.narrow(0, 0, loaded.size(0)).copy_(loaded);
+      else
+        fresh.copy_(loaded.reshape(fresh.sizes()));
+      updated.emplace_back(key, fresh);
+    }
+    optimizer.load_state(param, updated);
+  }
+  if (!st.trainer_state_json.empty()) {
+    json j;
+    try {
+      j = json::parse(st.trainer_state_json);
+    } catch (const json::exception& e) {
+      throw Error(std::string("checkpoint: trainer state is not valid JSON (") + e.what() + ")");
+    }
+    if (j.contains("data")) data.restore(j["data"].dump());
+  }
+}
+}  // namespace fsdpx

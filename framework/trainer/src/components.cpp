@@ -1,0 +1,47 @@
+#include "components.h"
+
+#include <algorithm>
+#include <map>
+
+#include "fsdpx/capabilities.h"
+
+namespace fsdpx {
+
+const ComponentChoice& chosen(const RunConfig& config, Kind kind) {
+  const ComponentChoice* c = config.choice(kind);
+  if (!c) throw Error(std::string("no ") + section_name(kind) + " component chosen; give --" + section_name(kind) + ".name NAME");
+  return *c;
+}
+
+bool runs_on_cpu(const Optimizer& opt) {
+  const auto* d = dynamic_cast<const OptimizerDevices*>(&opt);
+  return !d || d->runs_on_cpu();
+}
+
+std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, const TrainSettings& s) {
+  auto root = model.module();
+  std::vector<UnitSelection> sel = wrap.select(*root);
+  if (s.checkpoint_layer_types.empty()) return sel;
+  const auto types = model.layer_types();
+  std::map<std::string, std::string> type_of;
+  for (const auto& m : root->named_modules("", /*include_self=*/false)) type_of[m.key()] = layer_type_name(*m.value());
+  std::string unit_types;
+  for (const auto& u : sel)
+    if (unit_types.find(type_of[u.fqn]) == std::string::npos) unit_types += (unit_types.empty() ? "" : ", ") + type_of[u.fqn];
+  for (const auto& t : s.checkpoint_layer_types) {
+    if (std::find(types.begin(), types.end(), t) == types.end()) {
+      std::string known;
+      for (const auto& k : types) known += (known.empty() ? "" : ", ") + k;
+      throw Error("--activation-checkpointing " + t + ": the model has no layer type '" + t + "'; its layer types are: " + known);
+    }
+    bool any = false;
+    for (auto& u : sel)
+      if (type_of[u.fqn] == t) any = u.activation_checkpoint = true;
+    if (!any)
+      throw Error("--activation-checkpointing " + t + ": no unit is a " + t + " (the wrap policy's units are: " + unit_types +
+                  "); only units recompute, so make " + t + " a unit too (e.g. --wrap.layer_types " + t + ")");
+  }
+  return sel;
+}
+
+}  // namespace fsdpx

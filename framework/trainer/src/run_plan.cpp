@@ -1,0 +1,249 @@
+#include "fsdpx/framework/trainer/run_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <nlohmann/json.hpp>
+
+#include "components.h"
+#include "fsdpx/framework/engine/unit_plan.h"
+#include "format.h"
+#include "plan_json.h"
+
+using json = nlohmann::json;
+
+namespace fsdpx {
+namespace {
+
+int64_t elt(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
+// Persistent optimizer state per parameter element, in bytes: measured on the optimizer itself
+// by one step over a small parameter of the storage dtype (state of dim 0, e.g. a step count, is
+// not per element and is left out, here as in the run's measurement). -1 when the optimizer
+// cannot step here.
+// `opt`: a fresh instance, which the probe consumes.
+double optimizer_bytes_per_element(Optimizer& opt, const PrecisionSpec& p) {
+  if (!runs_on_cpu(opt)) return -1;  // cannot probe here
+  constexpr int64_t n = 4096;
+  at::Tensor param = at::zeros({n}, at::TensorOptions().dtype(p.storage));
+  param.set_requires_grad(true);
+  param.mutable_grad() = at::full({n}, 1e-3, at::TensorOptions().dtype(p.gradient));
+  opt.init({ParamShard{"probe", param}});
+  opt.step(0.0);
+  int64_t bytes = 0;
+  for (const auto& [key, t] : opt.state("probe"))
+    if (t.dim() > 0) bytes += t.numel() * t.element_size();
+  return static_cast<double>(bytes) / n;
+}
+
+}  // namespace
+
+namespace {
+
+// Components, layout and dtypes; the checks that need no data or model.
+void plan_components(const PluginHost& host, const RunConfig& config, const TrainSettings& s, RunPlan& plan) {
+  const Topology& topo = plan.topology;
+  plan.model = chosen(config, Kind::Model).name;
+  plan.data = chosen(config, Kind::Data).name;
+  plan.strategy = chosen(config, Kind::Sharding).name;
+  plan.wrap = chosen(config, Kind::Wrap).name;
+  plan.precision = chosen(config, Kind::Precision).name;
+  plan.optimizer = chosen(config, Kind::Optimizer).name;
+  plan.layout = make<ShardingStrategy>(host, config)->layout(topo);
+  plan.dtypes = make<PrecisionPolicy>(host, config)->spec("");
+  const auto& L = plan.layout;
+  if (L.shard_group_size < 1 || L.replicate_group_size < 1 ||
+      static_cast<int64_t>(L.shard_group_size) * L.replicate_group_size != topo.world_size)
+    throw Error("sharding '" + plan.strategy + "' gives " + std::to_string(L.shard_group_size) + " x " +
+                std::to_string(L.replicate_group_size) + " ranks, but the world has " + std::to_string(topo.world_size));
+  if (config.choice(Kind::Checkpoint) && s.out_dir.empty())
+    throw Error("checkpoint '" + config.choice(Kind::Checkpoint)->name +
+                "' writes under --out DIR (DIR/checkpoints); give --out, or drop the [checkpoint] component");
+  if (!config.choice(Kind::Checkpoint) && (s.save_every > 0 || !s.resume.empty()))
+    throw Error(std::string(s.resume.empty() ? "--save-every" : "--resume") +
+                " needs a checkpoint component: add --checkpoint.name sharded (or [checkpoint] name=sharded)");
+}
+
+// The data: opened as rank 0 would, so a missing file or a too-large batch is caught now; the
+// samples and tokens of a step.
+void plan_data(const PluginHost& host, const RunConfig& config, const TrainSettings& s, RunPlan& plan) {
+  const int world = plan.topology.world_size;
+  auto data = make<DataSource>(host, config);
+  const int64_t global = s.batch_size * s.grad_accum * world;
+  if (global > data->num_samples())
+    throw Error("the global batch (--batch-size " + std::to_string(s.batch_size) + " x --grad-accum " +
+                std::to_string(s.grad_accum) + " x " + std::to_string(world) + " ranks = " + std::to_string(global) +
+                " samples) is larger than the data set (" + std::to_string(data->num_samples()) +
+                " training samples of data '" + plan.data + "'); lower --batch-size");
+  data->open(DataContext{0, world, s.batch_size, s.seed});
+  Batch probe = data->next();
+  plan.samples_per_step = global;
+  plan.tokens_per_step = probe.samples > 0 ? probe.tokens / probe.samples * plan.samples_per_step : 0;
+}
+
+// One unit's shard, gathered size and per-rank bytes.
+UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan) {
+  const auto& L = plan.layout;
+  const int64_t S = L.shard_group_size;
+  UnitBytes b;
+  b.fqn = u.fqn;
+  b.params = u.num_params;
+  for (const auto& shape : u.shapes) {
+    const int64_t d0 = shape.empty() ? 1 : shape[0];
+    int64_t row = 1;
+    for (size_t k = 1; k < shape.size(); ++k) row *= shape[k];
+    b.shard_numel += (d0 == 0 ? 0 : (d0 + S - 1) / S) * row;
+  }
+  b.reshard_after_forward = S > 1 && !root && L.reshard_after_forward;
+  b.recompute = u.activation_checkpoint;
+  const bool separate = S > 1 || plan.dtypes.compute != plan.dtypes.storage;
+  b.unsharded_bytes = separate ? S * b.shard_numel * elt(plan.dtypes.compute) : 0;
+  return b;
+}
+
+// Adds unit `b`'s collectives per step to the plan, with CountingCommunicator's formulas.
+void add_unit_traffic(const UnitBytes& b, int64_t grad_accum, RunPlan& plan) {
+  const int64_t S = plan.layout.shard_group_size, R = plan.layout.replicate_group_size;
+  if (S > 1) {
+    const int64_t gather = S * b.shard_numel * elt(plan.dtypes.compute);
+    const int64_t gathers = grad_accum * (b.reshard_after_forward ? 2 : 1);
+    plan.allgather_bytes += gathers * gather;
+    plan.sent_bytes += gathers * (gather / S * (S - 1));
+    const int64_t reduce = S * b.shard_numel * elt(plan.dtypes.reduce);
+    plan.reduce_scatter_bytes += reduce;
+    plan.sent_bytes += reduce / S * (S - 1);
+  }
+  if (R > 1) {
+    const int64_t reduce = b.shard_numel * elt(plan.dtypes.gradient);
+    plan.all_reduce_bytes += reduce;
+    plan.sent_bytes += 2 * reduce * (R - 1) / R;
+  }
+}
+
+}  // namespace
+
+RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSettings& s, const Topology& topo) {
+  RunPlan plan;
+  plan.topology = topo;
+  // Created in this order, so that the first bad option named is the same as ever.
+  auto model = make<Model>(host, config);
+  auto wrap = make<WrapPolicy>(host, config);
+  plan_components(host, config, s, plan);
+  auto opt_probe = make<Optimizer>(host, config);
+  plan.optimizer_runs_on_cpu = runs_on_cpu(*opt_probe);
+  if (plan.layout.offload_to_cpu && !plan.optimizer_runs_on_cpu)
+    throw Error("sharding '" + plan.strategy + "' offloads the optimizer state to host memory and steps on the CPU, but "
+                "optimizer '" + plan.optimizer + "' cannot run on the CPU; choose one that can (adamw, "
+                "anyprecision_adamw, sgd) or a strategy without offload");
+  plan_data(host, config, s, plan);
+  plan.flops_per_token = model->flops_per_token();
+  UnitPlan up = plan_units(*model->module(), select_units(*model, *wrap, s));
+  plan.total_params = up.total_params;
+  const double opt_per_elt = optimizer_bytes_per_element(*opt_probe, plan.dtypes);
+  for (size_t i = 0; i < up.units.size(); ++i) {
+    UnitBytes b = unit_bytes(up.units[i], i == 0, plan);
+    plan.param_bytes += b.shard_numel * elt(plan.dtypes.storage);
+    plan.grad_bytes += b.shard_numel * elt(plan.dtypes.gradient);
+    if (opt_per_elt >= 0) plan.optimizer_bytes += static_cast<int64_t>(std::llround(opt_per_elt * static_cast<double>(b.shard_numel)));
+    else plan.optimizer_bytes = -1;
+    if (b.unsharded_bytes > plan.peak_unit_bytes) {
+      plan.peak_unit_bytes = b.unsharded_bytes;
+      plan.peak_unit = b.fqn.empty() ? "(root)" : b.fqn;
+    }
+    add_unit_traffic(b, s.grad_accum, plan);
+    plan.units.push_back(b);
+  }
+  const int64_t S = plan.layout.shard_group_size;
+  if (s.clip_grad_norm > 0 && S > 1) {  // the squared norm's all-reduce in the shard group
+    plan.all_reduce_bytes += 8;
+    plan.sent_bytes += 2 * 8 * (S - 1) / S;
+  }
+  return plan;
+}
+
+std::string RunPlan::text() const {
+  std::ostringstream o;
+  char line[256];
+  const auto& t = topology;
+  o << "plan (dry run: nothing allocated, no process group)\n";
+  std::snprintf(line, sizeof line, "  topology   %d rank(s): %d node(s) x %d; shard groups of %d, replicated %d time(s)\n",
+                t.world_size, t.num_nodes, t.local_world_size, layout.shard_group_size, layout.replicate_group_size);
+  o << line;
+  o << "  components model=" << model << " data=" << data << " sharding=" << strategy << " wrap=" << wrap
+    << " precision=" << precision << " optimizer=" << optimizer << "\n";
+  o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", compute (and all-gather) " << dtype_name(dtypes.compute)
+    << ", reduce " << dtype_name(dtypes.reduce) << ", gradient " << dtype_name(dtypes.gradient) << "\n";
+  o << "  units      " << units.size() << " (reshard after forward: " << (layout.reshard_after_forward ? "yes" : "no") << ")\n";
+  size_t w = 6;
+  for (const auto& u : units) w = std::max(w, u.fqn.size());
+  std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w), "unit", "params", "shard/rank", "gathered",
+                "recompute");
+  o << line;
+  for (const auto& u : units) {
+    std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w), u.fqn.empty() ? "(root)" : u.fqn.c_str(),
+                  human_count(static_cast<double>(u.params)).c_str(), human_count(static_cast<double>(u.shard_numel)).c_str(),
+                  human_bytes(static_cast<double>(u.unsharded_bytes)).c_str(), u.recompute ? "yes" : "no");
+    o << line;
+  }
+  o << "  parameters " << human_count(static_cast<double>(total_params)) << " (" << total_params << ")\n";
+  o << "  per rank   parameters " << human_bytes(static_cast<double>(param_bytes)) << " (" << param_bytes << " B), gradients "
+    << human_bytes(static_cast<double>(grad_bytes)) << " (" << grad_bytes << " B), optimizer state ";
+  if (optimizer_bytes >= 0) o << human_bytes(static_cast<double>(optimizer_bytes)) << " (" << optimizer_bytes << " B)\n";
+  else o << "unknown (the optimizer cannot run on this CPU to be measured)\n";
+  o << "  peak unit  " << (peak_unit.empty() ? "none gathered (parameters used in place)" : peak_unit + ", " +
+                           human_bytes(static_cast<double>(peak_unit_bytes)) + " gathered")
+    << "\n";
+  o << "  per step   all-gather " << human_bytes(static_cast<double>(allgather_bytes)) << ", reduce-scatter "
+    << human_bytes(static_cast<double>(reduce_scatter_bytes)) << ", all-reduce " << human_bytes(static_cast<double>(all_reduce_bytes))
+    << "; this rank sends " << human_bytes(static_cast<double>(sent_bytes)) << " (" << sent_bytes << " B)\n";
+  o << "  batch      " << samples_per_step << " samples";
+  if (tokens_per_step != samples_per_step) o << ", " << tokens_per_step << " tokens";
+  o << " per step";
+  if (flops_per_token > 0) {
+    std::snprintf(line, sizeof line, "; %.3g GFLOP per step", flops_per_token * static_cast<double>(tokens_per_step) / 1e9);
+    o << line;
+  }
+  o << "\n";
+  return o.str();
+}
+
+json plan_json(const RunPlan& p) {
+  json units = json::array();
+  for (const auto& u : p.units)
+    units.push_back({{"unit", u.fqn}, {"params", u.params}, {"shard_numel", u.shard_numel},
+                     {"gathered_bytes", u.unsharded_bytes}, {"reshard_after_forward", u.reshard_after_forward},
+                     {"recompute", u.recompute}});
+  return {{"world_size", p.topology.world_size},
+          {"shard_group_size", p.layout.shard_group_size},
+          {"replicate_group_size", p.layout.replicate_group_size},
+          {"total_params", p.total_params},
+          {"param_bytes", p.param_bytes},
+          {"grad_bytes", p.grad_bytes},
+          {"optimizer_bytes", p.optimizer_bytes},
+          {"peak_unit", p.peak_unit},
+          {"peak_unit_bytes", p.peak_unit_bytes},
+          {"allgather_bytes", p.allgather_bytes},
+          {"reduce_scatter_bytes", p.reduce_scatter_bytes},
+          {"all_reduce_bytes", p.all_reduce_bytes},
+          {"sent_bytes", p.sent_bytes},
+          {"dtypes", {{"storage", dtype_name(p.dtypes.storage)}, {"compute", dtype_name(p.dtypes.compute)},
+                      {"reduce", dtype_name(p.dtypes.reduce)}, {"gradient", dtype_name(p.dtypes.gradient)}}},
+          {"units", units}};
+}
+
+void write_plan_json(const RunPlan& plan, const std::string& path) {
+  std::ofstream(path) << plan_json(plan).dump(2) << "\n";
+}
+
+void check_optimizer_runs_here(const RunPlan& plan) {
+  if (!plan.optimizer_runs_on_cpu)
+    throw Error("optimizer '" + plan.optimizer +
+                "' cannot run on the CPU, where this build's engine computes; choose adamw, anyprecision_adamw or sgd");
+}
+
+}  // namespace fsdpx

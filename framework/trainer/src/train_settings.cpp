@@ -1,0 +1,111 @@
+#include "fsdpx/framework/trainer/train_settings.h"
+
+#include <sstream>
+
+#include <boost/program_options.hpp>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/trainer/lr_schedule.h"
+#include "metrics.h"
+
+namespace po = boost::program_options;
+
+namespace fsdpx {
+
+po::options_description TrainSettings::options() {
+  po::options_description d("Training (fsdpx-train's own options; also top-level keys of --config)");
+  d.add_options()
+    ("steps", po::value<int64_t>()->default_value(100), "optimizer steps to train (a resumed run counts from its checkpoint)")
+    ("batch-size", po::value<int64_t>()->default_value(8), "samples per rank per micro-batch")
+    ("grad-accum", po::value<int64_t>()->default_value(1), "micro-batches per optimizer step")
+    ("seed", po::value<int64_t>()->default_value(0), "seed of the parameters and the data order")
+    ("out", po::value<std::string>()->default_value(""), "run directory: metrics.jsonl, config.ini, summary.json, checkpoints")
+    ("log-every", po::value<int64_t>()->default_value(10), "steps between metric lines")
+    ("lr-schedule", po::value<std::string>()->default_value("constant"), "constant or cosine (the optimizer's lr is the peak)")
+    ("warmup-steps", po::value<int64_t>()->default_value(0), "linear warm-up steps")
+    ("min-lr-ratio", po::value<double>()->default_value(0.1, "0.1"), "cosine floor as a fraction of the peak lr")
+    ("clip-grad-norm", po::value<double>()->default_value(0.0), "clip the global gradient norm to this (0: off)")
+    ("eval-every", po::value<int64_t>()->default_value(0), "held-out evaluation every N steps (0: at the end only)")
+    ("peak-tflops", po::value<double>()->default_value(0.0), "per-rank peak for MFU (0: measure on CPU with a large matmul)")
+    ("overlap", po::value<int>()->default_value(1), "1: gather the next unit while this one computes; 0: no overlap")
+    ("activation-checkpointing", po::value<std::string>()->default_value(""), "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")
+    ("max-memory-mib", po::value<int64_t>()->default_value(0), "stop with an error when a rank's peak RSS in a step exceeds this many MiB (0: no limit)")
+    ("save-every", po::value<int64_t>()->default_value(0), "checkpoint every N steps (0: at the end only); needs [checkpoint]")
+    ("keep-last", po::value<int64_t>()->default_value(0), "keep the newest K checkpoints (0: all)")
+    ("resume", po::value<std::string>()->default_value(""), "auto (newest complete checkpoint under OUT/checkpoints) or a checkpoint directory");
+  return d;
+}
+
+TrainSettings TrainSettings::from(const po::variables_map& vm) {
+  TrainSettings s;
+  s.steps = vm["steps"].as<int64_t>();
+  s.batch_size = vm["batch-size"].as<int64_t>();
+  s.grad_accum = vm["grad-accum"].as<int64_t>();
+  const int64_t seed = vm["seed"].as<int64_t>();
+  s.out_dir = vm["out"].as<std::string>();
+  s.log_every = vm["log-every"].as<int64_t>();
+  s.lr_schedule = vm["lr-schedule"].as<std::string>();
+  s.warmup_steps = vm["warmup-steps"].as<int64_t>();
+  s.min_lr_ratio = vm["min-lr-ratio"].as<double>();
+  s.clip_grad_norm = vm["clip-grad-norm"].as<double>();
+  s.eval_every = vm["eval-every"].as<int64_t>();
+  s.peak_tflops = vm["peak-tflops"].as<double>();
+  const int overlap = vm["overlap"].as<int>();
+  s.save_every = vm["save-every"].as<int64_t>();
+  s.keep_last = vm["keep-last"].as<int64_t>();
+  s.resume = vm["resume"].as<std::string>();
+  {
+    std::string types = vm["activation-checkpointing"].as<std::string>(), item;
+    std::istringstream in(types);
+    while (std::getline(in, item, ','))
+      if (!item.empty()) s.checkpoint_layer_types.push_back(item);
+  }
+  s.max_memory_mib = vm["max-memory-mib"].as<int64_t>();
+  auto positive = [](const char* name, int64_t v) {
+    if (v < 1) throw Error(std::string("--") + name + " must be at least 1, got " + std::to_string(v));
+  };
+  auto non_negative = [](const char* name, double v) {
+    if (!(v >= 0)) throw Error(std::string("--") + name + " must be 0 or more, got " + std::to_string(v));
+  };
+  positive("steps", s.steps);
+  positive("batch-size", s.batch_size);
+  positive("grad-accum", s.grad_accum);
+  positive("log-every", s.log_every);
+  if (seed < 0) throw Error("--seed must be 0 or more, got " + std::to_string(seed));
+  s.seed = static_cast<uint64_t>(seed);
+  non_negative("warmup-steps", static_cast<double>(s.warmup_steps));
+  non_negative("clip-grad-norm", s.clip_grad_norm);
+  non_negative("eval-every", static_cast<double>(s.eval_every));
+  non_negative("peak-tflops", s.peak_tflops);
+  non_negative("save-every", static_cast<double>(s.save_every));
+  non_negative("keep-last", static_cast<double>(s.keep_last));
+  non_negative("max-memory-mib", static_cast<double>(s.max_memory_mib));
+  if (s.max_memory_mib > (int64_t{1} << 30)) throw Error("--max-memory-mib must be at most 2^30 MiB, got " + std::to_string(s.max_memory_mib));
+  if (s.max_memory_mib > 0 && proc_memory().hwm < 0)
+    throw Error("--max-memory-mib needs /proc/self/status (VmHWM) to measure memory, which this system does not provide");
+  if (overlap != 0 && overlap != 1) throw Error("--overlap must be 0 or 1, got " + std::to_string(overlap));
+  s.overlap = overlap == 1;
+  // The schedule's own checks (kind, warm-up within the run, floor in [0, 1]).
+  LrSchedule::parse(s.lr_schedule, 1.0, s.warmup_steps, s.steps, s.min_lr_ratio);
+  if (s.resume == "auto" && s.out_dir.empty())
+    throw Error("--resume auto looks for checkpoints under --out DIR, and no --out was given; give --out or a checkpoint path");
+  return s;
+}
+
+std::string TrainSettings::to_ini() const {
+  std::ostringstream o;
+  o << "steps=" << steps << "\nbatch-size=" << batch_size << "\ngrad-accum=" << grad_accum << "\nseed=" << seed
+    << "\nlog-every=" << log_every << "\nlr-schedule=" << lr_schedule << "\nwarmup-steps=" << warmup_steps
+    << "\nmin-lr-ratio=" << min_lr_ratio << "\nclip-grad-norm=" << clip_grad_norm << "\neval-every=" << eval_every
+    << "\npeak-tflops=" << peak_tflops << "\noverlap=" << (overlap ? 1 : 0) << "\nsave-every=" << save_every
+    << "\nkeep-last=" << keep_last << "\nmax-memory-mib=" << max_memory_mib << "\n";
+  if (!checkpoint_layer_types.empty()) {
+    o << "activation-checkpointing=";
+    for (size_t i = 0; i < checkpoint_layer_types.size(); ++i) o << (i ? "," : "") << checkpoint_layer_types[i];
+    o << "\n";
+  }
+  if (!out_dir.empty()) o << "out=" << out_dir << "\n";
+  return o.str();
+}
+
+}  // namespace fsdpx

@@ -1,0 +1,474 @@
+// The training loop, stage by stage: plan, build, restore, then per step forward, backward,
+// clip, optimizer; log, evaluate, save; and the summary at the end.
+#include "fsdpx/framework/trainer/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "components.h"
+#include "fsdpx/evaluation.h"
+#include "fsdpx/framework/checkpoint/checkpointing.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/trainer/checkpoint_state.h"
+#include "fsdpx/framework/trainer/lr_schedule.h"
+#include "fsdpx/framework/trainer/run_directory.h"
+#include "format.h"
+#include "metrics.h"
+#include "peak_flops.h"
+#include "plan_json.h"
+#include "reporter.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace fsdpx {
+
+std::map<Kind, std::string> default_components() {
+  return {{Kind::Model, "gpt"},       {Kind::Data, "text"},      {Kind::Sharding, "full_shard"},
+          {Kind::Wrap, "layer_type"}, {Kind::Precision, "fp32"}, {Kind::Optimizer, "adamw"}};
+}
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Held-out evaluation over every rank: each rank evaluates its share of the held-out samples in
+// chunks, all ranks running the same number of forwards (the units' gathers are collective).
+// Returns {"step", "eval_loss", "eval_samples"[, "eval_accuracy"]}, or null when the model or the
+// data cannot evaluate.
+json evaluate_heldout(ShardingEngine& engine, Evaluable* evaluable, HeldOutData* heldout, Communicator& world,
+                      int64_t batch_size, int64_t step) {
+  if (!evaluable || !heldout || heldout->num_heldout() == 0) return json();
+  at::NoGradGuard no_grad;
+  const int rank = world.rank(), n_ranks = world.size();
+  const int64_t n = heldout->num_heldout();
+  const int64_t per_rank = (n + n_ranks - 1) / n_ranks;
+  const int64_t chunk = std::max<int64_t>(1, batch_size * 4);
+  double sums[3] = {0, 0, 0};
+  bool has_accuracy = true;
+  for (int64_t off = 0; off < per_rank; off += chunk) {
+    const int64_t first = std::min(n, rank * per_rank + off);
+    const int64_t last = std::min({n, rank * per_rank + per_rank, rank * per_rank + off + chunk});
+    // A rank whose share is used up runs one sample and does not count it.
+    const bool empty = last <= first;
+    Batch b = heldout->heldout(empty ? 0 : first, empty ? 1 : last - first);
+    EvalSums r;
+    engine.forward([&] {
+      r = evaluable->evaluate(b);
+      return at::zeros({}, at::kFloat);
+    });
+    if (empty) r = EvalSums{0, r.correct >= 0 ? 0.0 : -1.0, 0};
+    sums[0] += r.loss_sum;
+    sums[1] += std::max(0.0, r.correct);
+    sums[2] += static_cast<double>(r.samples);
+    has_accuracy = has_accuracy && r.correct >= 0;
+  }
+  at::Tensor t = at::empty({4}, at::kDouble);
+  t[0] = sums[0];
+  t[1] = sums[1];
+  t[2] = sums[2];
+  t[3] = has_accuracy ? 0.0 : 1.0;
+  world.all_reduce(t, ReduceOp::Sum).wait();
+  json e{{"step", step}, {"eval_loss", t[0].item<double>() / t[2].item<double>()}, {"eval_samples", t[2].item<int64_t>()}};
+  if (t[3].item<double>() == 0) e["eval_accuracy"] = t[1].item<double>() / t[2].item<double>();
+  return e;
+}
+
+std::string eval_line(const json& e) {
+  char l[160];
+  std::snprintf(l, sizeof l, "eval at step %ld: held-out loss %.4f", static_cast<long>(e["step"].get<int64_t>()),
+                e["eval_loss"].get<double>());
+  std::string line = l;
+  if (e.contains("eval_accuracy")) {
+    std::snprintf(l, sizeof l, ", accuracy %.2f%%", 100 * e["eval_accuracy"].get<double>());
+    line += l;
+  }
+  std::snprintf(l, sizeof l, " over %ld samples", static_cast<long>(e["eval_samples"].get<int64_t>()));
+  return line + l;
+}
+
+// The figures of the steps since the last log line.
+struct Interval {
+  Clock::time_point start = Clock::now();
+  int64_t steps = 0, tokens = 0, samples = 0;
+  CommTotals comm_start{0, 0, 0, 0};
+};
+
+class Trainer {
+ public:
+  Trainer(const PluginHost& host, const RunConfig& config, const TrainSettings& s, const RuntimeOptions& ro)
+      : host_(host), config_(config), s_(s), ro_(ro), rank_(ro.topology.rank), world_(ro.topology.world_size),
+        run_dir_(s.out_dir, rank_ == 0) {}
+
+  int run() {
+    plan();
+    build();
+    open_run_directory();
+    restore();
+    run_dir_.open_metrics(start_step_);
+    measure_peak();
+    announce();
+    loop();
+    finish();
+    return 0;
+  }
+
+ private:
+  bool writer() const { return rank_ == 0; }
+
+  void plan() {
+    if (ro_.device == DeviceKind::Cuda)
+      throw Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups are "
+                  "built and checked by --check-comm); use --device cpu");
+    plan_ = plan_run(host_, config_, s_, ro_.topology);
+    check_optimizer_runs_here(plan_);
+  }
+
+  // Process groups, components, communicators (counted), the engine, the optimizer and the data.
+  void build() {
+    groups_ = ProcessGroups::create(ro_);
+    model_ = make<Model>(host_, config_);
+    data_ = make<DataSource>(host_, config_);
+    auto wrap = make<WrapPolicy>(host_, config_);
+    opt_ = make<Optimizer>(host_, config_);
+    if (config_.choice(Kind::Checkpoint)) ckpt_ = make<CheckpointBackend>(host_, config_);
+    if (!ckpt_ && (s_.save_every > 0 || !s_.resume.empty()))
+      throw Error(std::string(s_.resume.empty() ? "--save-every" : "--resume") +
+                  " needs a checkpoint component: add --checkpoint.name sharded (or [checkpoint] name=sharded)");
+    EngineOptions eo;
+    eo.layout = plan_.layout;
+    eo.precision = plan_.dtypes;
+    eo.seed = s_.seed;
+    eo.overlap = s_.overlap;
+    engine_ = std::make_unique<ShardingEngine>(model_, select_units(*model_, *wrap, s_), engine_comms(eo.layout), eo);
+    shards_ = engine_->shards();
+    opt_->init(shards_);
+    data_->open(DataContext{rank_, world_, s_.batch_size, s_.seed});
+    schedule_ = LrSchedule::parse(s_.lr_schedule, opt_->base_lr(), s_.warmup_steps, s_.steps, s_.min_lr_ratio);
+  }
+
+  EngineComms engine_comms(const ShardingLayout& layout) {
+    EngineComms comms;
+    comms.world = groups_->world();
+    const int S = layout.shard_group_size, R = layout.replicate_group_size;
+    auto counted = [&](std::shared_ptr<Communicator> c) {
+      auto wrapped = std::make_shared<CountingCommunicator>(std::move(c));
+      counters_.add(wrapped);
+      return wrapped;
+    };
+    if (S > 1 && R > 1) {
+      auto h = groups_->hybrid(S);
+      comms.shard = counted(h.shard);
+      comms.replicate = counted(h.replicate);
+    } else if (S > 1) {
+      comms.shard = counted(groups_->world());
+    } else if (R > 1) {
+      comms.replicate = counted(groups_->world());
+    }
+    return comms;
+  }
+
+  void open_run_directory() {
+    run_dir_.create(s_.to_ini() + "\n" + config_.to_ini(), world_, plan_json(plan_).dump(2));
+  }
+
+  // --resume: the named checkpoint, or the newest under OUT/checkpoints.
+  void restore() {
+    if (s_.resume.empty()) return;
+    std::string dir = s_.resume;
+    if (s_.resume == "auto") {
+      auto latest = ckpt_->latest(run_dir_.checkpoints());
+      dir = latest ? *latest : "";
+    }
+    if (dir.empty()) {
+      if (writer()) std::printf("no complete checkpoint under %s yet: starting from step 0\n", run_dir_.checkpoints().c_str());
+      return;
+    }
+    CheckpointState st = checkpoint_state(*engine_, *opt_, /*for_load=*/true);
+    ckpt_->load(dir, st, checkpoint_context(*groups_, *engine_));
+    apply_checkpoint(st, *opt_, *data_);
+    start_step_ = st.step;
+    if (writer()) std::printf("resumed from %s at step %ld\n", dir.c_str(), static_cast<long>(start_step_));
+    if (start_step_ >= s_.steps)
+      throw Error("the checkpoint " + dir + " is at step " + std::to_string(start_step_) + ", not before --steps " +
+                  std::to_string(s_.steps) + "; raise --steps to train further");
+  }
+
+  // The peak for MFU: --peak-tflops, or measured by every rank at once and averaged.
+  void measure_peak() {
+    peak_ = s_.peak_tflops;
+    if (peak_ > 0) return;
+    groups_->world()->barrier().wait();
+    at::Tensor p = at::full({1}, measure_peak_tflops(plan_.dtypes.compute), at::kDouble);
+    groups_->world()->all_reduce(p, ReduceOp::Avg).wait();
+    peak_ = p.item<double>();
+    peak_source_ = "measured: best 1024^3 matmul on every rank at once";
+  }
+
+  void announce() {
+    out_ = std::make_unique<Reporter>(writer() && s_.progress_bar, s_.steps);
+    if (!writer()) return;
+    char l[256];
+    std::snprintf(l, sizeof l, "training %s (%s parameters) on %s: %d rank(s), %s, %s, %s, %s; %ld samples per step",
+                  plan_.model.c_str(), human_count(static_cast<double>(plan_.total_params)).c_str(), plan_.data.c_str(),
+                  world_, plan_.strategy.c_str(), plan_.wrap.c_str(), plan_.precision.c_str(), plan_.optimizer.c_str(),
+                  static_cast<long>(plan_.samples_per_step));
+    out_->line(l);
+    std::snprintf(l, sizeof l, "peak %.3f TFLOP/s per rank (%s)", peak_, peak_source_);
+    out_->line(l);
+    if (plan_.layout.offload_to_cpu)
+      out_->line("cpu offload: the compute device is the CPU, where the shards, gradients and optimizer state already live; "
+                 "nothing to move (the run is its base strategy's)");
+  }
+
+  void loop() {
+    run_peak_ = std::max(peak_rss_bytes(), proc_memory().hwm);  // VmHWM restarts every step
+    train_start_ = Clock::now();
+    interval_ = Interval{};
+    interval_.comm_start = counters_.totals();
+    for (int64_t step = start_step_; step < s_.steps; ++step) {
+      const WorldStep w = train_step(step);
+      const int64_t done = step + 1;
+      log(done, w);
+      if (s_.eval_every > 0 && done % s_.eval_every == 0 && done != s_.steps) evaluate(done);
+      if (ckpt_ && s_.save_every > 0 && done % s_.save_every == 0 && done != s_.steps) save(done);
+    }
+    evaluate(s_.steps);
+    if (ckpt_) save(s_.steps);
+  }
+
+  // One optimizer step: forward and backward per micro-batch, clip, optimizer; then the figures
+  // every rank agrees on. Throws on a diverged loss or a step over --max-memory-mib.
+  WorldStep train_step(int64_t step) {
+    lr_ = schedule_.at(step);
+    const CommTotals comm_before = counters_.totals();
+    const ProcMemory before = proc_memory();
+    run_peak_ = std::max(run_peak_, before.hwm);  // evaluations and saves since the last step
+    const bool measured = reset_peak_rss() && before.rss >= 0;
+    RankStep mine;
+    for (int64_t m = 0; m < s_.grad_accum; ++m) {
+      engine_->set_requires_gradient_sync(m == s_.grad_accum - 1);
+      Batch b = data_->next();
+      at::Tensor loss = engine_->forward([&] { return model_->loss(b) / static_cast<double>(s_.grad_accum); });
+      engine_->backward(loss);
+      mine.loss_sum += loss.item<double>();
+      mine.tokens += b.tokens;
+      mine.samples += b.samples;
+    }
+    grad_norm_ = s_.clip_grad_norm > 0 ? engine_->clip_grad_norm(s_.clip_grad_norm) : -1;
+    opt_->step(lr_);
+    const CommTotals comm_after = counters_.totals();
+    for (int k = 0; k < 4; ++k) step_comm_[k] = comm_after[k] - comm_before[k];
+    mine.step_peak = proc_memory().hwm;
+    run_peak_ = std::max(run_peak_, mine.step_peak);
+    mine.rss_rise = measured ? mine.step_peak - before.rss : -1;
+    mine.run_peak = run_peak_;
+    const WorldStep w = gather_step(*groups_->world(), mine);
+    max_step_rise_ = std::max(max_step_rise_, w.max_rss_rise);
+    if (s_.max_memory_mib > 0 && w.max_step_peak > s_.max_memory_mib * (int64_t{1} << 20))
+      throw Error("step " + std::to_string(step + 1) + " reached a peak RSS of " + std::to_string(w.max_step_peak >> 20) +
+                  " MiB on a rank, over --max-memory-mib " + std::to_string(s_.max_memory_mib) +
+                  "; lower --batch-size, or recompute activations (--activation-checkpointing)");
+    if (!std::isfinite(w.loss))
+      throw Error("the loss is " + std::to_string(w.loss) + " at step " + std::to_string(step + 1) +
+                  "; training diverged: lower the optimizer's lr (--optimizer.lr), add --warmup-steps or --clip-grad-norm");
+    if (std::isnan(first_loss_)) first_loss_ = w.loss;
+    last_loss_ = w.loss;
+    ++interval_.steps;
+    interval_.tokens += w.tokens;
+    interval_.samples += w.samples;
+    return w;
+  }
+
+  // The progress line or bar; at log steps also metrics.jsonl, and a new interval.
+  void log(int64_t done, const WorldStep& w) {
+    const bool log_now = done % s_.log_every == 0 || done == s_.steps;
+    const double elapsed = seconds_since(interval_.start);
+    const bool tokens_matter = plan_.tokens_per_step != plan_.samples_per_step;
+    Progress p;
+    p.step = done;
+    p.loss = w.loss;
+    p.lr = lr_;
+    p.step_time = elapsed / static_cast<double>(interval_.steps);
+    p.per_s = static_cast<double>(tokens_matter ? interval_.tokens : interval_.samples) / std::max(elapsed, 1e-9);
+    p.unit = tokens_matter ? "tok" : "samples";
+    p.eta = seconds_since(train_start_) / static_cast<double>(done - start_step_) * static_cast<double>(s_.steps - done);
+    if (!log_now) {
+      if (!writer()) return;
+      p.peak_mem = run_peak_;
+      out_->update(p, false);
+      return;
+    }
+    if (writer()) {
+      p.peak_mem = *std::max_element(w.run_peaks.begin(), w.run_peaks.end());
+      run_dir_.append_metrics(metrics_line(done, w, elapsed, p.step_time).dump());
+      out_->update(p, true);
+    }
+    interval_ = Interval{};
+    interval_.comm_start = counters_.totals();
+  }
+
+  json metrics_line(int64_t done, const WorldStep& w, double elapsed, double step_time) const {
+    const CommTotals now = counters_.totals();
+    const auto& c0 = interval_.comm_start;
+    const double secs = std::max(elapsed, 1e-9);
+    json m{{"step", done},
+           {"loss", w.loss},
+           {"lr", lr_},
+           {"tokens_per_s", static_cast<double>(interval_.tokens) / secs},
+           {"samples_per_s", static_cast<double>(interval_.samples) / secs},
+           {"step_time_s", step_time},
+           {"peak_memory_bytes", w.run_peaks},
+           {"memory_kind", "rss"},
+           {"step_rss_rise_bytes", w.max_rss_rise},
+           {"allgather_bytes", (now[0] - c0[0]) / interval_.steps},
+           {"reduce_scatter_bytes", (now[1] - c0[1]) / interval_.steps},
+           {"all_reduce_bytes", (now[2] - c0[2]) / interval_.steps},
+           {"sent_bytes", (now[3] - c0[3]) / interval_.steps}};
+    if (plan_.flops_per_token > 0) {
+      const double tflops = plan_.flops_per_token * static_cast<double>(interval_.tokens) / secs / 1e12;
+      m["tflops"] = tflops;
+      m["mfu"] = tflops / (peak_ * world_);
+    }
+    if (grad_norm_ >= 0) m["grad_norm"] = grad_norm_;
+    return m;
+  }
+
+  void evaluate(int64_t step) {
+    last_eval_ = evaluate_heldout(*engine_, dynamic_cast<Evaluable*>(model_.get()), dynamic_cast<HeldOutData*>(data_.get()),
+                                  *groups_->world(), s_.batch_size, step);
+    if (last_eval_.is_null() || !writer()) return;
+    out_->line(eval_line(last_eval_));
+    run_dir_.append_metrics(last_eval_.dump());
+  }
+
+  void save(int64_t step) {
+    const std::string dir = (fs::path(run_dir_.checkpoints()) / checkpoint_dir_name(step)).string();
+    CheckpointState st = checkpoint_state(*engine_, *opt_, /*for_load=*/false);
+    st.step = step;
+    st.trainer_state_json = json{{"data", json::parse(data_->state())}, {"seed", s_.seed}, {"step", step}}.dump();
+    st.config_ini = s_.to_ini() + "\n" + config_.to_ini();
+    const auto t0 = Clock::now();
+    ckpt_->save(dir, st, checkpoint_context(*groups_, *engine_));
+    if (writer()) {
+      char l[300];
+      std::snprintf(l, sizeof l, "checkpoint at step %ld: %s (%.2f s)", static_cast<long>(step), dir.c_str(), seconds_since(t0));
+      out_->line(l);
+      if (s_.keep_last > 0) prune_checkpoints(run_dir_.checkpoints(), s_.keep_last);
+    }
+    groups_->world()->barrier().wait();
+    last_checkpoint_ = dir;
+  }
+
+  // What was measured, next to what was planned: summary.json and the closing lines.
+  void finish() {
+    const json ranks = measured_per_rank();
+    if (writer()) {
+      const double wall = seconds_since(wall_start_);
+      json summary{{"steps", s_.steps},
+                   {"start_step", start_step_},
+                   {"first_loss", first_loss_},
+                   {"final_loss", last_loss_},
+                   {"world_size", world_},
+                   {"ranks", ranks},
+                   {"last_step_comm",
+                    {{"allgather_bytes", step_comm_[0]}, {"reduce_scatter_bytes", step_comm_[1]},
+                     {"all_reduce_bytes", step_comm_[2]}, {"sent_bytes", step_comm_[3]}}},
+                   {"plan", plan_json(plan_)},
+                   {"peak_tflops_per_rank", peak_},
+                   {"max_step_rss_rise_bytes", max_step_rise_},
+                   {"step_time_s", seconds_since(train_start_) / static_cast<double>(std::max<int64_t>(1, s_.steps - start_step_))},
+                   {"wall_s", wall}};
+      if (!last_eval_.is_null()) summary["eval"] = last_eval_;
+      if (!last_checkpoint_.empty()) summary["checkpoint"] = last_checkpoint_;
+      run_dir_.write_summary(summary.dump(2));
+      closing_lines(wall);
+    }
+    groups_->world()->barrier().wait();
+  }
+
+  // Every rank's persistent bytes (parameters, gradients, optimizer state) and peak RSS.
+  json measured_per_rank() {
+    MemoryReport mem = engine_->memory();
+    int64_t optimizer_bytes = 0;
+    for (const auto& p : shards_)
+      if (p.param.requires_grad())
+        for (const auto& [key, t] : opt_->state(p.name))
+          if (t.dim() > 0) optimizer_bytes += t.numel() * t.element_size();
+    at::Tensor mine = at::full({4}, 0, at::kLong);
+    mine[0] = mem.param_bytes;
+    mine[1] = mem.grad_bytes;
+    mine[2] = optimizer_bytes;
+    mine[3] = std::max(run_peak_, proc_memory().hwm);
+    at::Tensor all = at::empty({4 * world_}, at::kLong);
+    groups_->world()->all_gather(all, mine).wait();
+    json ranks = json::array();
+    for (int r = 0; r < world_; ++r)
+      ranks.push_back({{"param_bytes", all[4 * r].item<int64_t>()},
+                       {"grad_bytes", all[4 * r + 1].item<int64_t>()},
+                       {"optimizer_bytes", all[4 * r + 2].item<int64_t>()},
+                       {"peak_rss_bytes", all[4 * r + 3].item<int64_t>()}});
+    return ranks;
+  }
+
+  void closing_lines(double wall) {
+    char l[200];
+    std::snprintf(l, sizeof l, "done: %ld steps in %.1f s, loss %.4f -> %.4f", static_cast<long>(s_.steps - start_step_), wall,
+                  first_loss_, last_loss_);
+    out_->line(l);
+    if (run_dir_.dir().empty()) return;
+    out_->line("metrics:    " + run_dir_.path("metrics.jsonl"));
+    out_->line("config:     " + run_dir_.path("config.ini"));
+    out_->line("plot:       scripts/fsdpx-plot " + run_dir_.dir() + "  (writes " + run_dir_.path("plot.png") + ")");
+    if (!last_checkpoint_.empty()) out_->line("checkpoint: " + last_checkpoint_);
+  }
+
+  const PluginHost& host_;
+  const RunConfig& config_;
+  const TrainSettings& s_;
+  const RuntimeOptions& ro_;
+  const int rank_, world_;
+  const Clock::time_point wall_start_ = Clock::now();
+  RunPlan plan_;
+  std::shared_ptr<ProcessGroups> groups_;
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<DataSource> data_;
+  std::shared_ptr<Optimizer> opt_;
+  std::shared_ptr<CheckpointBackend> ckpt_;
+  CommCounters counters_;
+  std::unique_ptr<ShardingEngine> engine_;
+  std::vector<ParamShard> shards_;
+  LrSchedule schedule_;
+  RunDirectory run_dir_;
+  std::unique_ptr<Reporter> out_;
+  int64_t start_step_ = 0;
+  double peak_ = 0;
+  const char* peak_source_ = "--peak-tflops";
+  // The loop's running figures.
+  Clock::time_point train_start_;
+  Interval interval_;
+  double lr_ = 0, grad_norm_ = -1;
+  double first_loss_ = std::nan(""), last_loss_ = std::nan("");
+  int64_t run_peak_ = 0, max_step_rise_ = 0;
+  CommTotals step_comm_{0, 0, 0, 0};
+  json last_eval_;
+  std::string last_checkpoint_;
+};
+
+}  // namespace
+
+int train(const PluginHost& host, const RunConfig& config, const TrainSettings& settings, const RuntimeOptions& runtime) {
+  return Trainer(host, config, settings, runtime).run();
+}
+
+}  // namespace fsdpx

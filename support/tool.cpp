@@ -1,0 +1,47 @@
+#include "tool.h"
+
+#include <cstdio>
+#include <iostream>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/launcher.h"
+#include "fsdpx/framework/runtime/topology_resolver.h"
+
+namespace fsdpx::tool {
+
+int main(int argc, char** argv, const std::string& name, po::options_description desc,
+         const std::function<int(const po::variables_map&)>& body) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  try {
+    std::vector<std::string> args;
+    if (auto rc = launch_if_requested(argc, argv, name, args)) return *rc;
+    desc.add_options()("help,h", "this help");
+    po::variables_map vm;
+    po::store(po::command_line_parser(args).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << desc << "\n";
+      return 0;
+    }
+    po::notify(vm);
+    return body(vm);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), e.what());
+    return 1;
+  }
+}
+
+std::unique_ptr<PluginHost> default_plugins() {
+  auto host = std::make_unique<PluginHost>();
+  for (const auto& e : host->discover(PluginSearch{})) throw Error(e);
+  return host;
+}
+
+std::shared_ptr<ProcessGroups> join_world(std::chrono::milliseconds rendezvous, std::chrono::milliseconds collectives) {
+  RuntimeOptions ro;
+  ro.topology = resolve_topology({}, process_environment()).topology;
+  ro.rendezvous_timeout = rendezvous;
+  ro.collective_timeout = collectives;
+  return ProcessGroups::create(ro);
+}
+
+}  // namespace fsdpx::tool

@@ -1,0 +1,35 @@
+// The small frame the benchmarks and the multi-process test workers share: a main that can
+// launch itself on N local ranks, parses its options, and turns an exception into one line; the
+// default plugins; the world's process groups from the environment.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <boost/program_options.hpp>
+
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/runtime/process_groups.h"
+
+namespace fsdpx::tool {
+
+namespace po = boost::program_options;
+
+// The main of program `name`: with --nproc-per-node N (and not already a worker) it runs N
+// copies of itself and returns their status; otherwise it parses the arguments against `desc`
+// (plus --help, which prints `desc`), runs `body` and returns its status. Any exception becomes
+// "name: message" on stderr and status 1.
+int main(int argc, char** argv, const std::string& name, po::options_description desc,
+         const std::function<int(const po::variables_map&)>& body);
+
+// A plugin host with the default plugins loaded; throws fsdpx::Error on any plugin that fails.
+std::unique_ptr<PluginHost> default_plugins();
+
+// Rendezvous of the ranks the environment describes (torchrun's variables, the launcher's or
+// Slurm's), with the given timeouts.
+std::shared_ptr<ProcessGroups> join_world(std::chrono::milliseconds rendezvous = std::chrono::seconds(60),
+                                          std::chrono::milliseconds collectives = std::chrono::seconds(300));
+
+}  // namespace fsdpx::tool
