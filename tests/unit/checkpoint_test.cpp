@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 #include "test_paths.h"
 
@@ -270,4 +271,34 @@ TEST(Checkpoint, KeepLastAndInspect) {
   auto bad = run_command(ckpt() + " inspekt x");
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("unknown command or wrong arguments: 'inspekt'"), std::string::npos) << bad.err;
+}
+
+// Listing checkpoints only reads, since every rank lists at --resume auto; moving back what an
+// interrupted save left aside (.old-step-N without step-N) is recover_interrupted_saves', which
+// the trainer runs on rank 0 alone before the others list.
+TEST(Checkpoint, ListingIsReadOnlyAndRankZeroRecovers) {
+  TempDir dir;
+  const fs::path root = dir.path() / "checkpoints";
+  fs::create_directories(root / ".old-step-00000002");
+  fs::create_directories(root / "step-00000004");
+  write_file(root / ".old-step-00000002" / "index.json", "{}");
+  write_file(root / "step-00000004" / "index.json", "{}");
+  using Listing = std::vector<std::pair<int64_t, std::string>>;
+  EXPECT_EQ(fsdpx::list_checkpoints(root.string()), (Listing{{4, (root / "step-00000004").string()}}));
+  EXPECT_TRUE(fs::exists(root / ".old-step-00000002"));  // untouched by the listing
+  fsdpx::recover_interrupted_saves(root.string());
+  EXPECT_EQ(fsdpx::list_checkpoints(root.string()),
+            (Listing{{2, (root / "step-00000002").string()}, {4, (root / "step-00000004").string()}}));
+  EXPECT_FALSE(fs::exists(root / ".old-step-00000002"));
+
+  // End to end: a run whose last checkpoint was left aside by an interrupted save resumes from it.
+  TempDir run;
+  auto a = run_command(train() + " --nproc-per-node 2 --batch-size 6 --steps 4" + kRun + "--out " + run.path().string());
+  ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+  const fs::path ckpts = run.path() / "checkpoints";
+  fs::rename(ckpts / "step-00000004", ckpts / ".old-step-00000004");
+  auto b = run_command(train() + " --nproc-per-node 2 --batch-size 6 --steps 6 --resume auto" + kRun + "--out " +
+                       run.path().string());
+  ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
+  EXPECT_NE(b.out.find("resumed from " + (ckpts / "step-00000004").string() + " at step 4"), std::string::npos) << b.out;
 }

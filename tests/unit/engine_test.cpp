@@ -13,12 +13,17 @@
 #include <regex>
 #include <sstream>
 
+#include <thread>
+
 #include <ATen/ops/ones.h>
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/module.h>
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/unit.h"
 #include "test_paths.h"
 
@@ -63,9 +68,9 @@ WorkerRun run(const std::string& args, int nproc) {
     params.read(reinterpret_cast<char*>(p.values.data()), numel * sizeof(float));
     out.params[name] = std::move(p);
   }
-  for (int r = 0; r < std::max(nproc, 1); ++r) {
+  for (int k = 0; k < std::max(nproc, 1); ++k) {
     std::map<std::string, std::vector<int64_t>> m;
-    std::ifstream in(prefix + ".rank" + std::to_string(r));
+    std::ifstream in(prefix + ".rank" + std::to_string(k));
     for (std::string line; std::getline(in, line);) {
       std::istringstream ls(line);
       std::string key;
@@ -392,23 +397,33 @@ class ChainModel final : public Model {
   void init_parameter(const std::string& name, at::Tensor& p, at::Generator&) const override {
     p.fill_(name == "one.w" ? 0.5 : 0.25);
   }
-  at::Tensor loss(const Batch& b) override { return two_(one_(b.inputs)).sum(); }
+  at::Tensor loss(const Batch& b) override {
+    at::Tensor h = one_(b.inputs);
+    if (fail_after_one) throw Error("the forward failed after unit 'one'");
+    return two_(h).sum();
+  }
   std::vector<std::string> layer_types() const override { return {"Leaf"}; }
+  const torch::nn::Module* one() const { return one_.get(); }
+  bool fail_after_one = false;
 
  private:
   std::shared_ptr<torch::nn::Module> root_;
   Leaf one_, two_;
 };
 
+EngineOptions one_process() {
+  EngineOptions o;
+  o.layout = ShardingLayout{1, 1, true, false};
+  return o;
+}
+
 struct Chain {
   std::shared_ptr<ChainModel> model = std::make_shared<ChainModel>();
   std::unique_ptr<ShardingEngine> engine;
   Batch batch;
-  Chain() {
-    EngineOptions o;
-    o.layout = ShardingLayout{1, 1, true, false};
+  explicit Chain(EngineOptions o = one_process(), EngineComms comms = {}) {
     engine = std::make_unique<ShardingEngine>(model, std::vector<UnitSelection>{{"one", false}, {"two", false}},
-                                              EngineComms{}, o);
+                                              std::move(comms), o);
     batch.inputs = at::ones({2, 4});
   }
   at::Tensor forward() { return engine->forward([&] { return model->loss(batch); }); }
@@ -509,6 +524,134 @@ TEST(EngineErrors, ClearMessages) {
   root->register_module("d", d.ptr());
   EXPECT_EQ(engine_error(root, {{"e", false}}),
             "the wrap policy selected 'e', which is not a submodule of the model; did you mean 'd'?");
+}
+
+// ---- Lifetimes and failures (review findings) ---------------------------------------------------
+
+// The message of the c10::Error (LibTorch's) that `f` throws, without its backtrace.
+std::string torch_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "(no error)";
+}
+
+// Two ranks in this process: two threads, each with its own model and engine, over real Gloo
+// process groups (ProcessGroups over a TCPStore on loopback).
+void on_two_ranks(const std::function<void(ProcessGroups& groups)>& body) {
+  const int port = test::free_port();
+  std::string errors[2];
+  auto rank = [&](int r) {
+    try {
+      RuntimeOptions ro;
+      ro.topology.rank = ro.topology.local_rank = r;
+      ro.topology.world_size = ro.topology.local_world_size = 2;
+      ro.topology.master_port = port;
+      ro.rendezvous_timeout = std::chrono::seconds(30);
+      ro.collective_timeout = std::chrono::seconds(30);
+      body(*ProcessGroups::create(ro));
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+    }
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
+// A second engine on a model that already has one is refused, and its failed construction leaves
+// the first engine's hooks in place; an engine takes its hooks with it, also when its
+// construction fails.
+TEST(EngineLifetime, OneModelOneEngineAndTheHooksGoWithIt) {
+  Chain a, fresh;
+  const torch::nn::Module* one = a.model->one();
+  UnitHooks* hooks = detail::hooks_of(one);
+  ASSERT_NE(hooks, nullptr);
+  const std::vector<UnitSelection> units{{"one", false}, {"two", false}};
+  EXPECT_EQ(test::error_of([&] { ShardingEngine second(a.model, units, EngineComms{}, one_process()); }),
+            "unit 'one' is already a unit of another live ShardingEngine; one model, one engine");
+  EXPECT_EQ(detail::hooks_of(one), hooks);
+  a.engine->backward(a.forward());
+  fresh.engine->backward(fresh.forward());
+  EXPECT_TRUE(a.grad_of("one.w").equal(fresh.grad_of("one.w")));
+
+  a.engine.reset();
+  EXPECT_EQ(detail::hooks_of(one), nullptr);
+  EXPECT_NE(test::error_of([&] { ShardingEngine bad(a.model, {{"one", false}, {"three", false}}, EngineComms{}, one_process()); }),
+            "(no error)");
+  EXPECT_EQ(detail::hooks_of(one), nullptr);
+  ShardingEngine again(a.model, units, EngineComms{}, one_process());
+  EXPECT_NE(detail::hooks_of(one), nullptr);
+}
+
+// An autograd graph that outlives its engine: its backward is an error naming what it reached,
+// not a read of freed memory.
+TEST(EngineLifetime, BackwardAfterTheEngineIsGoneIsAnError) {
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recomputed unit" : "plain units");
+    auto model = std::make_shared<ChainModel>();
+    auto engine = std::make_unique<ShardingEngine>(model, std::vector<UnitSelection>{{"one", false}, {"two", recompute}},
+                                                   EngineComms{}, one_process());
+    Batch b;
+    b.inputs = at::ones({2, 4}).requires_grad_(true);
+    at::Tensor loss = engine->forward([&] { return model->loss(b); });
+    engine.reset();
+    EXPECT_EQ(test::error_of([&] { loss.backward(); }),
+              "backward reached the root of a ShardingEngine that no longer exists; run each backward while its "
+              "engine is alive");
+  }
+}
+
+// A forward that throws half-way (after unit 'one' prefetched 'two') leaves nothing in flight:
+// the next forward gathers what the shards hold then, so it equals a fresh one even though the
+// shards changed in between. Two ranks, so that the prefetch is a real all-gather.
+TEST(EngineSteps, StepAfterAFailedForwardEqualsAFreshOne) {
+  on_two_ranks([](ProcessGroups& g) {
+    EngineOptions o;
+    o.layout = ShardingLayout{2, 1, true, false};
+    o.overlap = true;
+    Chain c(o, EngineComms{g.world(), g.world(), nullptr});
+    c.engine->backward(c.forward());  // the forward order is known now: 'one' prefetches 'two'
+    c.model->fail_after_one = true;
+    EXPECT_EQ(test::error_of([&] { c.forward(); }), "the forward failed after unit 'one'");
+    c.model->fail_after_one = false;
+    {
+      at::NoGradGuard no_grad;  // what an optimizer step or a checkpoint load does
+      for (auto& p : c.engine->shards()) p.param.fill_(p.name == "one.w" ? 0.125 : 2.0);
+    }
+    at::Tensor loss = c.forward();
+    // Every entry of one.w is a, of two.w b: the sum over [2, 4] of ones x one.w x two.w = 128ab.
+    EXPECT_EQ(loss.item<float>(), 128 * 0.125f * 2.0f);
+    c.engine->backward(loss);
+    EXPECT_EQ(c.engine->memory().unsharded_bytes, 0);
+  });
+}
+
+// A parameter whose unit is resharded, or a deferred one not yet materialised, has no storage:
+// reading it is LibTorch's error with a message naming it, not an out-of-bounds read.
+TEST(EngineLifetime, ReadingAParameterOutsideItsUnitNamesIt) {
+  EngineOptions o = one_process();
+  o.precision.compute = at::kBFloat16;  // gathered copies in bf16: parameters are resharded
+  o.precision.cast_forward_inputs = true;
+  Chain c(o);
+  {
+    at::NoGradGuard no_grad;
+    c.forward();  // no backward follows: every unit is resharded
+  }
+  at::Tensor w = c.model->module()->named_parameters()["one.w"];
+  EXPECT_EQ(torch_error_of([&] { (void)w.sum(); }),
+            "parameter 'one.w' is sharded: unit 'one' gathers it only for its forward and backward; outside them, "
+            "read the engine's shards() (or full_parameters())");
+  EXPECT_EQ(w.sizes(), at::IntArrayRef({4, 4}));  // its metadata stays
+  c.engine->backward(c.forward());                // and the engine gathers it again
+  EXPECT_TRUE(c.grad_of("one.w").defined());
+  EXPECT_EQ(torch_error_of([] { (void)deferred_tensor({4, 4}).sum(); }),
+            "a parameter of shape [4, 4] made by fsdpx::deferred_tensor has no memory until a ShardingEngine takes "
+            "its model (which fills it through Model::init_parameter); read it only inside the engine's forward");
 }
 
 }  // namespace

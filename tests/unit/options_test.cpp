@@ -7,6 +7,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/options.h"
+#include "fsdpx/framework/base/suggest.h"
 
 namespace fsdpx {
 namespace {
@@ -93,6 +94,14 @@ TEST(Options, ReadingWithTheWrongTypeIsAPluginBug) {
   EXPECT_EQ(error_of([&] { o.get_int("nope"); }),
             "optimizer 'x' (plugin p) read option 'nope', which it never declared (a bug in the "
             "plugin)");
+}
+
+// The layer types listed in --activation-checkpointing's error, without repeats: whole names
+// compare, so a type whose name is inside another's ("Block" in "AttnBlock") is still listed.
+TEST(Suggest, DistinctComparesWholeNames) {
+  EXPECT_EQ(join_names(distinct({"AttnBlock", "Block", "AttnBlock", "Block"})), "AttnBlock, Block");
+  EXPECT_EQ(join_names(distinct({"Block", "AttnBlock"})), "Block, AttnBlock");
+  EXPECT_EQ(join_names(distinct({})), "(none)");
 }
 
 }  // namespace

@@ -1,9 +1,6 @@
 // The runtime with real processes: collectives at 2 and 4 ranks through the real Gloo,
 // sub-groups as 2 nodes x 2, the local launcher, and the fault cases. Every process runs under
 // a hard timeout (run_command), so nothing here can hang the suite.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +12,7 @@
 #include <regex>
 #include <set>
 
+#include <ATen/Version.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
@@ -35,20 +33,6 @@ std::string rank_cmd(int rank, int world, int port, const std::string& args) {
   return "env RANK=" + std::to_string(rank) + " WORLD_SIZE=" + std::to_string(world) +
          " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + worker() + " " + args;
 }
-
-// A port nothing listens on now (the kernel's pick, released).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return ntohs(sa.sin_port);
-}
-
 
 TEST(GlooBackend, SymbolsExistAndWork) {
   // One rank over an in-process store: the exported factory path end to end.
@@ -74,6 +58,7 @@ __attribute__((visibility("default"))) void operator delete(void* p, std::size_t
   if (p && p == g_watched.load()) g_freed_size.store(size);
   std::free(p);
 }
+__attribute__((visibility("default"))) void operator delete(void* p) noexcept { std::free(p); }
 
 namespace fsdpx {
 namespace {
@@ -87,6 +72,20 @@ TEST(GlooBackend, ObjectSizeMatchesLibTorch) {
   EXPECT_EQ(g_freed_size.load(), kGlooObjectBytes)
       << "LibTorch's ProcessGroupGloo is " << g_freed_size.load() << " bytes, not kGlooObjectBytes ("
       << kGlooObjectBytes << "): update it in c10d_backends.h";
+}
+
+// The Gloo object's size was read from one LibTorch; any other found at run time is refused
+// before make_gloo_backend builds anything (the running one passes).
+TEST(GlooBackend, OtherLibTorchVersionsAreRefused) {
+  EXPECT_EQ(test::error_of([] { check_gloo_object_size_applies(at::show_config()); }), "(no error)");
+  EXPECT_EQ(test::error_of([] { check_gloo_object_size_applies("  - Build settings: BLAS_INFO=mkl, TORCH_VERSION=2.12.0, USE_CUDA=ON\n"); }),
+            "the LibTorch loaded at run time is 2.12.0; fsdpx builds the Gloo backend in 488 bytes, the size of "
+            "c10d::ProcessGroupGloo in LibTorch 2.11.0 only: run with LibTorch 2.11.0 (the one fsdpx was built against; "
+            "scripts/setup.sh installs it)");
+  EXPECT_EQ(test::error_of([] { check_gloo_object_size_applies("PyTorch built with:\n  - C++ Version: 201703\n"); }),
+            "the LibTorch loaded at run time is of unknown version (its build configuration names no TORCH_VERSION); "
+            "fsdpx builds the Gloo backend in 488 bytes, the size of c10d::ProcessGroupGloo in LibTorch 2.11.0 only: run "
+            "with LibTorch 2.11.0 (the one fsdpx was built against; scripts/setup.sh installs it)");
 }
 
 TEST(Runtime, SubgroupsOfSomeRanksThenOfAll) {
@@ -113,7 +112,7 @@ TEST(Runtime, CollectivesAtFourRanks) {
 TEST(Runtime, HybridGroupsAsTwoNodesOfTwo) {
   // Four processes as two "nodes" of two, the way two torchrun agents would start them.
   std::string cmd;
-  const int port = free_port();
+  const int port = test::free_port();
   for (int r = 0; r < 4; ++r)
     cmd += "env LOCAL_RANK=" + std::to_string(r % 2) + " LOCAL_WORLD_SIZE=2 GROUP_RANK=" + std::to_string(r / 2) +
            " GROUP_WORLD_SIZE=2 " + rank_cmd(r, 4, port, "--scenario hybrid") + " | sed \"s/^/[rank" +
@@ -216,7 +215,7 @@ TEST(Launcher, SigtermReachesEveryWorker) {
 
 TEST(Faults, RankKilledDuringACollectiveIsNamedBySurvivors) {
   test::TempDir dir;
-  const int port = free_port();
+  const int port = test::free_port();
   const std::string out0 = (dir.path() / "r0").string(), out2 = (dir.path() / "r2").string();
   auto start = Clock::now();
   auto r = test::run_command("bash -c '" + rank_cmd(0, 3, port, "--scenario die --collective-timeout 20") + " >" + out0 +
@@ -234,7 +233,7 @@ TEST(Faults, RankKilledDuringACollectiveIsNamedBySurvivors) {
 }
 
 TEST(Faults, RendezvousWithAMissingRankTimesOut) {
-  const int port = free_port();
+  const int port = test::free_port();
   auto start = Clock::now();
   auto r = test::run_command(rank_cmd(0, 2, port, "--scenario collectives --rendezvous-timeout 3"));
   double secs = std::chrono::duration<double>(Clock::now() - start).count();
@@ -246,7 +245,7 @@ TEST(Faults, RendezvousWithAMissingRankTimesOut) {
 }
 
 TEST(Faults, UnreachableMasterIsAClearError) {
-  const int port = free_port();  // nothing listens there: rank 1 never finds rank 0
+  const int port = test::free_port();  // nothing listens there: rank 1 never finds rank 0
   auto start = Clock::now();
   auto r = test::run_command(rank_cmd(1, 2, port, "--scenario collectives --rendezvous-timeout 3"));
   double secs = std::chrono::duration<double>(Clock::now() - start).count();

@@ -39,4 +39,7 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
+// A loopback port nothing listens on now (the kernel's pick, released).
+int free_port();
+
 }  // namespace fsdpx::test

@@ -1,7 +1,9 @@
 // fsdpx-train end to end: real runs on real Gloo process groups, real data files.
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -81,8 +83,11 @@ TEST(Trainer, ConfigIniReproducesTheRun) {
   ASSERT_EQ(r2.exit_code, 0) << r2.out << r2.err;
   auto la = read_lines(a.path() / "metrics.jsonl"), lb = read_lines(b.path() / "metrics.jsonl");
   ASSERT_EQ(la.size(), lb.size());
-  for (size_t i = 0; i < la.size(); ++i)
-    if (la[i].contains("loss")) EXPECT_EQ(la[i]["loss"], lb[i]["loss"]) << i;
+  for (size_t i = 0; i < la.size(); ++i) {
+    if (la[i].contains("loss")) {
+      EXPECT_EQ(la[i]["loss"], lb[i]["loss"]) << i;
+    }
+  }
 }
 
 // PyTorch's FSDP tutorial's tabular example: breast-cancer classification, 2 ranks, >= 90% on
@@ -185,4 +190,49 @@ TEST(Trainer, HelpListsTheChosenComponentsOptions) {
                            "model 'mlp'", "in_features", "sharding strategy 'hybrid_shard'", "shard_size", "optimizer 'adamw'",
                            "data source 'text'", "--activation-checkpointing"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want;
+}
+
+// Work only rank 0 does (the run directory and config.ini, metrics.jsonl, summary.json) can fail
+// on rank 0 alone. Ranks started by hand with torchrun's variables (no launcher, which would stop
+// the others itself) must all end at once with rank 0's message, not wait in their next
+// collective until --collective-timeout (120 s here). A file that cannot be written: a link to
+// /dev/full; a directory that cannot be created: --out names a regular file.
+TEST(Trainer, RankZeroFailuresEndEveryRank) {
+  TempDir dir;
+  // Each made a link to /dev/full in turn; "": --out is a regular file.
+  const std::vector<std::string> files = {"config.ini", "metrics.jsonl", "summary.json", ""};
+  for (const auto& file : files) {
+    SCOPED_TRACE(file.empty() ? "--out is a file" : file);
+    const std::filesystem::path out = dir.path() / (file.empty() ? "a-file" : "run-" + file);
+    std::string expect;
+    if (file.empty()) {
+      write_file(out, "not a directory\n");
+      expect = "--out " + out.string() + " cannot be created: Not a directory";
+    } else {
+      std::filesystem::create_directories(out);
+      std::filesystem::create_symlink("/dev/full", out / file);
+      expect = "cannot write " + (out / file).string() + ": No space left on device";
+    }
+    const int port = free_port();
+    std::string cmd = "bash -c '";
+    for (int r = 0; r < 2; ++r)
+      cmd += "(env RANK=" + std::to_string(r) + " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
+             " " + train_cmd() + " --steps 2 --batch-size 4 --log-every 1 --collective-timeout 120 --out " + out.string() +
+             " >/dev/null 2>" + (dir.path() / ("err" + std::to_string(r))).string() + "; echo $? >" +
+             (dir.path() / ("rc" + std::to_string(r))).string() + ") & ";
+    cmd += "wait'";
+    const auto start = std::chrono::steady_clock::now();
+    run_command(cmd);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(secs, 60.0);
+    for (int r = 0; r < 2; ++r) {
+      std::ifstream err(dir.path() / ("err" + std::to_string(r))), rc(dir.path() / ("rc" + std::to_string(r)));
+      std::stringstream text;
+      text << err.rdbuf();
+      int code = -1;
+      rc >> code;
+      EXPECT_EQ(code, 1) << "rank " << r;
+      EXPECT_NE(text.str().find(expect), std::string::npos) << "rank " << r << ": " << text.str();
+    }
+  }
 }

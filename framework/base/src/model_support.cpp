@@ -7,7 +7,13 @@ namespace fsdpx {
 
 at::Tensor deferred_tensor(at::IntArrayRef shape) {
   at::Tensor t = at::empty({0}, at::kFloat);
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);  // sizes only; the storage stays empty
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(shape);  // sizes only
+  // No storage at all: reading it is an error that says why, not a read past an empty storage.
+  impl->release_storage_and_set_meta_custom_data_ptr_error_msg_(
+      "a parameter of shape " + c10::str(shape) +
+      " made by fsdpx::deferred_tensor has no memory until a ShardingEngine takes its model (which fills it through "
+      "Model::init_parameter); read it only inside the engine's forward");
   return t;
 }
 

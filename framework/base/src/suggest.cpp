@@ -49,4 +49,11 @@ std::string join_names(const std::vector<std::string>& names) {
   return out;
 }
 
+std::vector<std::string> distinct(const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (const auto& n : names)
+    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  return out;
+}
+
 }  // namespace fsdpx

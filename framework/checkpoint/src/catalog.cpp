@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "fsdpx/error.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "format_support.h"
 
@@ -21,18 +22,25 @@ std::string checkpoint_dir_name(int64_t step) {
   return buf;
 }
 
+void recover_interrupted_saves(const std::string& root) {
+  std::error_code ec;
+  if (root.empty() || !fs::is_directory(root, ec)) return;
+  // A save that died between moving the old checkpoint aside and removing it: move it back.
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".old-step-", 0) != 0 || fs::exists(fs::path(root) / name.substr(5))) continue;
+    std::error_code rec;
+    fs::rename(e.path(), fs::path(root) / name.substr(5), rec);
+    if (rec)
+      throw Error("cannot move the checkpoint " + e.path().string() + " back to " + name.substr(5) +
+                  " after an interrupted save: " + rec.message());
+  }
+}
+
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root) {
   std::vector<std::pair<int64_t, std::string>> out;
   std::error_code ec;
   if (root.empty() || !fs::is_directory(root, ec)) return out;
-  // A save that died between moving the old checkpoint aside and removing it: move it back.
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(".old-step-", 0) == 0 && !fs::exists(fs::path(root) / name.substr(5))) {
-      std::error_code rec;
-      fs::rename(e.path(), fs::path(root) / name.substr(5), rec);
-    }
-  }
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("step-", 0) != 0 || !e.is_directory()) continue;
@@ -62,11 +70,17 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
 
 void prune_checkpoints(const std::string& root, int64_t keep) {
   auto all = list_checkpoints(root);
-  std::error_code ec;
-  for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i].second, ec);
+  std::vector<fs::path> gone;
+  for (size_t i = 0; keep > 0 && i + static_cast<size_t>(keep) < all.size(); ++i) gone.emplace_back(all[i].second);
   // Temporary directories of saves that never completed (the current save is done by now).
+  std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec))
-    if (e.path().filename().string().rfind(".tmp-step-", 0) == 0) fs::remove_all(e.path(), ec);
+    if (e.path().filename().string().rfind(".tmp-step-", 0) == 0) gone.push_back(e.path());
+  for (const auto& p : gone) {
+    fs::remove_all(p, ec);
+    if (ec)
+      throw Error("--keep-last " + std::to_string(keep) + ": cannot remove " + p.string() + ": " + ec.message());
+  }
 }
 
 void maybe_fault(const char* point, int rank) {

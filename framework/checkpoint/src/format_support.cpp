@@ -56,7 +56,7 @@ json parse_json_file(const fs::path& p) {
 }
 
 // Replaces `final_dir` by `tmp`. The old checkpoint is moved aside first and removed last; if
-// the process dies in between, list_checkpoints moves it back.
+// the process dies in between, recover_interrupted_saves moves it back.
 void swap_into_place(const fs::path& tmp, const fs::path& final_dir) {
   const fs::path root = final_dir.parent_path();
   std::error_code ec;

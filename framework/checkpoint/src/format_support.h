@@ -38,7 +38,7 @@ int64_t parse_step(const std::string& text, const std::string& where);
 json parse_json_file(const fs::path& p);
 
 // Replaces `final_dir` by `tmp`. The old checkpoint is moved aside first and removed last; if
-// the process dies in between, recover_interrupted_swaps moves it back.
+// the process dies in between, recover_interrupted_saves moves it back.
 void swap_into_place(const fs::path& tmp, const fs::path& final_dir);
 
 // Runs `local` on this rank, then agrees over all ranks: if any rank failed, every rank throws

@@ -11,7 +11,6 @@
 #include "engine_state.h"
 #include "fsdpx/error.h"
 #include "fsdpx/framework/base/suggest.h"
-#include "fsdpx/framework/base/unit_registry.h"
 
 namespace fsdpx {
 namespace {
@@ -34,9 +33,11 @@ void check_layout(const EngineConfig& c) {
 std::unique_ptr<Unit> new_unit(ShardingEngine::Impl& e, const std::string& fqn, torch::nn::Module* module) {
   auto u = std::make_unique<Unit>();
   u->engine = &e;
+  u->index = static_cast<int64_t>(e.units.size());
   u->fqn = fqn;
   u->module = module;
   u->group.config = &e.config;
+  u->group.unit = fqn;
   return u;
 }
 
@@ -171,21 +172,12 @@ void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& sel
 
   for (auto& u : e.units) u->group.materialise(*e.model);
   cast_buffers(*root, e.config.options.precision);
-  // Hook the units only now that nothing can fail, all at once.
-  std::vector<const torch::nn::Module*> modules;
-  std::vector<UnitHooks*> hooks;
-  std::vector<std::string> names;
-  for (auto& u : e.units)
-    if (!u->root) {
-      modules.push_back(u->module);
-      hooks.push_back(u.get());
-      names.push_back(u->fqn);
-    }
-  install_unit_hooks(modules, hooks, names);
   // The plan, in the form wrap policies print it.
   std::vector<UnitSelection> sel;
   for (size_t i = 1; i < e.units.size(); ++i) sel.push_back({e.units[i]->fqn, chosen[e.units[i]->fqn]});
   e.plan = plan_units(*root, sel);
+  // Hooked last, all at once; Impl removes them whenever it goes.
+  e.hooks = std::make_unique<InstalledHooks>(e.units);
 }
 
 }  // namespace fsdpx

@@ -9,7 +9,29 @@
 
 namespace fsdpx {
 
+// The hooks of an engine's units in FSDPX_MODULE's registry, removed when this goes (also when
+// the engine's construction fails after installing them).
+class InstalledHooks {
+ public:
+  // Installs every non-root unit of `units`, all or none (fsdpx::Error when a module already
+  // has hooks: it is a unit of another live engine).
+  explicit InstalledHooks(const std::vector<std::unique_ptr<Unit>>& units);
+  ~InstalledHooks();
+  InstalledHooks(const InstalledHooks&) = delete;
+  InstalledHooks& operator=(const InstalledHooks&) = delete;
+
+ private:
+  std::vector<const torch::nn::Module*> modules_;
+  std::vector<UnitHooks*> hooks_;
+};
+
 struct ShardingEngine::Impl {
+  Impl();   // registers the engine among the live ones (live_unit finds it)
+  ~Impl();  // unregisters it first, so that a graph outliving it gets an error, not freed memory
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  const int64_t id;  // unique for the process's lifetime; what autograd nodes and hooks keep
   std::shared_ptr<Model> model;
   EngineConfig config;
   std::vector<std::unique_ptr<Unit>> units;  // root first
@@ -32,7 +54,16 @@ struct ShardingEngine::Impl {
   void abort_step(bool drop_grads);
   // Throws fsdpx::Error unless `gen` is the current forward's and its backward has not finished.
   void check_generation(uint64_t gen, const std::string& unit) const;
+
+  // Last, so that it goes first: no hook points at a unit being destroyed.
+  std::unique_ptr<InstalledHooks> hooks;
 };
+
+// Where autograd finds a unit: by engine id and unit index, not by pointer, so that a graph that
+// outlives its engine gets a clear fsdpx::Error naming `fqn` instead of reading freed memory.
+Unit& live_unit(int64_t engine, int64_t index, const std::string& fqn);
+// The engine `id` if it is still alive, else nullptr.
+ShardingEngine::Impl* live_engine(int64_t id);
 
 // Builds the units of `e` from the model and the wrap policy's selection, checks that every rank
 // built the same, shards and initialises the parameters, and installs the units' hooks.

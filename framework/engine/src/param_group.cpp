@@ -50,11 +50,17 @@ void ParamGroup::materialise(Model& model) {
     }
     // The module's parameter becomes a view of the unit's unsharded storage (or, unsharded, of
     // the shard itself); its object stays, so the model and autograd keep using it.
-    at::Tensor view = separate() ? tensor_over(unsharded, S * p.offset, p.shape, prec.compute)
-                                 : tensor_over(flat_shard.storage(), p.offset, p.shape, prec.storage);
-    p.param.set_data(view);
+    p.gathered = separate() ? tensor_over(unsharded, S * p.offset, p.shape, prec.compute)
+                            : tensor_over(flat_shard.storage(), p.offset, p.shape, prec.storage);
+    p.sharded_message = "parameter '" + p.name + "' is sharded: " + (root ? std::string("the root unit") : "unit '" + unit + "'") +
+                        " gathers it only for its forward and backward; outside them, read the engine's shards() "
+                        "(or full_parameters())";
+    p.attach();
   }
-  if (separate()) resize_storage(unsharded, 0);
+  if (separate()) {
+    resize_storage(unsharded, 0);
+    for (const ShardedParam& p : params) p.release();
+  }
 }
 
 void ParamGroup::start_gather() {
@@ -82,6 +88,7 @@ void ParamGroup::unshard() {
     copy_out_gathered(unsharded_flat, src, params, s);
     gather_out = at::Tensor();
     gather_in = at::Tensor();
+    for (const ShardedParam& p : params) p.attach();
   }
   state = State::Unsharded;
 }
@@ -89,6 +96,7 @@ void ParamGroup::unshard() {
 void ParamGroup::reshard() {
   if (!separate() || state != State::Unsharded) return;
   resize_storage(unsharded, 0);
+  for (const ShardedParam& p : params) p.release();
   state = State::Sharded;
 }
 

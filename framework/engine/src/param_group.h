@@ -18,6 +18,7 @@ namespace fsdpx {
 struct ParamGroup {
   const EngineConfig* config = nullptr;
   bool root = false;
+  std::string unit;  // the unit's name, for messages ("" for the root)
   std::vector<ShardedParam> params;
   int64_t total = 0;  // shard elements (padded)
   at::Tensor flat_shard, flat_grad;

@@ -48,24 +48,22 @@ at::Tensor replay(Unit& u, const std::vector<at::Tensor>& defined) {
 struct Recompute : public torch::autograd::Function<Recompute> {
   // `all` = the defined tensor arguments (Unit::recompute_slots says where they go), then the
   // unit's parameters.
-  static at::Tensor forward(AutogradContext* ctx, int64_t unit, int64_t generation, int64_t num_inputs, at::TensorList all) {
-    ctx->saved_data["unit"] = unit;
-    ctx->saved_data["generation"] = generation;
+  static at::Tensor forward(AutogradContext* ctx, Unit* u, int64_t num_inputs, at::TensorList all) {
+    save_unit(ctx, *u);
     ctx->saved_data["num_inputs"] = num_inputs;
     std::vector<at::Tensor> defined(all.begin(), all.begin() + num_inputs);
     c10::List<bool> needs;
     for (const auto& t : defined) needs.push_back(t.requires_grad());
     ctx->saved_data["needs"] = needs;
     ctx->save_for_backward(defined);
-    Unit* u = reinterpret_cast<Unit*>(unit);
     u->recompute_rng = generator_state(cpu_generator());
     at::NoGradGuard no_grad;
     return u->recompute(u->arguments(defined));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    Unit* u = reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt());
-    const auto gen = static_cast<uint64_t>(ctx->saved_data["generation"].toInt());
+    Unit* u = &saved_unit(ctx);
+    const uint64_t gen = saved_generation(ctx);
     const int64_t n = ctx->saved_data["num_inputs"].toInt();
     c10::List<bool> needs = ctx->saved_data["needs"].toBoolList();
     u->pre_backward(gen);  // the parameters, gathered again (a no-op when the output hook did it)
@@ -94,9 +92,11 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     variable_list g = wrt.empty() ? variable_list{}
                                   : torch::autograd::grad({out}, wrt, {grads[0]}, /*retain_graph=*/false,
                                                           /*create_graph=*/false, /*allow_unused=*/true);
-    variable_list result(static_cast<size_t>(3 + n + static_cast<int64_t>(params.size())));
-    for (size_t j = 0; j < input_slot.size(); ++j) result[static_cast<size_t>(3 + input_slot[j])] = g[j];
-    for (size_t j = 0; j < param_slot.size(); ++j) result[3 + static_cast<size_t>(n) + param_slot[j]] = g[input_slot.size() + j];
+    // One gradient per forward argument: none for the unit and the count, then the inputs', then
+    // the parameters'.
+    variable_list result(static_cast<size_t>(2 + n + static_cast<int64_t>(params.size())));
+    for (size_t j = 0; j < input_slot.size(); ++j) result[static_cast<size_t>(2 + input_slot[j])] = g[j];
+    for (size_t j = 0; j < param_slot.size(); ++j) result[2 + static_cast<size_t>(n) + param_slot[j]] = g[input_slot.size() + j];
     u->drop_recompute();
     return result;
   }
@@ -108,7 +108,7 @@ at::Tensor run_recomputed(Unit& u, const std::vector<at::Tensor>& defined) {
   std::vector<at::Tensor> all = defined;
   const auto n = static_cast<int64_t>(all.size());
   for (const ShardedParam& p : u.group.params) all.push_back(p.param);
-  return Recompute::apply(reinterpret_cast<int64_t>(&u), static_cast<int64_t>(u.engine->generation), n, at::TensorList(all));
+  return Recompute::apply(&u, n, at::TensorList(all));
 }
 
 }  // namespace fsdpx

@@ -33,6 +33,12 @@ void ShardedParam::init_shard(Model& model, at::Generator gen, int shard_rank) c
         .copy_(full.reshape({d0, row}).narrow(0, shard_rank * rows_per_shard, mine));
 }
 
+void ShardedParam::attach() const { param.set_data(gathered); }
+
+void ShardedParam::release() const {
+  param.unsafeGetTensorImpl()->release_storage_and_set_meta_custom_data_ptr_error_msg_(sharded_message);
+}
+
 void resize_storage(const c10::Storage& storage, size_t bytes) {
   at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), bytes);
 }

@@ -23,6 +23,16 @@ struct ShardedParam {
   // rows_per_shard = ceil(d0 / S) rows (shard_numel elements) at `offset` in the unit's flat shard.
   int64_t d0 = 1, row = 1, rows_per_shard = 1, shard_numel = 1, offset = 0;
   at::Tensor shard;  // leaf [rows_per_shard, ...] over the unit's flat shard
+  // What `param` is while the unit is gathered: a view of the unit's unsharded storage (or of the
+  // shard itself, when nothing is gathered).
+  at::Tensor gathered;
+  std::string sharded_message;  // the error reading `param` gives while the unit is sharded
+
+  // Points the module's tensor at `gathered`.
+  void attach() const;
+  // Drops the module's tensor's storage: reading it (until attach) throws c10::Error with
+  // sharded_message, instead of reading past the end of a freed storage.
+  void release() const;
 
   // Sets the geometry for a shard group of `shard_size` ranks, placed at `offset`.
   void lay_out(int64_t shard_size, int64_t offset);

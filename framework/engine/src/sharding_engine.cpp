@@ -3,7 +3,10 @@
 #include "fsdpx/framework/engine/sharding_engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <mutex>
+#include <unordered_map>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -14,6 +17,62 @@
 #include "fsdpx/framework/base/unit_registry.h"
 
 namespace fsdpx {
+
+// ---- Live engines and their hooks -------------------------------------------------------------
+
+namespace {
+
+std::mutex& live_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<int64_t, ShardingEngine::Impl*>& live() {
+  static std::unordered_map<int64_t, ShardingEngine::Impl*> engines;
+  return engines;
+}
+int64_t next_engine_id() {
+  static std::atomic<int64_t> next{1};
+  return next++;
+}
+
+}  // namespace
+
+ShardingEngine::Impl::Impl() : id(next_engine_id()) {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  live()[id] = this;
+}
+
+ShardingEngine::Impl::~Impl() {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  live().erase(id);
+}
+
+ShardingEngine::Impl* live_engine(int64_t id) {
+  std::lock_guard<std::mutex> lock(live_mutex());
+  auto it = live().find(id);
+  return it == live().end() ? nullptr : it->second;
+}
+
+Unit& live_unit(int64_t engine, int64_t index, const std::string& fqn) {
+  ShardingEngine::Impl* e = live_engine(engine);
+  if (!e || index < 0 || index >= static_cast<int64_t>(e->units.size()))
+    throw Error("backward reached " + (fqn.empty() ? std::string("the root") : "unit '" + fqn + "'") +
+                " of a ShardingEngine that no longer exists; run each backward while its engine is alive");
+  return *e->units[static_cast<size_t>(index)];
+}
+
+InstalledHooks::InstalledHooks(const std::vector<std::unique_ptr<Unit>>& units) {
+  std::vector<std::string> names;
+  for (const auto& u : units)
+    if (!u->root) {
+      modules_.push_back(u->module);
+      hooks_.push_back(u.get());
+      names.push_back(u->fqn);
+    }
+  install_unit_hooks(modules_, hooks_, names);
+}
+
+InstalledHooks::~InstalledHooks() { remove_unit_hooks(modules_, hooks_); }
 
 // ---- The engine's state ------------------------------------------------------------------------
 
@@ -73,16 +132,7 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
   build_engine(*impl_, selected);
 }
 
-ShardingEngine::~ShardingEngine() {
-  std::vector<const torch::nn::Module*> modules;
-  std::vector<UnitHooks*> hooks;
-  for (auto& u : impl_->units)
-    if (!u->root) {
-      modules.push_back(u->module);
-      hooks.push_back(u.get());
-    }
-  remove_unit_hooks(modules, hooks);
-}
+ShardingEngine::~ShardingEngine() = default;
 
 at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   Impl& e = *impl_;
@@ -98,13 +148,21 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   ++e.generation;
   e.forward_order.clear();
   Unit& root = *e.units[0];
-  root.pre_forward({});
-  at::Tensor out = f();
-  out = root.post_forward(out);
-  for (auto& u : e.units)
-    if (!u->root && !u->group.params.empty() && u->forward_calls == 0)
-      throw Error("unit '" + u->fqn + "' did not run in this forward; call it through its FSDPX_MODULE holder (`layer(x)`), "
-                  "not layer->forward(x)");
+  at::Tensor out;
+  try {
+    root.pre_forward({});
+    out = root.post_forward(f());
+    for (auto& u : e.units)
+      if (!u->root && !u->group.params.empty() && u->forward_calls == 0)
+        throw Error("unit '" + u->fqn + "' did not run in this forward; call it through its FSDPX_MODULE holder "
+                    "(`layer(x)`), not layer->forward(x)");
+  } catch (...) {
+    // Gathers in flight (prefetched for units the forward never reached) waited for and
+    // dropped, everything resharded: the next forward gathers what the shards hold then.
+    // Gradients accumulated by earlier micro-batches stay.
+    e.abort_step(/*drop_grads=*/false);
+    throw;
+  }
   e.last_forward_order = e.forward_order;
   if (!at::GradMode::is_enabled() || !out.requires_grad()) {
     for (auto& u : e.units) u->group.reshard();  // no backward will follow

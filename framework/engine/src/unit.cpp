@@ -19,23 +19,35 @@ using torch::autograd::variable_list;
 // (The inputs travel as at::TensorList: LibTorch's custom functions take a std::vector of
 // tensors for a plain argument, and the outputs would then have no history.)
 struct PostBackward : public torch::autograd::Function<PostBackward> {
-  static variable_list forward(AutogradContext* ctx, int64_t unit, int64_t generation, at::TensorList inputs) {
-    ctx->saved_data["unit"] = unit;
-    ctx->saved_data["generation"] = generation;
+  static variable_list forward(AutogradContext* ctx, const Unit* unit, at::TensorList inputs) {
+    save_unit(ctx, *unit);
     variable_list out;
     for (const auto& t : inputs) out.push_back(t.view_as(t));
     return out;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    reinterpret_cast<Unit*>(ctx->saved_data["unit"].toInt())
-        ->post_backward(static_cast<uint64_t>(ctx->saved_data["generation"].toInt()));
-    variable_list out{at::Tensor(), at::Tensor()};
+    saved_unit(ctx).post_backward(saved_generation(ctx));
+    variable_list out{at::Tensor()};
     out.insert(out.end(), grads.begin(), grads.end());
     return out;
   }
 };
 
 }  // namespace
+
+void save_unit(AutogradContext* ctx, const Unit& u) {
+  ctx->saved_data["engine"] = u.engine->id;
+  ctx->saved_data["unit"] = u.index;
+  ctx->saved_data["fqn"] = u.fqn;
+  ctx->saved_data["generation"] = static_cast<int64_t>(u.engine->generation);
+}
+
+Unit& saved_unit(AutogradContext* ctx) {
+  return live_unit(ctx->saved_data["engine"].toInt(), ctx->saved_data["unit"].toInt(),
+                   ctx->saved_data["fqn"].toStringRef());
+}
+
+uint64_t saved_generation(AutogradContext* ctx) { return static_cast<uint64_t>(ctx->saved_data["generation"].toInt()); }
 
 std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
   if (forward_calls++ > 0)
@@ -57,8 +69,7 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
       needs.push_back(inputs[i]);
     }
   if (needs.empty()) return inputs;
-  variable_list wrapped = PostBackward::apply(reinterpret_cast<int64_t>(this), static_cast<int64_t>(engine->generation),
-                                             at::TensorList(needs));
+  variable_list wrapped = PostBackward::apply(this, at::TensorList(needs));
   for (size_t k = 0; k < idx.size(); ++k) inputs[idx[k]] = wrapped[k];
   return inputs;
 }
@@ -89,9 +100,9 @@ at::Tensor Unit::post_forward(at::Tensor output) {
   if (root && out_dtype && output.defined() && at::isFloatingType(output.scalar_type()) && output.scalar_type() != *out_dtype)
     output = output.to(*out_dtype);
   if (at::GradMode::is_enabled() && output.defined() && output.requires_grad()) {
-    const uint64_t gen = engine->generation;
-    output.register_hook([this, gen](const at::Tensor& grad) {
-      pre_backward(gen);
+    // By id, not `this`: the output may outlive the engine.
+    output.register_hook([engine = engine->id, index = index, name = fqn, gen = engine->generation](const at::Tensor& grad) {
+      live_unit(engine, index, name).pre_backward(gen);
       return grad;
     });
   }
@@ -104,9 +115,9 @@ void Unit::pre_backward(uint64_t gen) {
   pre_backward_done = true;
   if (!engine->in_backward) {
     engine->in_backward = true;
-    ShardingEngine::Impl* e = engine;
-    torch::autograd::Engine::get_default_engine().queue_callback([e, gen] {
-      if (e->generation == gen && e->in_backward) e->finish_backward();
+    torch::autograd::Engine::get_default_engine().queue_callback([id = engine->id, gen] {
+      ShardingEngine::Impl* e = live_engine(id);
+      if (e && e->generation == gen && e->in_backward) e->finish_backward();
     });
   }
   group.unshard();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/module.h>
 
 #include "fsdpx/unit.h"
@@ -24,7 +25,8 @@ namespace fsdpx {
 
 struct Unit final : UnitHooks {
   ShardingEngine::Impl* engine = nullptr;
-  std::string fqn;  // "" for the root
+  int64_t index = 0;  // in engine->units (live_unit finds it by engine id and index)
+  std::string fqn;    // "" for the root
   torch::nn::Module* module = nullptr;
   bool root = false;
   bool checkpoint = false;  // recompute activations in backward instead of storing them
@@ -55,5 +57,12 @@ struct Unit final : UnitHooks {
   std::vector<at::Tensor> arguments(const std::vector<at::Tensor>& defined) const;
   void drop_recompute();
 };
+
+// What the engine's autograd functions keep of their unit (engine id, index, name, generation)
+// and how they find it again: saved_unit throws fsdpx::Error naming the unit if its engine is
+// gone (see live_unit).
+void save_unit(torch::autograd::AutogradContext* ctx, const Unit& u);
+Unit& saved_unit(torch::autograd::AutogradContext* ctx);
+uint64_t saved_generation(torch::autograd::AutogradContext* ctx);
 
 }  // namespace fsdpx

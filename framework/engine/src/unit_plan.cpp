@@ -46,7 +46,7 @@ struct Walker {
 
 UnitPlan plan_units(const torch::nn::Module& root, const std::vector<UnitSelection>& selected) {
   UnitPlan plan;
-  plan.units.push_back(UnitInfo{"", 0, 0, false});
+  plan.units.push_back(UnitInfo{"", 0, 0, false, {}, {}});
   Walker w;
   w.plan = &plan;
   for (const auto& s : selected) {
@@ -69,7 +69,7 @@ UnitPlan plan_units(const torch::nn::Module& root, const std::vector<UnitSelecti
   for (const auto& s : selected) checkpoint[s.fqn] = s.activation_checkpoint;
   for (const auto& fqn : order) {
     w.unit_index[fqn] = plan.units.size();
-    plan.units.push_back(UnitInfo{fqn, 0, 0, checkpoint[fqn]});
+    plan.units.push_back(UnitInfo{fqn, 0, 0, checkpoint[fqn], {}, {}});
   }
   if (order.size() != selected.size()) {
     std::vector<std::string> all;

@@ -18,10 +18,14 @@
 // released by its own virtual destructor, which calls the sized operator delete with that size,
 // so the allocation must be exactly that size (a sized-delete allocator such as tcmalloc trusts
 // it). GlooBackend.ObjectSizeMatchesLibTorch intercepts that operator delete and fails if
-// LibTorch's size ever differs from kGlooObjectBytes.
+// LibTorch's size ever differs from kGlooObjectBytes; at run time, a LibTorch of another version
+// than the one the size was read from is refused before anything is built (the library found at
+// run time may not be the one fsdpx was compiled against).
 #include <dlfcn.h>
 
 #include <new>
+
+#include <ATen/Version.h>
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/c10d_backends.h"
@@ -51,6 +55,22 @@ void* symbol(const char* name, const char* what) {
 
 }  // namespace
 
+void check_gloo_object_size_applies(const std::string& build_config) {
+  const std::string key = "TORCH_VERSION=";
+  const size_t at = build_config.find(key);
+  std::string version;
+  if (at != std::string::npos) {
+    const size_t from = at + key.size();
+    version = build_config.substr(from, build_config.find_first_of(", \n", from) - from);
+  }
+  if (version == kGlooObjectBytesTorch) return;
+  throw Error("the LibTorch loaded at run time is " + (version.empty() ? std::string("of unknown version (its build "
+              "configuration names no TORCH_VERSION)") : version) + "; fsdpx builds the Gloo backend in " +
+              std::to_string(kGlooObjectBytes) + " bytes, the size of c10d::ProcessGroupGloo in LibTorch " +
+              kGlooObjectBytesTorch + " only: run with LibTorch " + kGlooObjectBytesTorch +
+              " (the one fsdpx was built against; scripts/setup.sh installs it)");
+}
+
 c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout) {
@@ -58,6 +78,8 @@ c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10
       symbol(kCreateDefaultSymbol, "c10d::ProcessGroupGloo::Options::create_default"));
   static const auto construct = reinterpret_cast<ConstructorFn>(
       symbol(kConstructorSymbol, "c10d::ProcessGroupGloo::ProcessGroupGloo"));
+  static const bool version_checked = (check_gloo_object_size_applies(at::show_config()), true);
+  (void)version_checked;
   OptionsPtr options = create_default(timeout);
   void* memory = ::operator new(kObjectBytes);
   try {

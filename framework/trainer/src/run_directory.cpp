@@ -1,5 +1,7 @@
 #include "fsdpx/framework/trainer/run_directory.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -11,6 +13,23 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace fsdpx {
+namespace {
+
+// "cannot write PATH: <the system's reason>", for a stream that failed just now.
+[[noreturn]] void write_failed(const std::string& path) {
+  const int err = errno;
+  throw Error("cannot write " + path + (err ? ": " + std::string(std::strerror(err)) : std::string()));
+}
+
+void write_whole(const std::string& path, const std::string& text) {
+  errno = 0;
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.flush();
+  if (!out) write_failed(path);
+}
+
+}  // namespace
 
 RunDirectory::RunDirectory(std::string dir, bool writer) : dir_(std::move(dir)), writer_(writer) {}
 
@@ -23,11 +42,9 @@ void RunDirectory::create(const std::string& config_ini, int world, const std::s
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) throw Error("--out " + dir_ + " cannot be created: " + ec.message());
-  std::ofstream ini(path("config.ini"));
-  ini << "# fsdpx-train --config " << path("config.ini") << " --nproc-per-node " << world << "  reproduces this run\n"
-      << config_ini;
-  if (!ini) throw Error("cannot write " + path("config.ini"));
-  std::ofstream(path("plan.json")) << plan_json << "\n";
+  write_whole(path("config.ini"), "# fsdpx-train --config " + path("config.ini") + " --nproc-per-node " +
+                                      std::to_string(world) + "  reproduces this run\n" + config_ini);
+  write_whole(path("plan.json"), plan_json + "\n");
 }
 
 void RunDirectory::open_metrics(int64_t resumed_step) {
@@ -43,16 +60,22 @@ void RunDirectory::open_metrics(int64_t resumed_step) {
       }
     }
   }
+  errno = 0;
   metrics_.open(path("metrics.jsonl"), std::ios::trunc);
   for (const auto& l : kept) metrics_ << l << "\n";
+  metrics_.flush();
+  if (!metrics_) write_failed(path("metrics.jsonl"));
 }
 
 void RunDirectory::append_metrics(const std::string& json_line) {
-  if (metrics_.is_open()) metrics_ << json_line << std::endl;
+  if (!metrics_.is_open()) return;
+  errno = 0;
+  metrics_ << json_line << std::endl;
+  if (!metrics_) write_failed(path("metrics.jsonl"));
 }
 
 void RunDirectory::write_summary(const std::string& json_text) {
-  if (active()) std::ofstream(path("summary.json")) << json_text << "\n";
+  if (active()) write_whole(path("summary.json"), json_text + "\n");
 }
 
 }  // namespace fsdpx

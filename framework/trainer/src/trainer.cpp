@@ -25,6 +25,7 @@
 #include "metrics.h"
 #include "peak_flops.h"
 #include "plan_json.h"
+#include "rank_zero.h"
 #include "reporter.h"
 
 namespace fs = std::filesystem;
@@ -115,7 +116,7 @@ class Trainer {
     build();
     open_run_directory();
     restore();
-    run_dir_.open_metrics(start_step_);
+    on_rank_zero(world(), [&] { run_dir_.open_metrics(start_step_); });
     measure_peak();
     announce();
     loop();
@@ -125,6 +126,7 @@ class Trainer {
 
  private:
   bool writer() const { return rank_ == 0; }
+  Communicator& world() const { return *groups_->world(); }
 
   void plan() {
     if (ro_.device == DeviceKind::Cuda)
@@ -179,7 +181,7 @@ class Trainer {
   }
 
   void open_run_directory() {
-    run_dir_.create(s_.to_ini() + "\n" + config_.to_ini(), world_, plan_json(plan_).dump(2));
+    on_rank_zero(world(), [&] { run_dir_.create(s_.to_ini() + "\n" + config_.to_ini(), world_, plan_json(plan_).dump(2)); });
   }
 
   // --resume: the named checkpoint, or the newest under OUT/checkpoints.
@@ -187,6 +189,8 @@ class Trainer {
     if (s_.resume.empty()) return;
     std::string dir = s_.resume;
     if (s_.resume == "auto") {
+      // Rank 0 alone moves back what an interrupted save left aside; then every rank lists.
+      on_rank_zero(world(), [&] { recover_interrupted_saves(run_dir_.checkpoints()); });
       auto latest = ckpt_->latest(run_dir_.checkpoints());
       dir = latest ? *latest : "";
     }
@@ -309,11 +313,11 @@ class Trainer {
       out_->update(p, false);
       return;
     }
-    if (writer()) {
+    on_rank_zero(world(), [&] {
       p.peak_mem = *std::max_element(w.run_peaks.begin(), w.run_peaks.end());
       run_dir_.append_metrics(metrics_line(done, w, elapsed, p.step_time).dump());
       out_->update(p, true);
-    }
+    });
     interval_ = Interval{};
     interval_.comm_start = counters_.totals();
   }
@@ -347,9 +351,11 @@ class Trainer {
   void evaluate(int64_t step) {
     last_eval_ = evaluate_heldout(*engine_, dynamic_cast<Evaluable*>(model_.get()), dynamic_cast<HeldOutData*>(data_.get()),
                                   *groups_->world(), s_.batch_size, step);
-    if (last_eval_.is_null() || !writer()) return;
-    out_->line(eval_line(last_eval_));
-    run_dir_.append_metrics(last_eval_.dump());
+    if (last_eval_.is_null()) return;
+    on_rank_zero(world(), [&] {
+      out_->line(eval_line(last_eval_));
+      run_dir_.append_metrics(last_eval_.dump());
+    });
   }
 
   void save(int64_t step) {
@@ -360,20 +366,19 @@ class Trainer {
     st.config_ini = s_.to_ini() + "\n" + config_.to_ini();
     const auto t0 = Clock::now();
     ckpt_->save(dir, st, checkpoint_context(*groups_, *engine_));
-    if (writer()) {
+    on_rank_zero(world(), [&] {  // the others wait: the checkpoint is complete and pruned when they go on
       char l[300];
       std::snprintf(l, sizeof l, "checkpoint at step %ld: %s (%.2f s)", static_cast<long>(step), dir.c_str(), seconds_since(t0));
       out_->line(l);
       if (s_.keep_last > 0) prune_checkpoints(run_dir_.checkpoints(), s_.keep_last);
-    }
-    groups_->world()->barrier().wait();
+    });
     last_checkpoint_ = dir;
   }
 
   // What was measured, next to what was planned: summary.json and the closing lines.
   void finish() {
     const json ranks = measured_per_rank();
-    if (writer()) {
+    on_rank_zero(world(), [&] {
       const double wall = seconds_since(wall_start_);
       json summary{{"steps", s_.steps},
                    {"start_step", start_step_},
@@ -393,8 +398,7 @@ class Trainer {
       if (!last_checkpoint_.empty()) summary["checkpoint"] = last_checkpoint_;
       run_dir_.write_summary(summary.dump(2));
       closing_lines(wall);
-    }
-    groups_->world()->barrier().wait();
+    });
   }
 
   // Every rank's persistent bytes (parameters, gradients, optimizer state) and peak RSS.

@@ -36,7 +36,7 @@ struct Config {
 at::Tensor deferred(at::IntArrayRef shape) { return fsdpx::deferred_tensor(shape); }
 
 struct RMSNormImpl : torch::nn::Module {
-  RMSNormImpl(int64_t dim, double eps) : torch::nn::Module("RMSNorm"), eps(eps) {
+  RMSNormImpl(int64_t dim, double epsilon) : torch::nn::Module("RMSNorm"), eps(epsilon) {
     weight = register_parameter("weight", deferred({dim}));
   }
   at::Tensor forward(const at::Tensor& x) {

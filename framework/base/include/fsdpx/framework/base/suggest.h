@@ -20,5 +20,7 @@ FSDPX_API std::string did_you_mean(const std::string& name,
 
 // "a, b, c" or "(none)".
 FSDPX_API std::string join_names(const std::vector<std::string>& names);
+// `names` without repeats (exact matches), in the order they first appear.
+FSDPX_API std::vector<std::string> distinct(const std::vector<std::string>& names);
 
 }  // namespace fsdpx

@@ -11,8 +11,8 @@
 //   config.ini             the resolved configuration the run was started with
 // Written under .tmp-step-NNNNNNNN/ (every file fsynced) and renamed when every rank has
 // finished, so an interrupted save is never taken for a checkpoint; an older step-N it replaces
-// is moved to .old-step-N first and removed last (list_checkpoints moves it back if the save
-// died in between).
+// is moved to .old-step-N first and removed last (recover_interrupted_saves moves it back if the
+// save died in between).
 #pragma once
 
 #include <cstdint>
@@ -28,11 +28,17 @@ namespace fsdpx {
 // --- A run's checkpoint directory -------------------------------------------------------
 
 FSDPX_API std::string checkpoint_dir_name(int64_t step);  // "step-00000010"
-// Complete checkpoints under `root` (those whose index.json or digests.json parses), oldest first.
+// Moves back every .old-step-N whose save died before step-N was in place. Renames: one process
+// calls it (the trainer's rank 0, before the others list). Throws fsdpx::Error naming a
+// directory that cannot be moved.
+FSDPX_API void recover_interrupted_saves(const std::string& root);
+// Complete checkpoints under `root` (those whose index.json or digests.json parses), oldest
+// first. Read-only: every rank may call it at once.
 FSDPX_API std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
 // The newest of them (CheckpointBackend::latest of both formats).
 FSDPX_API std::optional<std::string> latest_checkpoint(const std::string& root);
-// Removes all but the newest `keep` complete checkpoints, and stale temporary directories.
+// Removes all but the newest `keep` complete checkpoints, and stale temporary directories. One
+// process calls it. Throws fsdpx::Error naming a directory that cannot be removed.
 FSDPX_API void prune_checkpoints(const std::string& root, int64_t keep);
 
 // Fault injection for the interrupted-save test: FSDPX_FAULT=save-after-write:R makes rank R

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <string>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -13,11 +14,18 @@ namespace fsdpx {
 
 // sizeof(c10d::ProcessGroupGloo) in LibTorch 2.11.0; see gloo_backend.cpp.
 constexpr size_t kGlooObjectBytes = 488;
+constexpr const char* kGlooObjectBytesTorch = "2.11.0";  // the LibTorch it was read from
+
+// Throws fsdpx::Error unless `build_config` (at::show_config()'s text, which names the running
+// LibTorch's TORCH_VERSION) is LibTorch kGlooObjectBytesTorch: in any other the Gloo object
+// may be larger than the memory make_gloo_backend gives it.
+FSDPX_API void check_gloo_object_size_applies(const std::string& build_config);
 
 // LibTorch's ProcessGroupGloo over `store` (rank, size within the group), with the default
 // device (GLOO_SOCKET_IFNAME, else this host's address, else loopback) and `timeout` for every
 // collective. The wheel ships no gloo headers, so the class is reached through its exported
-// symbols (gloo_backend.cpp says how); throws fsdpx::Error naming the symbol if one is missing.
+// symbols (gloo_backend.cpp says how); throws fsdpx::Error naming the symbol if one is missing,
+// or the version if the running LibTorch is not kGlooObjectBytesTorch.
 FSDPX_API c10::intrusive_ptr<c10d::Backend> make_gloo_backend(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout);

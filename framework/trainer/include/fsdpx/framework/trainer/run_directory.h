@@ -31,6 +31,8 @@ class FSDPX_API RunDirectory {
   // One JSON object per line, flushed.
   void append_metrics(const std::string& json_line);
   void write_summary(const std::string& json_text);
+  // Each of these throws fsdpx::Error "cannot write PATH: <reason>" when the file cannot be
+  // written; the trainer runs them on rank 0 through on_rank_zero, so every rank stops with it.
 
  private:
   std::string dir_;

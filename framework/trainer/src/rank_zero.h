@@ -1,0 +1,17 @@
+// Work only rank 0 does (the run directory, metrics.jsonl, summary.json, pruning checkpoints),
+// with its outcome agreed by every rank.
+#pragma once
+
+#include <functional>
+
+#include "fsdpx/framework/runtime/communicator.h"
+
+namespace fsdpx {
+
+// Runs `work` on rank 0 of `world`, then every rank learns how it went (one broadcast; a second
+// carries the message after a failure). If it threw, every rank throws fsdpx::Error with rank 0's
+// message at once, instead of waiting for rank 0 in the next collective until its timeout.
+// Collective: every rank calls it.
+void on_rank_zero(Communicator& world, const std::function<void()>& work);
+
+}  // namespace fsdpx
