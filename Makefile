@@ -39,7 +39,7 @@ test: build  ## set up, build, and run every test (ctest)
 bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing
 	$(BUILD)/bin/fsdpx-comm-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-engine-bench --nproc-per-node 2
-	$(BUILD)/bin/fsdpx-optim-bench
+	$(BUILD)/bin/fsdpx-optim-bench --python $(PYTHON)
 	$(BUILD)/bin/fsdpx-ckpt-bench --nproc-per-node 2
 	bash benchmarks/activation_checkpointing.sh $(BUILD)
 

@@ -6,6 +6,7 @@
 #include "test_paths.h"
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/cpu_resources.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
 
 namespace fsdpx {
@@ -140,6 +141,28 @@ TEST(Topology, PartialOrContradictorySettingsNameTheVariables) {
   s["SLURM_NNODES"] = "";
   EXPECT_EQ(error_of([&] { resolve_topology({}, s); }),
             "SLURM_NODEID=9 but SLURM_TASKS_PER_NODE='2(x3),1' describes only 4 nodes");
+}
+
+// Threads per rank: the user's OMP_NUM_THREADS, else Slurm's CPUs per task, else the affinity
+// mask shared by the node's ranks (2 ranks on 2 cores: one thread each, not two).
+TEST(Threads, ChosenFromTheCoresEachRankMayUse) {
+  EXPECT_EQ(choose_threads({}, 2, 2).threads, 1);
+  EXPECT_EQ(choose_threads({}, 2, 2).why, "2 CPU(s) in the affinity mask / 2 local rank(s); OMP_NUM_THREADS overrides");
+  EXPECT_EQ(choose_threads({}, 4, 16).threads, 4);
+  EXPECT_EQ(choose_threads({}, 4, 2).threads, 1);  // never 0
+  EXPECT_EQ(choose_threads({{"OMP_NUM_THREADS", "3"}}, 2, 2).threads, 3);
+  EXPECT_EQ(choose_threads({{"OMP_NUM_THREADS", "3"}}, 2, 2).why, "OMP_NUM_THREADS");
+  EXPECT_EQ(choose_threads({{"SLURM_CPUS_PER_TASK", "8"}}, 4, 64).threads, 8);
+  EXPECT_EQ(error_of([] { choose_threads({{"OMP_NUM_THREADS", "many"}}, 2, 2); }),
+            "OMP_NUM_THREADS=many is not a positive number of threads; unset it to let fsdpx choose");
+  EXPECT_GE(affinity_cpus(), 1);
+}
+
+TEST(Threads, NativeBf16FromTheCpuFlags) {
+  EXPECT_TRUE(has_fast_bf16(" fpu avx2 avx512f avx512_bf16 avx512_vnni"));
+  EXPECT_TRUE(has_fast_bf16("avx2 amx_bf16 amx_tile"));
+  EXPECT_FALSE(has_fast_bf16(" fpu sse4_2 avx2 fma"));
+  EXPECT_FALSE(has_fast_bf16("avx512_bf16x"));  // whole flags only
 }
 
 }  // namespace

@@ -2,23 +2,47 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/randn.h>
 
 namespace fsdpx {
+namespace {
 
-double measure_peak_tflops(c10::ScalarType dtype) {
-  constexpr int64_t n = 1024;
-  at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
-  at::matmul(a, b);  // warm-up
-  double best = 1e30;
-  for (int i = 0; i < 4; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    at::Tensor c = at::matmul(a, b);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+std::string PeakProbe::text() const {
+  char l[96];
+  std::snprintf(l, sizeof l, "best %ld^3 matmul in %.2f s", static_cast<long>(n), seconds);
+  return l;
+}
+
+PeakProbe measure_peak_tflops(c10::ScalarType dtype) {
+  const auto start = Clock::now();
+  PeakProbe p;
+  for (int64_t n = 256; n <= 1024; n *= 2) {
+    at::Tensor a = at::randn({n, n}).to(dtype), b = at::randn({n, n}).to(dtype);
+    at::matmul(a, b);  // warm-up
+    double best = 1e30;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = Clock::now();
+      at::Tensor c = at::matmul(a, b);
+      best = std::min(best, seconds_since(t0));
+    }
+    const double tflops = 2.0 * static_cast<double>(n * n * n) / best / 1e12;
+    if (tflops > p.tflops) {
+      p.tflops = tflops;
+      p.n = n;
+    }
+    if (best > 0.03) break;  // a slow dtype here: larger sizes would only cost time
   }
-  return 2.0 * n * n * n / best / 1e12;
+  p.seconds = seconds_since(start);
+  return p;
 }
 
 }  // namespace fsdpx

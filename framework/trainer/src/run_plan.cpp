@@ -125,6 +125,15 @@ void add_unit_traffic(const UnitBytes& b, int64_t grad_accum, RunPlan& plan) {
   }
 }
 
+// Threads per rank, and a warning when the compute dtype has no fast path on this CPU.
+void plan_cpu(RunPlan& plan) {
+  plan.threads = choose_threads(process_environment(), plan.topology.local_world_size, affinity_cpus());
+  if (plan.dtypes.compute == at::kBFloat16 && !has_fast_bf16(cpu_flags()))
+    plan.warnings.push_back(
+        "compute in bf16 on a CPU without native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): its matmuls run "
+        "about 100x slower than in fp32 here; --precision.name fp32 trains faster on this machine");
+}
+
 }  // namespace
 
 RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSettings& s, const Topology& topo) {
@@ -141,6 +150,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
                 "optimizer '" + plan.optimizer + "' cannot run on the CPU; choose one that can (adamw, "
                 "anyprecision_adamw, sgd) or a strategy without offload");
   plan_data(host, config, s, plan);
+  plan_cpu(plan);
   plan.flops_per_token = model->flops_per_token();
   UnitPlan up = plan_units(*model->module(), select_units(*model, *wrap, s));
   plan.total_params = up.total_params;
@@ -174,6 +184,7 @@ std::string RunPlan::text() const {
   std::snprintf(line, sizeof line, "  topology   %d rank(s): %d node(s) x %d; shard groups of %d, replicated %d time(s)\n",
                 t.world_size, t.num_nodes, t.local_world_size, layout.shard_group_size, layout.replicate_group_size);
   o << line;
+  o << "  threads    " << threads.threads << " per rank (" << threads.why << ")\n";
   o << "  components model=" << model << " data=" << data << " sharding=" << strategy << " wrap=" << wrap
     << " precision=" << precision << " optimizer=" << optimizer << "\n";
   o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", compute (and all-gather) " << dtype_name(dtypes.compute)
@@ -209,6 +220,7 @@ std::string RunPlan::text() const {
     o << line;
   }
   o << "\n";
+  for (const auto& warning : warnings) o << "  warning    " << warning << "\n";
   return o.str();
 }
 
@@ -233,7 +245,9 @@ json plan_json(const RunPlan& p) {
           {"sent_bytes", p.sent_bytes},
           {"dtypes", {{"storage", dtype_name(p.dtypes.storage)}, {"compute", dtype_name(p.dtypes.compute)},
                       {"reduce", dtype_name(p.dtypes.reduce)}, {"gradient", dtype_name(p.dtypes.gradient)}}},
-          {"units", units}};
+          {"units", units},
+          {"threads_per_rank", p.threads.threads},
+          {"warnings", p.warnings}};
 }
 
 void write_plan_json(const RunPlan& plan, const std::string& path) {

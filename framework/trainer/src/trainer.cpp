@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
@@ -134,6 +135,7 @@ class Trainer {
                   "built and checked by --check-comm); use --device cpu");
     plan_ = plan_run(host_, config_, s_, ro_.topology);
     check_optimizer_runs_here(plan_);
+    at::set_num_threads(plan_.threads.threads);
   }
 
   // Process groups, components, communicators (counted), the engine, the optimizer and the data.
@@ -213,23 +215,27 @@ class Trainer {
     peak_ = s_.peak_tflops;
     if (peak_ > 0) return;
     groups_->world()->barrier().wait();
-    at::Tensor p = at::full({1}, measure_peak_tflops(plan_.dtypes.compute), at::kDouble);
+    const PeakProbe probe = measure_peak_tflops(plan_.dtypes.compute);
+    at::Tensor p = at::full({1}, probe.tflops, at::kDouble);
     groups_->world()->all_reduce(p, ReduceOp::Avg).wait();
     peak_ = p.item<double>();
-    peak_source_ = "measured: best 1024^3 matmul on every rank at once";
+    peak_source_ = "measured in " + dtype_name(plan_.dtypes.compute) + " on every rank at once: " + probe.text() +
+                   "; --peak-tflops sets it";
   }
 
   void announce() {
     out_ = std::make_unique<Reporter>(writer() && s_.progress_bar, s_.steps);
     if (!writer()) return;
     char l[256];
-    std::snprintf(l, sizeof l, "training %s (%s parameters) on %s: %d rank(s), %s, %s, %s, %s; %ld samples per step",
+    std::snprintf(l, sizeof l,
+                  "training %s (%s parameters) on %s: %d rank(s) of %d thread(s), %s, %s, %s, %s; %ld samples per step",
                   plan_.model.c_str(), human_count(static_cast<double>(plan_.total_params)).c_str(), plan_.data.c_str(),
-                  world_, plan_.strategy.c_str(), plan_.wrap.c_str(), plan_.precision.c_str(), plan_.optimizer.c_str(),
+                  world_, plan_.threads.threads, plan_.strategy.c_str(), plan_.wrap.c_str(), plan_.precision.c_str(), plan_.optimizer.c_str(),
                   static_cast<long>(plan_.samples_per_step));
     out_->line(l);
-    std::snprintf(l, sizeof l, "peak %.3f TFLOP/s per rank (%s)", peak_, peak_source_);
+    std::snprintf(l, sizeof l, "peak %.3f TFLOP/s per rank (%s)", peak_, peak_source_.c_str());
     out_->line(l);
+    for (const auto& w : plan_.warnings) out_->line("warning: " + w);
     if (plan_.layout.offload_to_cpu)
       out_->line("cpu offload: the compute device is the CPU, where the shards, gradients and optimizer state already live; "
                  "nothing to move (the run is its base strategy's)");
@@ -457,7 +463,7 @@ class Trainer {
   std::unique_ptr<Reporter> out_;
   int64_t start_step_ = 0;
   double peak_ = 0;
-  const char* peak_source_ = "--peak-tflops";
+  std::string peak_source_ = "--peak-tflops";
   // The loop's running figures.
   Clock::time_point train_start_;
   Interval interval_;

@@ -2,10 +2,14 @@
 //   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // State per parameter shard: exp_avg and exp_avg_sq (fp32, like the shard: 8 bytes/parameter)
-// and step.
+// and step. One step is ATen's fused AdamW kernel over every shard at once (at::_fused_adamw_,
+// the kernel behind torch.optim.AdamW(fused=True), on the CPU and CUDA): one pass over memory
+// instead of a chain of tensor ops, each of which reads and writes every element.
 #include <cmath>
 #include <map>
 
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <fsdpx/error.h>
@@ -17,6 +21,7 @@ namespace {
 struct State {
   at::Tensor exp_avg, exp_avg_sq;
   int64_t step = 0;
+  at::Tensor step_t;  // `step` as the fused kernel reads it (a float scalar)
 };
 
 class AdamW final : public fsdpx::Optimizer {
@@ -30,24 +35,27 @@ class AdamW final : public fsdpx::Optimizer {
       State& s = state_[p.name];
       s.exp_avg = at::zeros_like(p.param, at::MemoryFormat::Contiguous);
       s.exp_avg_sq = at::zeros_like(p.param, at::MemoryFormat::Contiguous);
+      s.step_t = at::full({}, 0.0, p.param.options().dtype(at::kFloat).requires_grad(false));
     }
   }
 
   void step(double lr) override {
     at::NoGradGuard no_grad;
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
     for (auto& p : params_) {
       if (!p.param.requires_grad() || !p.param.grad().defined()) continue;
       State& s = state_.at(p.name);
-      const at::Tensor& g = p.param.grad();
       s.step += 1;
-      p.param.mul_(1.0 - lr * wd_);
-      s.exp_avg.mul_(b1_).add_(g, 1.0 - b1_);
-      s.exp_avg_sq.mul_(b2_).addcmul_(g, g, 1.0 - b2_);
-      const double bc1 = 1.0 - std::pow(b1_, static_cast<double>(s.step));
-      const double bc2 = 1.0 - std::pow(b2_, static_cast<double>(s.step));
-      at::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(eps_);
-      p.param.addcdiv_(s.exp_avg, denom, -lr / bc1);
+      s.step_t.fill_(static_cast<double>(s.step));
+      params.push_back(p.param);
+      grads.push_back(p.param.grad());
+      exp_avgs.push_back(s.exp_avg);
+      exp_avg_sqs.push_back(s.exp_avg_sq);
+      steps.push_back(s.step_t);
     }
+    if (params.empty()) return;
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, b1_, b2_, wd_, eps_,
+                      /*amsgrad=*/false, /*maximize=*/false);
   }
 
   double base_lr() const override { return lr_; }

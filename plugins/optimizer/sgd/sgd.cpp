@@ -2,9 +2,11 @@
 // momentum with dampening (b = mu b + (1 - dampening) g, the first step b = g), Nesterov
 // (g + mu b), then p -= lr * update. State per parameter shard when mu > 0: momentum_buffer and
 // initialised (0 until the first step sets b = g), both from init(), so that a checkpoint taken
-// or loaded before any step holds them.
+// or loaded before any step holds them. One step is ATen's fused SGD kernel over every shard at
+// once (at::_fused_sgd_, torch.optim.SGD(fused=True)'s, on the CPU and CUDA).
 #include <map>
 
+#include <ATen/ops/_fused_sgd.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros_like.h>
 
@@ -28,22 +30,24 @@ class Sgd final : public fsdpx::Optimizer {
 
   void step(double lr) override {
     at::NoGradGuard no_grad;
+    // Shards whose momentum buffer starts this step (b = g), and the others: one fused call each.
+    std::vector<at::Tensor> params[2], grads[2], bufs[2];
     for (auto& p : params_) {
       if (!p.param.requires_grad() || !p.param.grad().defined()) continue;
-      at::Tensor g = p.param.grad();
-      if (wd_ != 0) g = g.add(p.param, wd_);
+      int first = 0;
       if (mu_ != 0) {
         Buffer& b = buffers_.at(p.name);
-        if (!b.initialised) {
-          b.buf.copy_(g);
-          b.initialised = true;
-        } else {
-          b.buf.mul_(mu_).add_(g, 1.0 - damp_);
-        }
-        g = nesterov_ ? g.add(b.buf, mu_) : b.buf;
+        first = b.initialised ? 0 : 1;
+        bufs[first].push_back(b.buf);
+        b.initialised = true;
       }
-      p.param.sub_(g * lr);
+      params[first].push_back(p.param);
+      grads[first].push_back(p.param.grad());
     }
+    for (int first = 0; first < 2; ++first)
+      if (!params[first].empty())
+        at::_fused_sgd_(params[first], grads[first], bufs[first], wd_, mu_, lr, damp_, nesterov_, /*maximize=*/false,
+                        /*is_first_step=*/first == 1);
   }
 
   double base_lr() const override { return lr_; }

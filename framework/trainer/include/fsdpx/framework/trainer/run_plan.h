@@ -11,6 +11,7 @@
 #include "fsdpx/framework/trainer/train_settings.h"
 #include "fsdpx/precision_policy.h"
 #include "fsdpx/sharding_strategy.h"
+#include "fsdpx/framework/runtime/cpu_resources.h"
 #include "fsdpx/topology.h"
 
 namespace fsdpx {
@@ -44,6 +45,8 @@ struct FSDPX_API RunPlan {
   int64_t samples_per_step = 0, tokens_per_step = 0;
   double flops_per_token = 0;
   bool optimizer_runs_on_cpu = true;  // fsdpx/capabilities.h
+  ThreadChoice threads;               // intra-op threads per rank, and why
+  std::vector<std::string> warnings;  // what will make the run slow (printed by the plan and the run)
 
   std::string text() const;  // the dry-run report
 };
