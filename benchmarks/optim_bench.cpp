@@ -12,6 +12,8 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/randn.h>
@@ -26,10 +28,14 @@ namespace po = boost::program_options;
 namespace {
 
 // PyTorch's optimizers on one shard of `n` elements, timed by `python` (median of `steps` after a
-// warm-up): {label: ms} for each, and {"adamw"|"sgd": the fastest of that kind}. Empty without
-// a Python.
-std::map<std::string, double> torch_figures(const std::string& python, int64_t n, int steps, int threads) {
-  std::map<std::string, double> out;
+// warm-up). Empty without a Python.
+struct TorchFigures {
+  std::vector<std::pair<std::string, double>> ms;  // (optimizer as constructed, ms per step)
+  std::map<std::string, double> fastest;           // "adamw" or "sgd" -> the fastest of that kind
+};
+
+TorchFigures torch_figures(const std::string& python, int64_t n, int steps, int threads) {
+  TorchFigures out;
   if (python.empty()) return out;
   const std::string script =
       "import sys, time, torch\n"
@@ -58,10 +64,10 @@ std::map<std::string, double> torch_figures(const std::string& python, int64_t n
     double ms = 0;
     in >> kind >> ms;
     std::getline(in >> std::ws, label);
-    out[label] = ms;
-    out[kind] = out.count(kind) ? std::min(out[kind], ms) : ms;
+    out.ms.emplace_back(label, ms);
+    out.fastest[kind] = out.fastest.count(kind) ? std::min(out.fastest[kind], ms) : ms;
   }
-  if (::pclose(f) != 0 || out.empty()) throw Error(python + " could not time PyTorch's optimizers");
+  if (::pclose(f) != 0 || out.ms.empty()) throw Error(python + " could not time PyTorch's optimizers");
   return out;
 }
 
@@ -90,7 +96,7 @@ int main(int argc, char** argv) {
         {"sgd (momentum 0.9)", "sgd", {{"momentum", "0.9"}}, at::kFloat}};
     std::printf("fsdpx-optim-bench: one shard of %lld elements, %d threads\n", static_cast<long long>(n),
                 at::get_num_threads());
-    const std::map<std::string, double> torch_ms =
+    const TorchFigures torch =
         torch_figures(vm["python"].as<std::string>(), n, vm["steps"].as<int>(), at::get_num_threads());
     double base = 0;
     for (const auto& c : cases) {
@@ -109,13 +115,12 @@ int main(int argc, char** argv) {
       const double med = times[times.size() / 2];
       if (base == 0) base = med;
       std::printf("  %-50s %9.1f ms/step  (%.2fx adamw)", c.label, med * 1e3, med / base);
-      const std::string kind = std::string(c.name) == "sgd" ? "sgd" : "adamw";
-      if (c.dtype == at::kFloat && torch_ms.count(kind))
-        std::printf("  %.2fx PyTorch's fastest %s", med * 1e3 / torch_ms.at(kind), kind.c_str());
+      if (torch.fastest.count(c.name))  // the same algorithm in PyTorch: adamw and sgd
+        std::printf("  %.2fx PyTorch's fastest %s", med * 1e3 / torch.fastest.at(c.name), c.name);
       std::printf("\n");
     }
-    for (const auto& [label, ms] : torch_ms)
-      if (label != "adamw" && label != "sgd") std::printf("  PyTorch %-42s %9.1f ms/step\n", label.c_str(), ms);
+    for (const auto& [label, ms] : torch.ms)
+      std::printf("  PyTorch %-42s %9.1f ms/step\n", label.c_str(), ms);
     return 0;
   });
 }

@@ -153,8 +153,9 @@ TEST(Threads, ChosenFromTheCoresEachRankMayUse) {
   EXPECT_EQ(choose_threads({{"OMP_NUM_THREADS", "3"}}, 2, 2).threads, 3);
   EXPECT_EQ(choose_threads({{"OMP_NUM_THREADS", "3"}}, 2, 2).why, "OMP_NUM_THREADS");
   EXPECT_EQ(choose_threads({{"SLURM_CPUS_PER_TASK", "8"}}, 4, 64).threads, 8);
-  EXPECT_EQ(error_of([] { choose_threads({{"OMP_NUM_THREADS", "many"}}, 2, 2); }),
-            "OMP_NUM_THREADS=many is not a positive number of threads; unset it to let fsdpx choose");
+  EXPECT_EQ(error_of([] { choose_threads({{"OMP_NUM_THREADS", "many"}}, 2, 2); }), "OMP_NUM_THREADS='many' is not an integer");
+  EXPECT_EQ(error_of([] { choose_threads({{"OMP_NUM_THREADS", "0"}}, 2, 2); }),
+            "OMP_NUM_THREADS=0: a rank needs at least 1 thread; unset it to let fsdpx choose");
   EXPECT_GE(affinity_cpus(), 1);
 }
 

@@ -37,7 +37,6 @@ std::unique_ptr<Unit> new_unit(ShardingEngine::Impl& e, const std::string& fqn, 
   u->fqn = fqn;
   u->module = module;
   u->group.config = &e.config;
-  u->group.unit = fqn;
   return u;
 }
 
@@ -170,7 +169,7 @@ void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& sel
   collector.check_complete();
   check_ranks_agree(e);
 
-  for (auto& u : e.units) u->group.materialise(*e.model);
+  for (auto& u : e.units) u->group.materialise(*e.model, u->fqn);
   cast_buffers(*root, e.config.options.precision);
   // The plan, in the form wrap policies print it.
   std::vector<UnitSelection> sel;

@@ -18,7 +18,7 @@ bool ParamGroup::reshard_after_forward() const {
   return sharded_layout() && !root && config->options.layout.reshard_after_forward;
 }
 
-void ParamGroup::materialise(Model& model) {
+void ParamGroup::materialise(Model& model, const std::string& unit) {
   const int64_t S = config->shard_size;
   for (ShardedParam& p : params) {
     p.lay_out(S, total);

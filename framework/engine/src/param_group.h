@@ -18,7 +18,6 @@ namespace fsdpx {
 struct ParamGroup {
   const EngineConfig* config = nullptr;
   bool root = false;
-  std::string unit;  // the unit's name, for messages ("" for the root)
   std::vector<ShardedParam> params;
   int64_t total = 0;  // shard elements (padded)
   at::Tensor flat_shard, flat_grad;
@@ -40,8 +39,9 @@ struct ParamGroup {
   bool reshard_after_forward() const;
 
   // Lays out the shards, allocates the flat buffers, fills this rank's rows from the model's
-  // initialisation (seed, name), and points every module tensor at its gathered view.
-  void materialise(Model& model);
+  // initialisation (seed, name), and points every module tensor at its gathered view. `unit`
+  // names the unit in the error a sharded parameter gives when read.
+  void materialise(Model& model, const std::string& unit);
 
   // Issues the all-gather (async); Sharded -> Gathering. A no-op unless Sharded.
   void start_gather();

@@ -3,34 +3,19 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
+#include "diagnostics.h"
 #include "fsdpx/error.h"
 
 namespace fsdpx {
-namespace {
-
-// A positive integer from `text`, or 0.
-int positive(const std::string& text) {
-  char* end = nullptr;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  return !text.empty() && *end == '\0' && v > 0 && v < (1 << 20) ? static_cast<int>(v) : 0;
-}
-
-}  // namespace
-
 ThreadChoice choose_threads(const Environment& env, int local_ranks, int affinity) {
-  auto omp = env.find("OMP_NUM_THREADS");
-  if (omp != env.end() && !omp->second.empty()) {
-    const int n = positive(omp->second);
-    if (n == 0) throw Error("OMP_NUM_THREADS=" + omp->second + " is not a positive number of threads; unset it to let fsdpx choose");
-    return {n, "OMP_NUM_THREADS"};
+  if (auto n = env_int(env, "OMP_NUM_THREADS")) {
+    if (*n < 1) throw Error("OMP_NUM_THREADS=0: a rank needs at least 1 thread; unset it to let fsdpx choose");
+    return {*n, "OMP_NUM_THREADS"};
   }
-  auto slurm = env.find("SLURM_CPUS_PER_TASK");
-  if (slurm != env.end() && positive(slurm->second) > 0)
-    return {positive(slurm->second), "SLURM_CPUS_PER_TASK; OMP_NUM_THREADS overrides"};
+  if (auto n = env_int(env, "SLURM_CPUS_PER_TASK"); n && *n > 0) return {*n, "SLURM_CPUS_PER_TASK; OMP_NUM_THREADS overrides"};
   const int ranks = std::max(1, local_ranks), cpus = std::max(1, affinity);
   return {std::max(1, cpus / ranks), std::to_string(cpus) + " CPU(s) in the affinity mask / " + std::to_string(ranks) +
                                          " local rank(s); OMP_NUM_THREADS overrides"};

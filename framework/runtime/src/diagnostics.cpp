@@ -41,6 +41,20 @@ long long parse_integer(const std::string& text, const std::string& what) {
   return v;
 }
 
+std::optional<std::string> env_value(const Environment& env, const std::string& name) {
+  auto it = env.find(name);
+  if (it == env.end() || it->second.empty()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<int> env_int(const Environment& env, const std::string& name) {
+  auto v = env_value(env, name);
+  if (!v) return std::nullopt;
+  long long n = parse_integer(*v, name);
+  if (n < 0 || n > 1 << 30) throw Error(name + "=" + *v + " is out of range");
+  return static_cast<int>(n);
+}
+
 std::atomic<bool>& failure_seen() {
   static std::atomic<bool> seen{false};
   return seen;

@@ -13,24 +13,9 @@ extern char** environ;
 namespace fsdpx {
 namespace {
 
-std::optional<std::string> get(const Environment& env, const std::string& name) {
-  auto it = env.find(name);
-  if (it == env.end() || it->second.empty()) return std::nullopt;
-  return it->second;
-}
-
-
-std::optional<int> get_int(const Environment& env, const std::string& name) {
-  auto v = get(env, name);
-  if (!v) return std::nullopt;
-  long long n = parse_integer(*v, name);
-  if (n < 0 || n > 1 << 30) throw Error(name + "=" + *v + " is out of range");
-  return static_cast<int>(n);
-}
-
 // Both or neither; returns whether both are set.
 bool pair(const Environment& env, const std::string& a, const std::string& b, const std::string& who) {
-  bool ha = get(env, a).has_value(), hb = get(env, b).has_value();
+  bool ha = env_value(env, a).has_value(), hb = env_value(env, b).has_value();
   if (ha != hb)
     throw Error((ha ? a : b) + " is set but " + (ha ? b : a) + " is not; " + who + " sets both");
   return ha;
@@ -56,8 +41,8 @@ void resolve_rank(const TopologyFlags& flags, const Environment& env, ResolvedTo
   // Each source's own consistency is checked only when that source decides.
   const bool by_flags = flags.rank || flags.world_size;
   const bool torchrun = !by_flags && pair(env, "RANK", "WORLD_SIZE", "torchrun");
-  const bool slurm = !by_flags && !torchrun && get(env, "SLURM_PROCID").has_value();
-  if (slurm && !get(env, "SLURM_NTASKS") && !get(env, "SLURM_NPROCS"))
+  const bool slurm = !by_flags && !torchrun && env_value(env, "SLURM_PROCID").has_value();
+  if (slurm && !env_value(env, "SLURM_NTASKS") && !env_value(env, "SLURM_NPROCS"))
     throw Error("SLURM_PROCID is set but SLURM_NTASKS is not; run the workers with srun");
   if (by_flags) {
     if (!flags.rank || !flags.world_size)
@@ -67,12 +52,12 @@ void resolve_rank(const TopologyFlags& flags, const Environment& env, ResolvedTo
     t.world_size = *flags.world_size;
     r.source = "flags";
   } else if (torchrun) {
-    t.rank = *get_int(env, "RANK");
-    t.world_size = *get_int(env, "WORLD_SIZE");
+    t.rank = *env_int(env, "RANK");
+    t.world_size = *env_int(env, "WORLD_SIZE");
     r.source = "torchrun";
   } else if (slurm) {
-    t.rank = *get_int(env, "SLURM_PROCID");
-    t.world_size = get(env, "SLURM_NTASKS") ? *get_int(env, "SLURM_NTASKS") : *get_int(env, "SLURM_NPROCS");
+    t.rank = *env_int(env, "SLURM_PROCID");
+    t.world_size = env_value(env, "SLURM_NTASKS") ? *env_int(env, "SLURM_NTASKS") : *env_int(env, "SLURM_NPROCS");
     r.source = "slurm";
   } else {
     r.source = "single process";
@@ -95,20 +80,20 @@ struct SlurmNode {
 
 SlurmNode slurm_node(const Environment& env) {
   SlurmNode s;
-  s.local = get_int(env, "SLURM_LOCALID");
-  s.node = get_int(env, "SLURM_NODEID");
-  s.nodes = get_int(env, "SLURM_NNODES");
+  s.local = env_int(env, "SLURM_LOCALID");
+  s.node = env_int(env, "SLURM_NODEID");
+  s.nodes = env_int(env, "SLURM_NNODES");
   // The step's nodes; the job's when there is no step.
   std::optional<std::string> list;
   for (const char* v : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})
-    if (!list) list = get(env, v);
+    if (!list) list = env_value(env, v);
   if (list) {
     s.hosts = expand_hostlist(*list);
     if (!s.nodes) s.nodes = static_cast<int>(s.hosts.size());
   }
-  if (auto per = get(env, "SLURM_NTASKS_PER_NODE")) {
+  if (auto per = env_value(env, "SLURM_NTASKS_PER_NODE")) {
     s.local_size = static_cast<int>(parse_integer(*per, "SLURM_NTASKS_PER_NODE"));
-  } else if (auto spec = get(env, "SLURM_TASKS_PER_NODE")) {
+  } else if (auto spec = env_value(env, "SLURM_TASKS_PER_NODE")) {
     auto counts = expand_tasks_per_node(*spec);
     const int node = s.node.value_or(0);
     if (node >= static_cast<int>(counts.size()))
@@ -130,7 +115,7 @@ void resolve_node(const TopologyFlags& flags, const Environment& env, const Slur
       origin = flag_name;
       return *flag;
     }
-    if (auto v = use_torchrun ? get_int(env, torch_var) : std::nullopt) {
+    if (auto v = use_torchrun ? env_int(env, torch_var) : std::nullopt) {
       origin = torch_var;
       return *v;
     }
@@ -166,7 +151,7 @@ void resolve_master(const TopologyFlags& flags, const Environment& env, const Sl
   Topology& t = r.topology;
   if (flags.master_addr) {
     t.master_addr = *flags.master_addr;
-  } else if (auto a = get(env, "MASTER_ADDR")) {
+  } else if (auto a = env_value(env, "MASTER_ADDR")) {
     t.master_addr = *a;
   } else if (r.source == "slurm" && !slurm.hosts.empty()) {
     t.master_addr = slurm.hosts.front();
@@ -175,11 +160,11 @@ void resolve_master(const TopologyFlags& flags, const Environment& env, const Sl
   }
   if (flags.master_port) {
     t.master_port = *flags.master_port;
-  } else if (auto p = get(env, "MASTER_PORT")) {
+  } else if (auto p = env_value(env, "MASTER_PORT")) {
     t.master_port = static_cast<int>(parse_integer(*p, "MASTER_PORT"));
-  } else if (r.source == "slurm" && get(env, "SLURM_JOB_ID")) {
-    auto step = get(env, "SLURM_STEP_ID");
-    t.master_port = slurm_master_port(parse_integer(*get(env, "SLURM_JOB_ID"), "SLURM_JOB_ID"),
+  } else if (r.source == "slurm" && env_value(env, "SLURM_JOB_ID")) {
+    auto step = env_value(env, "SLURM_STEP_ID");
+    t.master_port = slurm_master_port(parse_integer(*env_value(env, "SLURM_JOB_ID"), "SLURM_JOB_ID"),
                                       step ? parse_integer(*step, "SLURM_STEP_ID") : 0);
   } else if (r.source == "torchrun") {
     throw Error("RANK/WORLD_SIZE are set but MASTER_PORT is not; torchrun sets MASTER_ADDR and MASTER_PORT");

@@ -26,7 +26,7 @@ po::options_description TrainSettings::options() {
     ("min-lr-ratio", po::value<double>()->default_value(0.1, "0.1"), "cosine floor as a fraction of the peak lr")
     ("clip-grad-norm", po::value<double>()->default_value(0.0), "clip the global gradient norm to this (0: off)")
     ("eval-every", po::value<int64_t>()->default_value(0), "held-out evaluation every N steps (0: at the end only)")
-    ("peak-tflops", po::value<double>()->default_value(0.0), "per-rank peak for MFU (0: measure on CPU with a large matmul)")
+    ("peak-tflops", po::value<double>()->default_value(0.0), "per-rank peak for MFU (0: measured by a short matmul probe in the compute dtype)")
     ("overlap", po::value<int>()->default_value(1), "1: gather the next unit while this one computes; 0: no overlap")
     ("activation-checkpointing", po::value<std::string>()->default_value(""), "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")
     ("max-memory-mib", po::value<int64_t>()->default_value(0), "stop with an error when a rank's peak RSS in a step exceeds this many MiB (0: no limit)")

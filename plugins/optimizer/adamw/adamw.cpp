@@ -5,7 +5,6 @@
 // and step. One step is ATen's fused AdamW kernel over every shard at once (at::_fused_adamw_,
 // the kernel behind torch.optim.AdamW(fused=True), on the CPU and CUDA): one pass over memory
 // instead of a chain of tensor ops, each of which reads and writes every element.
-#include <cmath>
 #include <map>
 
 #include <ATen/ops/_fused_adamw.h>

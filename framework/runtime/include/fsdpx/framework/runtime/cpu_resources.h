@@ -10,7 +10,7 @@ namespace fsdpx {
 
 struct ThreadChoice {
   int threads = 1;  // intra-op threads per rank
-  std::string why;  // e.g. "2 CPUs in this process's affinity mask / 2 local ranks"
+  std::string why;  // e.g. "2 CPU(s) in the affinity mask / 2 local rank(s); OMP_NUM_THREADS overrides"
 };
 
 // Intra-op threads per rank: OMP_NUM_THREADS when the user set it; else SLURM_CPUS_PER_TASK
