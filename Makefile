@@ -36,12 +36,13 @@ demo: build  ## set up, build, and train gpt tiny on 2 CPU ranks (runs/demo: met
 test: build  ## set up, build, and run every test (ctest)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
-bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing
+bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing, fsdpx vs PyTorch FSDP2 (quick set)
 	$(BUILD)/bin/fsdpx-comm-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-engine-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-optim-bench --python $(PYTHON)
 	$(BUILD)/bin/fsdpx-ckpt-bench --nproc-per-node 2
 	bash benchmarks/activation_checkpointing.sh $(BUILD)
+	$(PYTHON) benchmarks/vs_fsdp2/compare.py --fsdpx-bin $(BUILD) --python $(PYTHON) --quick
 
 clean:  ## remove the build directory (the torch venv and ccache stay)
 	rm -rf $(BUILD)

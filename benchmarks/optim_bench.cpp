@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
     const std::vector<Case> cases = {
         {"adamw (fp32 shard, fp32 moments)", "adamw", {}, at::kFloat},
         {"anyprecision_adamw (fp32 shard, fp32 m, bf16 v)", "anyprecision_adamw", {}, at::kFloat},
+        {"anyprecision_adamw (fp32 shard, bf16 m, bf16 v)", "anyprecision_adamw", {{"momentum_dtype", "bf16"}}, at::kFloat},
         {"anyprecision_adamw (bf16 shard, Kahan)", "anyprecision_adamw", {{"use_kahan_summation", "true"}}, at::kBFloat16},
         {"sgd (momentum 0.9)", "sgd", {{"momentum", "0.9"}}, at::kFloat}};
     std::printf("fsdpx-optim-bench: one shard of %lld elements, %d threads\n", static_cast<long long>(n),

@@ -3,7 +3,10 @@
 #include <cstdio>
 #include <iostream>
 
+#include <ATen/Parallel.h>
+
 #include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/cpu_resources.h"
 #include "fsdpx/framework/runtime/launcher.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
 
@@ -39,6 +42,9 @@ std::unique_ptr<PluginHost> default_plugins() {
 std::shared_ptr<ProcessGroups> join_world(std::chrono::milliseconds rendezvous, std::chrono::milliseconds collectives) {
   RuntimeOptions ro;
   ro.topology = resolve_topology({}, process_environment()).topology;
+  // The trainer's threads per rank (its share of the cores), so that ranks of one node do not
+  // oversubscribe them.
+  at::set_num_threads(choose_threads(process_environment(), ro.topology.local_world_size, affinity_cpus()).threads);
   ro.rendezvous_timeout = rendezvous;
   ro.collective_timeout = collectives;
   return ProcessGroups::create(ro);

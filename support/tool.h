@@ -28,7 +28,7 @@ int main(int argc, char** argv, const std::string& name, po::options_description
 std::unique_ptr<PluginHost> default_plugins();
 
 // Rendezvous of the ranks the environment describes (torchrun's variables, the launcher's or
-// Slurm's), with the given timeouts.
+// Slurm's), with the given timeouts; sets the intra-op threads as the trainer does (its share of the cores).
 std::shared_ptr<ProcessGroups> join_world(std::chrono::milliseconds rendezvous = std::chrono::seconds(60),
                                           std::chrono::milliseconds collectives = std::chrono::seconds(300));
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 
+#include <ATen/ops/arange.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -233,23 +234,56 @@ TEST(Safetensors, HostileHeadersAreRefused) {
   EXPECT_NE(error_of([&] { r.read_rows("nope", 0, 1); }).find("has no tensor 'nope'"), std::string::npos);
 }
 
-// The digest adds up over any split of the rows.
+// The digest adds up over any split of the rows, with XXH3 rows (what fsdpx writes) and with
+// FNV-1a rows (what older checkpoints hold); each kind is told by its recorded form.
 TEST(Safetensors, RowDigestIsIndependentOfTheSplit) {
   std::vector<char> bytes(10 * 12);
   for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7 + 3);
-  fsdpx::RowDigest whole, a, b, c;
-  whole.add_rows(bytes.data(), 0, 10, 12);
-  a.add_rows(bytes.data(), 0, 3, 12);
-  b.add_rows(bytes.data() + 36, 3, 4, 12);
-  c.add_rows(bytes.data() + 84, 7, 3, 12);
-  a.add(b);
-  a.add(c);
-  EXPECT_EQ(whole.hex(), a.hex());
-  fsdpx::RowDigest swapped;  // the same rows in another order are another tensor
-  swapped.add_rows(bytes.data() + 12, 0, 1, 12);
-  swapped.add_rows(bytes.data(), 1, 1, 12);
-  swapped.add_rows(bytes.data() + 24, 2, 8, 12);
-  EXPECT_NE(whole.hex(), swapped.hex());
+  for (auto kind : {fsdpx::DigestKind::Xxh3, fsdpx::DigestKind::Fnv1a}) {
+    SCOPED_TRACE(kind == fsdpx::DigestKind::Xxh3 ? "xxh3" : "fnv1a");
+    fsdpx::RowDigest whole, a, b, c, swapped;
+    for (auto* d : {&whole, &a, &b, &c, &swapped}) d->kind = kind;
+    whole.add_rows(bytes.data(), 0, 10, 12);
+    a.add_rows(bytes.data(), 0, 3, 12);
+    b.add_rows(bytes.data() + 36, 3, 4, 12);
+    c.add_rows(bytes.data() + 84, 7, 3, 12);
+    a.add(b);
+    a.add(c);
+    EXPECT_EQ(whole.hex(), a.hex());
+    EXPECT_EQ(fsdpx::RowDigest::kind_of(whole.hex()), kind);
+    swapped.add_rows(bytes.data() + 12, 0, 1, 12);  // the same rows in another order are another tensor
+    swapped.add_rows(bytes.data(), 1, 1, 12);
+    swapped.add_rows(bytes.data() + 24, 2, 8, 12);
+    EXPECT_NE(whole.hex(), swapped.hex());
+  }
+  fsdpx::RowDigest x, f;
+  f.kind = fsdpx::DigestKind::Fnv1a;
+  x.add_rows(bytes.data(), 0, 10, 12);
+  f.add_rows(bytes.data(), 0, 10, 12);
+  EXPECT_EQ(x.hex().rfind("xxh3:", 0), 0u) << x.hex();
+  EXPECT_EQ(f.hex().size(), 16u) << f.hex();
+}
+
+// A consolidated checkpoint whose digests.json holds FNV-1a digests (written before XXH3)
+// verifies, and a wrong one of that kind is still caught.
+TEST(Safetensors, OlderFnvDigestsStillVerify) {
+  TempDir dir;
+  at::Tensor w = at::arange(24, at::kFloat).reshape({6, 4});
+  {
+    fsdpx::SafetensorsWriter out((dir.path() / "model.safetensors").string(), {{"w", at::kFloat, {6, 4}}}, {});
+    out.write(w);
+    out.close();
+  }
+  fsdpx::RowDigest fnv;
+  fnv.kind = fsdpx::DigestKind::Fnv1a;
+  fnv.add_rows(static_cast<const char*>(w.data_ptr()), 0, 6, 16);
+  auto write_digests = [&](const std::string& d) { std::ofstream(dir.path() / "digests.json") << nlohmann::json{{"w", d}}.dump(); };
+  write_digests(fnv.hex());
+  EXPECT_EQ(fsdpx::verify_checkpoint(dir.path().string()), 1);
+  std::string wrong = fnv.hex();
+  wrong[0] = wrong[0] == '0' ? '1' : '0';
+  write_digests(wrong);
+  EXPECT_NE(error_of([&] { fsdpx::verify_checkpoint(dir.path().string()); }).find("does not match its digest"), std::string::npos);
 }
 
 // --save-every with --keep-last: the newest K stay; fsdpx-ckpt inspect tells what one holds.

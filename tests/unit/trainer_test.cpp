@@ -236,3 +236,46 @@ TEST(Trainer, RankZeroFailuresEndEveryRank) {
     }
   }
 }
+
+namespace {
+std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  EXPECT_TRUE(in.good()) << p;
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+// --save-init writes the weights a run starts from; --init-from starts another run from them,
+// whatever its seed: the weights it starts from (written again) are the same bytes, and a
+// model the file does not fit is refused naming the tensor.
+TEST(Trainer, InitFromStartsFromSavedWeights) {
+  TempDir dir;
+  const std::string base = train_cmd() + " --nproc-per-node 2 --steps 1 --optimizer.name sgd ";
+  const auto d = dir.path();
+  ASSERT_EQ(run_command(base + "--seed 0 --save-init " + (d / "seed0").string()).exit_code, 0);
+  auto r = run_command(base + "--seed 5 --init-from " + (d / "seed0").string() + " --save-init " + (d / "from0").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("initial weights from " + (d / "seed0").string()), std::string::npos) << r.out;
+  ASSERT_EQ(run_command(base + "--seed 5 --save-init " + (d / "seed5").string()).exit_code, 0);
+  const std::string w0 = file_bytes(d / "seed0" / "model.safetensors");
+  EXPECT_EQ(file_bytes(d / "from0" / "model.safetensors"), w0);
+  EXPECT_NE(file_bytes(d / "seed5" / "model.safetensors"), w0);  // the seed alone gives other weights
+
+  const std::string from = " --init-from " + (d / "seed0").string();
+  const std::map<std::string, std::string> refused = {
+      {"--model.layers 1", "the file holds tensor 'layers.1.attention.wk', which is not a parameter of this model; did you "
+                           "mean 'layers.0.attention.wk'?"},
+      {"--model.layers 3", "model.safetensors has no tensor 'layers.2.attention_norm.weight'"},
+      {"--model.dim 32", "tensor 'tok_embeddings' has shape [256, 64], the run's is [256, 32]"},
+      {"--seed 1", "--init-from /nonexistent/w: no such file"},
+      {"--out " + (d / "seed0" / "run").string(), "is inside --save-init " + (d / "seed0").string()}};
+  for (const auto& [args, expect] : refused) {
+    SCOPED_TRACE(args);
+    const std::string tail = args == "--seed 1"            ? " --init-from /nonexistent/w"
+                             : args.rfind("--out", 0) == 0 ? " --save-init " + (d / "seed0").string()
+                                                           : from;
+    auto bad = run_command(base + args + tail);
+    EXPECT_NE(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find(expect), std::string::npos) << bad.err;
+  }
+}

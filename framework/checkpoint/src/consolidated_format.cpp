@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -11,6 +12,7 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
+#include "fsdpx/framework/base/suggest.h"
 #include "format_support.h"
 
 namespace fs = std::filesystem;
@@ -103,13 +105,16 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
         throw Error(p.string() + " has no tensor '" + t.name + "'; was it saved from another model?");
       }
       const SafetensorsEntry& e = r.entry(t.name);
+      if (want.contains(t.name) && want[t.name].is_string()) digests[i].kind = RowDigest::kind_of(want[t.name].get<std::string>());
       if (e.shape != t.global_shape)
         throw Error(p.string() + ": tensor '" + t.name + "' has shape " + shape_text(e.shape) + ", the run's is " + shape_text(t.global_shape));
       const int64_t n = rows_of(t.local);
       if (n == 0) continue;
-      std::vector<char> bytes = r.read_rows(t.name, t.row_offset, n);
-      if (owns(t, ctx)) digests[i].add_rows(bytes.data(), t.row_offset, n, e.row_bytes());
-      t.local.copy_(bytes_to_tensor(bytes, e.shape, n, e.scalar_type).reshape(t.local.sizes()));
+      at::Tensor into = receiving_tensor(t.local, e.scalar_type);
+      char* bytes = static_cast<char*>(into.data_ptr());
+      r.read_rows_into(t.name, t.row_offset, n, bytes);
+      if (owns(t, ctx)) digests[i].add_rows(bytes, t.row_offset, n, e.row_bytes());
+      finish_load(t.local, into);
     }
   }, &digests);
   check_digests(dir, st, digests,
@@ -117,6 +122,31 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
                   return want.contains(name) && want[name].is_string() ? want[name].get<std::string>() : std::string();
                 },
                 "digests.json", "the file is corrupted");
+}
+
+void load_initial_weights(const std::string& path, CheckpointState& st, const CheckpointContext& ctx) {
+  fs::path p(path);
+  if (fs::is_directory(p)) p /= "model.safetensors";
+  std::string error;
+  try {
+    if (!fs::is_regular_file(p))
+      throw Error("--init-from " + path + ": no such file; give a safetensors file, or a directory holding model.safetensors "
+                  "(a consolidated checkpoint, or what --save-init wrote)");
+    std::set<std::string> wanted;
+    for (const TensorShard& t : st.tensors) wanted.insert(t.name);
+    const SafetensorsReader file(p.string());
+    for (const auto& [name, entry] : file.entries())
+      if (name.rfind(kOptimPrefix, 0) != 0 && !wanted.count(name))
+        throw Error("--init-from " + p.string() + ": the file holds tensor '" + name + "', which is not a parameter of this "
+                    "model" + did_you_mean(name, std::vector<std::string>(wanted.begin(), wanted.end())) +
+                    " (was it saved from another model or size?)");
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::vector<int64_t> failed{error.empty() ? 0 : 1};
+  ctx.all_sum(failed);  // every rank stops together: the file may look different from another rank
+  if (failed[0] > 0) throw Error(error.empty() ? "--init-from " + path + ": another rank could not read it" : error);
+  load_consolidated(p.string(), st, ctx);
 }
 
 }  // namespace fsdpx

@@ -98,7 +98,8 @@ void agree(const CheckpointContext& ctx, const std::string& what, const std::fun
   if (digests)
     for (size_t i = 0; i < digests->size(); ++i) {
       const size_t at = static_cast<size_t>(ctx.world_size) + 2 * i;
-      (*digests)[i] = RowDigest{sums[at], sums[at + 1]};
+      (*digests)[i].lo = sums[at];  // the kind stays the one the load chose
+      (*digests)[i].hi = sums[at + 1];
     }
 }
 
@@ -121,6 +122,15 @@ at::Tensor bytes_to_tensor(std::vector<char>& bytes, const std::vector<int64_t>&
   std::vector<int64_t> s = shape.empty() ? std::vector<int64_t>{} : shape;
   if (!s.empty()) s[0] = rows;
   return at::from_blob(bytes.data(), s, at::TensorOptions().dtype(t)).clone();
+}
+
+at::Tensor receiving_tensor(const at::Tensor& local, c10::ScalarType saved) {
+  if (local.scalar_type() == saved && local.is_contiguous()) return local;
+  return at::empty(local.sizes(), local.options().dtype(saved).memory_format(at::MemoryFormat::Contiguous));
+}
+
+void finish_load(at::Tensor& local, const at::Tensor& received) {
+  if (!received.is_same(local)) local.copy_(received);  // casts when the run stores another dtype
 }
 
 std::string shape_text(const std::vector<int64_t>& s) { return c10::str(at::IntArrayRef(s)); }
@@ -187,9 +197,15 @@ std::vector<Piece> pieces_of(const json& entry, const std::string& where) {
 // header against the index. Adds the bytes to `digest` when `count_digest`.
 std::vector<char> read_tensor_rows(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
                                    c10::ScalarType dtype, int64_t first, int64_t count, RowDigest* digest) {
+  std::vector<char> out(static_cast<size_t>(count * row_bytes_of(shape, dtype)));
+  read_tensor_rows_into(files, name, entry, shape, dtype, first, count, out.data(), digest);
+  return out;
+}
+
+void read_tensor_rows_into(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
+                           c10::ScalarType dtype, int64_t first, int64_t count, char* out, RowDigest* digest) {
   const std::string where = "tensor '" + name + "'";
   const int64_t rb = row_bytes_of(shape, dtype);
-  std::vector<char> out(static_cast<size_t>(count * rb));
   int64_t covered = 0;
   for (const Piece& p : pieces_of(entry, where)) {
     const int64_t lo = std::max(first, p.offset), hi = std::min(first + count, p.offset + p.rows);
@@ -201,15 +217,14 @@ std::vector<char> read_tensor_rows(Files& files, const std::string& name, const 
     if (e.scalar_type != dtype || e.shape != piece_shape)
       throw Error(r.path() + ": " + where + " is " + e.dtype + " " + shape_text(e.shape) + ", the index says " +
                   safetensors_dtype(dtype) + " " + shape_text(piece_shape));
-    std::vector<char> bytes = r.read_rows(name, lo - p.offset, hi - lo);
-    if (digest) digest->add_rows(bytes.data(), lo, hi - lo, rb);
-    std::memcpy(out.data() + (lo - first) * rb, bytes.data(), bytes.size());
+    char* dst = out + (lo - first) * rb;
+    r.read_rows_into(name, lo - p.offset, hi - lo, dst);
+    if (digest) digest->add_rows(dst, lo, hi - lo, rb);
     covered += hi - lo;
   }
   if (covered != count)
     throw Error(where + ": the checkpoint's pieces cover " + std::to_string(covered) + " of rows " + std::to_string(first) + ".." +
                 std::to_string(first + count) + " (the index is damaged)");
-  return out;
 }
 
 }  // namespace fsdpx::ckpt

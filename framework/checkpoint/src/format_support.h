@@ -53,6 +53,10 @@ void check_digests(const std::string& dir, const CheckpointState& st, const std:
                    const std::function<std::string(const std::string&)>& recorded, const char* source, const char* damage);
 
 at::Tensor bytes_to_tensor(std::vector<char>& bytes, const std::vector<int64_t>& shape, int64_t rows, c10::ScalarType t);
+// Where a load reads `local`'s rows saved as `saved`: `local` itself when it is contiguous and of
+// that dtype (no copy), else a new tensor that finish_load then casts into `local`.
+at::Tensor receiving_tensor(const at::Tensor& local, c10::ScalarType saved);
+void finish_load(at::Tensor& local, const at::Tensor& received);
 std::string shape_text(const std::vector<int64_t>& s);
 
 // A sharded checkpoint's index.json, checked for format and version.
@@ -85,5 +89,8 @@ std::vector<Piece> pieces_of(const json& entry, const std::string& where);
 // header against the index. Adds the bytes to `digest` when given.
 std::vector<char> read_tensor_rows(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
                                    c10::ScalarType dtype, int64_t first, int64_t count, RowDigest* digest);
+// The same into `out` (count rows of `shape` in `dtype`).
+void read_tensor_rows_into(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
+                           c10::ScalarType dtype, int64_t first, int64_t count, char* out, RowDigest* digest);
 
 }  // namespace fsdpx::ckpt

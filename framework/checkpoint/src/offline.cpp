@@ -80,6 +80,7 @@ int64_t verify_checkpoint(const std::string& path) {
       const int64_t rb = row_bytes_of(t.shape, dt), rows = rows_of(t.shape);
       const int64_t step = std::max<int64_t>(1, kChunk / std::max<int64_t>(rb, 1));
       RowDigest d;
+      d.kind = RowDigest::kind_of(t.digest);
       for (int64_t first = 0; first < rows; first += step)
         read_tensor_rows(files, t.name, e, t.shape, dt, first, std::min(step, rows - first), &d);
       if (d.hex() != t.digest)
@@ -99,6 +100,7 @@ int64_t verify_checkpoint(const std::string& path) {
     const int64_t rb = e.row_bytes(), rows = e.rows();
     const int64_t step = std::max<int64_t>(1, kChunk / std::max<int64_t>(rb, 1));
     RowDigest d;
+    d.kind = RowDigest::kind_of(t.digest);
     for (int64_t first = 0; first < rows; first += step) {
       const int64_t n = std::min(step, rows - first);
       std::vector<char> bytes = r.read_rows(t.name, first, n);
@@ -127,6 +129,7 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out, bool
   for (const auto& s : specs) {
     const json& e = ix.j["tensors"][s.name];
     RowDigest d;
+    d.kind = RowDigest::kind_of(e.value("digest", ""));
     std::vector<char> bytes = read_tensor_rows(files, s.name, e, s.shape, s.dtype, 0, rows_of(s.shape), &d);
     if (d.hex() != e.value("digest", ""))
       throw Error(dir + ": tensor '" + s.name + "' does not match its digest; not consolidating a corrupted checkpoint");

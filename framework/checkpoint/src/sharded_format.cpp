@@ -77,7 +77,7 @@ json assemble_index(const std::string& dir, const fs::path& tmp, const Checkpoin
       if (e["dtype"] != p["dtype"] || e["shape"] != p["shape"])
         throw Error("checkpoint " + dir + ": ranks disagree on the dtype or shape of '" + it.key() + "'");
       e["pieces"].push_back({{"file", f}, {"row_offset", p["row_offset"]}, {"rows", p["rows"]}});
-      digests[it.key()].add(RowDigest{p["lo"].get<int64_t>(), p["hi"].get<int64_t>()});
+      digests[it.key()].add(RowDigest{p["lo"].get<int64_t>(), p["hi"].get<int64_t>(), DigestKind::Xxh3});
     }
     fs::remove(js);
   }
@@ -143,6 +143,7 @@ void load_sharded(const std::string& dir, CheckpointState& st, const CheckpointC
         throw Error("checkpoint " + dir + " has no tensor '" + t.name +
                     "'; was it saved from another model, optimizer or precision? (fsdpx-ckpt inspect lists what it holds)");
       const json& e = tensors[t.name];
+      digests[i].kind = RowDigest::kind_of(e.value("digest", ""));
       const std::string where = "checkpoint " + dir + ": tensor '" + t.name + "'";
       const std::vector<int64_t> shape = json_shape(e.value("shape", json()), where);
       if (shape != t.global_shape)
@@ -155,10 +156,10 @@ void load_sharded(const std::string& dir, CheckpointState& st, const CheckpointC
       }
       const int64_t n = rows_of(t.local);
       if (n == 0) continue;
-      std::vector<char> bytes =
-          read_tensor_rows(files, t.name, e, shape, saved, t.row_offset, n, owns(t, ctx) ? &digests[i] : nullptr);
-      at::Tensor src = bytes_to_tensor(bytes, shape, n, saved);
-      t.local.copy_(src.reshape(t.local.sizes()));  // casts when the run stores another dtype
+      at::Tensor into = receiving_tensor(t.local, saved);
+      read_tensor_rows_into(files, t.name, e, shape, saved, t.row_offset, n, static_cast<char*>(into.data_ptr()),
+                            owns(t, ctx) ? &digests[i] : nullptr);
+      finish_load(t.local, into);
     }
   }, &digests);
   check_digests(dir, st, digests, [&](const std::string& name) { return ix.j["tensors"][name].value("digest", "?"); },

@@ -31,23 +31,43 @@ int64_t row_elements(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& optimizer, bool for_load) {
-  at::NoGradGuard no_grad;
+namespace {
+
+std::map<std::string, std::vector<int64_t>> plan_shapes(const ShardingEngine& engine) {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& u : engine.plan().units)
     for (size_t i = 0; i < u.names.size(); ++i) shapes[u.names[i]] = u.shapes[i];
+  return shapes;
+}
+
+// A parameter's real rows on this rank, as a view of its shard.
+TensorShard param_rows(const ParamShard& p, const std::vector<int64_t>& shape, int shard_rank) {
+  const int64_t d0 = rows_of(shape), rps = rows_of(p.param);
+  const int64_t offset = shard_rank * rps, valid = std::clamp<int64_t>(d0 - offset, 0, rps);
+  at::Tensor param = p.param.detach();
+  at::Tensor local = shape.empty() ? (shard_rank == 0 ? param.reshape({}) : param.narrow(0, 0, 0)) : param.narrow(0, 0, valid);
+  return {p.name, local, shape, offset};
+}
+
+const std::vector<int64_t>& shape_of(const std::map<std::string, std::vector<int64_t>>& shapes, const std::string& name) {
+  auto it = shapes.find(name);
+  if (it == shapes.end()) throw Error("checkpoint: parameter '" + name + "' is not in the engine's plan (a bug)");
+  return it->second;
+}
+
+}  // namespace
+
+CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& optimizer, bool for_load) {
+  at::NoGradGuard no_grad;
+  const auto shapes = plan_shapes(engine);
   CheckpointState st;
   const int sr = engine.shard_rank();
   for (const ParamShard& p : engine.shards()) {
-    auto it = shapes.find(p.name);
-    if (it == shapes.end()) throw Error("checkpoint: parameter '" + p.name + "' is not in the engine's plan (a bug)");
-    const std::vector<int64_t>& shape = it->second;
-    const int64_t d0 = rows_of(shape), rps = rows_of(p.param);
-    const int64_t offset = sr * rps, valid = std::clamp<int64_t>(d0 - offset, 0, rps);
-    at::Tensor param = p.param.detach();
-    at::Tensor local = shape.empty() ? (sr == 0 ? param.reshape({}) : param.narrow(0, 0, 0)) : param.narrow(0, 0, valid);
-    st.tensors.push_back({p.name, local, shape, offset});
+    const std::vector<int64_t>& shape = shape_of(shapes, p.name);
+    st.tensors.push_back(param_rows(p, shape, sr));
     if (!p.param.requires_grad()) continue;  // frozen: no optimizer state
+    const int64_t d0 = rows_of(shape), rps = rows_of(p.param);
+    const int64_t offset = st.tensors.back().row_offset, valid = rows_of(st.tensors.back().local);
     for (const auto& [key, t] : optimizer.state(p.name)) {
       at::Tensor c = for_load ? t.detach().clone() : t.detach();
       if (t.dim() > 0 && t.size(0) == rps && !shape.empty()) {
@@ -59,6 +79,14 @@ CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& 
       }
     }
   }
+  return st;
+}
+
+CheckpointState weights_state(const ShardingEngine& engine) {
+  at::NoGradGuard no_grad;
+  const auto shapes = plan_shapes(engine);
+  CheckpointState st;
+  for (const ParamShard& p : engine.shards()) st.tensors.push_back(param_rows(p, shape_of(shapes, p.name), engine.shard_rank()));
   return st;
 }
 
@@ -89,11 +117,22 @@ CheckpointContext checkpoint_context(const ProcessGroups& groups, const Sharding
     int64_t most = 0;
     for (int r = 0; r < W; ++r) most = std::max(most, metas[2 * r + 1].item<int64_t>());
     const int64_t row = row_elements(shape);
-    at::Tensor mine = at::zeros({most * row}, local.options());
-    if (local.numel() > 0) mine.narrow(0, 0, local.numel()).copy_(local.reshape({-1}));
+    at::Tensor mine = local.reshape({-1});  // a full share goes as it is; a short one is padded
+    if (local.numel() != most * row) {
+      mine = at::zeros({most * row}, local.options());
+      if (local.numel() > 0) mine.narrow(0, 0, local.numel()).copy_(local.reshape({-1}));
+    }
     at::Tensor all = at::empty({W * most * row}, local.options());
     world->all_gather(all, mine).wait();
     if (world->rank() != 0) return at::Tensor();
+    // When rank r holds rows [r * most, r * most + most) (a short share only at the end), the
+    // gathered buffer already is the tensor.
+    bool in_rank_order = true;
+    for (int r = 0; r < W; ++r) {
+      const int64_t off = metas[2 * r].item<int64_t>(), n = metas[2 * r + 1].item<int64_t>();
+      in_rank_order = in_rank_order && (n == 0 || off == r * most) && (n == most || off + n == rows_of(shape) || n == 0);
+    }
+    if (in_rank_order && rows_of(shape) <= W * most) return all.narrow(0, 0, rows_of(shape) * row).reshape(shape);
     at::Tensor full = at::empty({rows_of(shape) * row}, local.options());
     for (int r = 0; r < W; ++r) {
       const int64_t off = metas[2 * r].item<int64_t>(), n = metas[2 * r + 1].item<int64_t>();

@@ -1,5 +1,6 @@
 #include "fsdpx/framework/trainer/train_settings.h"
 
+#include <filesystem>
 #include <sstream>
 
 #include <boost/program_options.hpp>
@@ -11,6 +12,32 @@
 namespace po = boost::program_options;
 
 namespace fsdpx {
+
+namespace {
+
+// --save-init replaces DIR as a whole (written aside, then renamed): refuse a DIR that holds
+// anything else, the run directory included.
+void check_save_init(const std::string& save_init, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  if (save_init.empty()) return;
+  const fs::path dir = fs::absolute(save_init).lexically_normal();
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw Error("--save-init " + save_init + " is a file; give a directory (it receives model.safetensors and digests.json)");
+  if (fs::is_directory(dir, ec))
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name != "model.safetensors" && name != "digests.json")
+        throw Error("--save-init " + save_init + " holds '" + name + "', and the save replaces the whole directory; give a new "
+                    "or empty directory");
+    }
+  if (out_dir.empty()) return;
+  const std::string out = fs::absolute(out_dir).lexically_normal().string() + "/", d = dir.string() + "/";
+  if (out.rfind(d, 0) == 0)
+    throw Error("--out " + out_dir + " is inside --save-init " + save_init + ", which the save replaces as a whole; put them side by side");
+}
+
+}  // namespace
 
 po::options_description TrainSettings::options() {
   po::options_description d("Training (fsdpx-train's own options; also top-level keys of --config)");
@@ -32,7 +59,9 @@ po::options_description TrainSettings::options() {
     ("max-memory-mib", po::value<int64_t>()->default_value(0), "stop with an error when a rank's peak RSS in a step exceeds this many MiB (0: no limit)")
     ("save-every", po::value<int64_t>()->default_value(0), "checkpoint every N steps (0: at the end only); needs [checkpoint]")
     ("keep-last", po::value<int64_t>()->default_value(0), "keep the newest K checkpoints (0: all)")
-    ("resume", po::value<std::string>()->default_value(""), "auto (newest complete checkpoint under OUT/checkpoints) or a checkpoint directory");
+    ("resume", po::value<std::string>()->default_value(""), "auto (newest complete checkpoint under OUT/checkpoints) or a checkpoint directory")
+    ("init-from", po::value<std::string>()->default_value(""), "initial weights from a safetensors file of whole tensors under the model's names, or a directory holding model.safetensors (a consolidated checkpoint, or --save-init's)")
+    ("save-init", po::value<std::string>()->default_value(""), "write the initial weights, whole, to DIR/model.safetensors (with digests.json) before the first step");
   return d;
 }
 
@@ -54,6 +83,8 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
   s.save_every = vm["save-every"].as<int64_t>();
   s.keep_last = vm["keep-last"].as<int64_t>();
   s.resume = vm["resume"].as<std::string>();
+  s.init_from = vm["init-from"].as<std::string>();
+  s.save_init = vm["save-init"].as<std::string>();
   {
     std::string types = vm["activation-checkpointing"].as<std::string>(), item;
     std::istringstream in(types);
@@ -87,6 +118,7 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
   s.overlap = overlap == 1;
   // The schedule's own checks (kind, warm-up within the run, floor in [0, 1]).
   LrSchedule::parse(s.lr_schedule, 1.0, s.warmup_steps, s.steps, s.min_lr_ratio);
+  check_save_init(s.save_init, s.out_dir);
   if (s.resume == "auto" && s.out_dir.empty())
     throw Error("--resume auto looks for checkpoints under --out DIR, and no --out was given; give --out or a checkpoint path");
   return s;
@@ -105,6 +137,7 @@ std::string TrainSettings::to_ini() const {
     o << "\n";
   }
   if (!out_dir.empty()) o << "out=" << out_dir << "\n";
+  if (!init_from.empty()) o << "init-from=" << init_from << "\n";
   return o.str();
 }
 

@@ -116,6 +116,7 @@ class Trainer {
     plan();
     build();
     open_run_directory();
+    initial_weights();
     restore();
     on_rank_zero(world(), [&] { run_dir_.open_metrics(start_step_); });
     measure_peak();
@@ -184,6 +185,24 @@ class Trainer {
 
   void open_run_directory() {
     on_rank_zero(world(), [&] { run_dir_.create(s_.to_ini() + "\n" + config_.to_ini(), world_, plan_json(plan_).dump(2)); });
+  }
+
+  // --init-from replaces the seeded initialisation (a checkpoint to resume from replaces both);
+  // --save-init writes what the run starts from.
+  void initial_weights() {
+    if (s_.init_from.empty() && s_.save_init.empty()) return;
+    CheckpointState st = weights_state(*engine_);
+    const CheckpointContext ctx = checkpoint_context(*groups_, *engine_);
+    if (!s_.init_from.empty()) {
+      load_initial_weights(s_.init_from, st, ctx);
+      if (writer()) std::printf("initial weights from %s\n", s_.init_from.c_str());
+    }
+    if (!s_.save_init.empty()) {
+      std::filesystem::path dir = std::filesystem::absolute(s_.save_init).lexically_normal();
+      if (dir.filename().empty()) dir = dir.parent_path();  // "DIR/"
+      save_consolidated(dir.string(), st, ctx, /*with_optimizer=*/false);
+      if (writer()) std::printf("initial weights written to %s/model.safetensors\n", s_.save_init.c_str());
+    }
   }
 
   // --resume: the named checkpoint, or the newest under OUT/checkpoints.

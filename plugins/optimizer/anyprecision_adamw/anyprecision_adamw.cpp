@@ -8,6 +8,9 @@
 //   without Kahan: p -= step * m / denom
 //   with Kahan:    c -= step * m / denom ; old = p ; p += c ; c += old - p
 //                  (the compensated update goes into p; what rounding kept out stays in c)
+// On the CPU one step is a single vectorised pass over each shard (update_kernel.h), computing in
+// fp32 (fp64 when a tensor is fp64) and rounding into each tensor's dtype once; elsewhere (CUDA)
+// it is the chain of tensor ops below, each of which rounds into the state dtypes.
 #include <cmath>
 #include <map>
 
@@ -16,6 +19,8 @@
 #include <fsdpx/error.h>
 #include <fsdpx/optimizer.h>
 #include <fsdpx/plugin.h>
+
+#include "update_kernel.h"
 
 namespace {
 
@@ -60,22 +65,14 @@ class AnyPrecisionAdamW final : public fsdpx::Optimizer {
     for (auto& p : params_) {
       if (!p.param.requires_grad() || !p.param.grad().defined()) continue;
       State& s = state_.at(p.name);
-      const at::Tensor& g = p.param.grad();
       s.step += 1;
-      if (c_.wd != 0) p.param.mul_(1.0 - lr * c_.wd);
-      s.exp_avg.mul_(c_.b1).add_(g, 1.0 - c_.b1);
-      s.exp_avg_sq.mul_(c_.b2).addcmul_(g, g, 1.0 - c_.b2);
-      const double step_size = lr / (1.0 - std::pow(c_.b1, static_cast<double>(s.step)));
-      const double denom_correction = std::sqrt(1.0 - std::pow(c_.b2, static_cast<double>(s.step)));
-      at::Tensor denom = (s.exp_avg_sq.sqrt() / denom_correction).add_(c_.eps);
-      if (c_.kahan) {
-        s.compensation.addcdiv_(s.exp_avg, denom, -step_size);
-        at::Tensor old = p.param.clone();
-        p.param.add_(s.compensation);
-        s.compensation.add_(old.sub_(p.param));
-      } else {
-        p.param.addcdiv_(s.exp_avg, denom, -step_size);
-      }
+      const double t = static_cast<double>(s.step);
+      const fsdpx_anyprecision::StepConstants k{1.0 - lr * c_.wd, c_.b1, c_.b2, c_.eps,
+                                                lr / (1.0 - std::pow(c_.b1, t)), std::sqrt(1.0 - std::pow(c_.b2, t))};
+      if (fsdpx_anyprecision::fused_update_applies(p.param, p.param.grad(), s.exp_avg, s.exp_avg_sq, s.compensation))
+        fsdpx_anyprecision::update_in_place(p.param, p.param.grad(), s.exp_avg, s.exp_avg_sq, s.compensation, k);
+      else
+        step_with_tensor_ops(p.param, s, k);
     }
   }
 
@@ -104,6 +101,22 @@ class AnyPrecisionAdamW final : public fsdpx::Optimizer {
   }
 
  private:
+  void step_with_tensor_ops(at::Tensor& param, State& s, const fsdpx_anyprecision::StepConstants& k) const {
+    const at::Tensor& g = param.grad();
+    if (c_.wd != 0) param.mul_(k.decay);
+    s.exp_avg.mul_(c_.b1).add_(g, 1.0 - c_.b1);
+    s.exp_avg_sq.mul_(c_.b2).addcmul_(g, g, 1.0 - c_.b2);
+    at::Tensor denom = (s.exp_avg_sq.sqrt() / k.bc2_sqrt).add_(c_.eps);
+    if (c_.kahan) {
+      s.compensation.addcdiv_(s.exp_avg, denom, -k.step_size);
+      at::Tensor old = param.clone();
+      param.add_(s.compensation);
+      s.compensation.add_(old.sub_(param));
+    } else {
+      param.addcdiv_(s.exp_avg, denom, -k.step_size);
+    }
+  }
+
   Config c_;
   std::vector<fsdpx::ParamShard> params_;
   std::map<std::string, State> state_;

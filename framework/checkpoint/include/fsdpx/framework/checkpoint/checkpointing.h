@@ -3,7 +3,7 @@
 //
 // Sharded format, a directory step-NNNNNNNN/:
 //   index.json             {"format": "fsdpx-sharded", "version": 1, "step", "world_size",
-//                           "tensors": {name: {"dtype", "shape", "digest",
+//                           "tensors": {name: {"dtype", "shape", "digest" (RowDigest::hex),
 //                                             "pieces": [{"file", "row_offset", "rows"}]}},
 //                           "files": {file: bytes}}
 //   rank-RRRRR.safetensors the rows rank R held, one entry per tensor it wrote
@@ -82,5 +82,13 @@ FSDPX_API void consolidate_checkpoint(const std::string& dir, const std::string&
 FSDPX_API void save_consolidated(const std::string& dir, const CheckpointState& state, const CheckpointContext& ctx,
                                  bool with_optimizer);
 FSDPX_API void load_consolidated(const std::string& dir, CheckpointState& state, const CheckpointContext& ctx);
+
+// Initial weights (fsdpx-train --init-from): `path` is a safetensors file of whole tensors under
+// the model's names, or a directory holding model.safetensors (a consolidated checkpoint, or
+// what --save-init wrote). Fills state.tensors (parameters only); each rank reads the byte
+// ranges of its own rows and converts to the parameter's dtype. optim/ entries are ignored;
+// digests.json beside the file is checked when present. Collective. Throws fsdpx::Error naming
+// the file and the missing, extra or misshapen tensor.
+FSDPX_API void load_initial_weights(const std::string& path, CheckpointState& state, const CheckpointContext& ctx);
 
 }  // namespace fsdpx

@@ -44,6 +44,8 @@ class FSDPX_API SafetensorsReader {
   const SafetensorsEntry& entry(const std::string& name) const;
   // Rows [first, first + count) of tensor `name` as raw bytes.
   std::vector<char> read_rows(const std::string& name, int64_t first, int64_t count);
+  // The same into `out` (count x row_bytes), e.g. straight into the tensor that receives them.
+  void read_rows_into(const std::string& name, int64_t first, int64_t count, char* out);
   // The whole tensor (for tools and tests).
   at::Tensor read(const std::string& name);
   int64_t file_size() const { return file_size_; }

@@ -18,6 +18,9 @@ class ProcessGroups;
 // a load writes them in place. For a load (`for_load`), optimizer state is copied, filled and
 // handed back by apply_checkpoint; for a save it is the optimizer's own tensors, not copied.
 FSDPX_API CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& optimizer, bool for_load);
+// The parameters alone (the first part of checkpoint_state): views of the engine's shards, for
+// --init-from (loaded in place) and --save-init.
+FSDPX_API CheckpointState weights_state(const ShardingEngine& engine);
 // A context over the world: barrier, all_sum, gather_to_rank0, and primary = first replica.
 FSDPX_API CheckpointContext checkpoint_context(const ProcessGroups& groups, const ShardingEngine& engine);
 // After a load: the optimizer state into the optimizer, the data position into the data source.

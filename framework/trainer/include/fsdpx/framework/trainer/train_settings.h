@@ -34,6 +34,9 @@ struct FSDPX_API TrainSettings {
   int64_t save_every = 0;     // 0 = only at the end (when a checkpoint component is chosen)
   int64_t keep_last = 0;      // 0 = keep all
   std::string resume;         // "", "auto" (the newest under OUT/checkpoints), or a directory
+  // Initial weights: read from a safetensors file (or a directory holding model.safetensors)
+  // instead of the seeded initialisation; and/or written, whole, to DIR/model.safetensors.
+  std::string init_from, save_init;
 
   // Reads the values fsdpx-train's options() declared. Throws fsdpx::Error naming a bad value.
   static TrainSettings from(const boost::program_options::variables_map& vm);

@@ -1,0 +1,605 @@
+#!/usr/bin/env python3
+"""PyTorch FSDP2 side of the fsdpx-vs-FSDP2 benchmark: gpt trained the way fsdpx-train trains it.
+
+Run under torchrun, one process per rank:
+
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 benchmarks/vs_fsdp2/gpt_fsdp2.py \
+        --size tiny --data tokens.bin --steps 5 --sharding full_shard --precision fp32 \
+        --optimizer sgd --init-from runs/x/init --out fsdp2.jsonl
+
+What is mirrored from fsdpx (the file each piece follows, relative to the repository root):
+  - the model: plugins/model/gpt/gpt.cpp, op for op and with the same parameter names, so that
+    fsdpx's --save-init file loads with load_state_dict as it is;
+  - the seeded initialisation (without --init-from): framework/engine/src/sharded_param.cpp and
+    framework/base/src/seeds.cpp (each whole parameter drawn from its own generator seeded with
+    parameter_seed(seed, name));
+  - the data: plugins/data/tokens/tokens.cpp and framework/trainer/src/sampler.cpp (the global
+    batch sampler, Fisher-Yates per epoch from the same --seed);
+  - the step and its figures: framework/trainer/src/trainer.cpp and metrics.cpp (loss = mean over
+    ranks of each rank's loss, summed in rank order; peak RSS from VmHWM, reset every step;
+    bytes per collective counted as the logical payload of a group of more than one rank);
+  - the lr schedule: framework/trainer/src/lr_schedule.cpp.
+
+Device: --device cpu uses Gloo (tested). --device cuda uses NCCL with one GPU per local rank;
+that path is written but could not be tested where this was written (a CPU-only machine).
+"""
+import argparse
+import array
+import json
+import math
+import os
+import resource
+import sys
+import time
+import types
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+MASK64 = (1 << 64) - 1
+
+# --- the model: plugins/model/gpt/gpt.cpp -------------------------------------------------------
+
+PRESETS = {  # dim, layers, heads, vocab, seq, ffn_hidden (0: the rule)
+    "tiny": (64, 2, 4, 256, 64, 0),
+    "small": (256, 4, 8, 256, 128, 0),
+    "1b": (2048, 16, 32, 32000, 2048, 0),
+    "7b": (4096, 32, 32, 32000, 4096, 11008),
+}
+
+
+def model_config(a):
+    dim, layers, heads, vocab, seq, ffn = PRESETS[a.size]
+    dim, layers, heads = a.dim or dim, a.layers or layers, a.heads or heads
+    vocab, seq, ffn = a.vocab or vocab, a.model_seq or seq, a.ffn_hidden or ffn
+    if dim % heads != 0 or (dim // heads) % 2 != 0:
+        raise SystemExit(f"dim {dim} must split into {heads} heads of an even size")
+    if ffn == 0:  # Llama's rule: 2/3 of 4 x dim, rounded up to a multiple
+        multiple = 256 if dim >= 1024 else 32
+        ffn = (8 * dim // 3 + multiple - 1) // multiple * multiple
+    return dict(dim=dim, layers=layers, heads=heads, vocab=vocab, seq=seq, ffn_hidden=ffn,
+                tie_embeddings=a.tie_embeddings, rope_theta=10000.0, norm_eps=1e-5)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate(x, cos, sin):
+    half = x.size(-1) // 2
+    x1, x2 = x.narrow(-1, 0, half), x.narrow(-1, half, half)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.heads, self.theta = c["heads"], c["rope_theta"]
+        d = c["dim"]
+        self.wq = nn.Parameter(torch.empty(d, d))
+        self.wk = nn.Parameter(torch.empty(d, d))
+        self.wv = nn.Parameter(torch.empty(d, d))
+        self.wo = nn.Parameter(torch.empty(d, d))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        H = self.heads
+        D = C // H
+
+        def split(t):
+            return t.view(B, T, H, D).transpose(1, 2)
+
+        q, k, v = split(F.linear(x, self.wq)), split(F.linear(x, self.wk)), split(F.linear(x, self.wv))
+        # The rotary tables in x's dtype, computed in forward as gpt.cpp does.
+        inv = torch.pow(self.theta, -torch.arange(0, D, 2, dtype=x.dtype, device=x.device) / float(D))
+        angles = torch.outer(torch.arange(T, dtype=x.dtype, device=x.device), inv)
+        cos, sin = angles.cos(), angles.sin()
+        q = rotate(q, cos, sin)
+        k = rotate(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
+        return F.linear(y.transpose(1, 2).reshape(B, T, C), self.wo)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(hidden, dim))
+        self.w2 = nn.Parameter(torch.empty(dim, hidden))
+        self.w3 = nn.Parameter(torch.empty(hidden, dim))
+
+    def forward(self, x):
+        return F.linear(F.silu(F.linear(x, self.w1)) * F.linear(x, self.w3), self.w2)
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.attention_norm = RMSNorm(c["dim"], c["norm_eps"])
+        self.attention = Attention(c)
+        self.ffn_norm = RMSNorm(c["dim"], c["norm_eps"])
+        self.feed_forward = FeedForward(c["dim"], c["ffn_hidden"])
+
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.config = c
+        self.tok_embeddings = nn.Parameter(torch.empty(c["vocab"], c["dim"]))
+        self.layers = nn.ModuleList(Block(c) for _ in range(c["layers"]))
+        self.norm = RMSNorm(c["dim"], c["norm_eps"])
+        self.output = None if c["tie_embeddings"] else nn.Parameter(torch.empty(c["vocab"], c["dim"]))
+
+    def forward(self, tokens):
+        h = F.embedding(tokens, self.tok_embeddings)
+        for block in self.layers:
+            h = block(h)
+        return F.linear(self.norm(h), self.tok_embeddings if self.output is None else self.output)
+
+
+def loss_of(model, inputs, targets):
+    # fsdpx's Gpt::loss: logits in fp32 whatever the compute dtype, mean over every token.
+    logits = model(inputs).float()
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+# --- seeds and initialisation: framework/base/src/seeds.cpp, Gpt::init_parameter -----------------
+
+
+def parameter_seed(seed, name):
+    """FNV-1a over the name, then splitmix64 with the seed (64-bit arithmetic)."""
+    h = 1469598103934665603
+    for c in name.encode():
+        h = ((h ^ c) * 1099511628211) & MASK64
+    z = h ^ ((seed + 0x9E3779B97F4A7C15) & MASK64)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+@torch.no_grad()
+def seeded_init(model, seed):
+    """fsdpx's world-size-invariant initialisation: each whole parameter drawn in fp32 on the CPU
+    from a generator seeded with parameter_seed(seed, name)."""
+    layers = model.config["layers"]
+    for name, p in model.named_parameters():
+        full = torch.empty(p.shape, dtype=torch.float32)
+        gen = torch.Generator().manual_seed(parameter_seed(seed, name))
+        if name.endswith("norm.weight"):
+            full.fill_(1.0)
+        elif name.endswith(".wo") or name.endswith(".w2"):
+            full.normal_(0.0, 0.02 / math.sqrt(2.0 * layers), generator=gen)
+        else:
+            full.normal_(0.0, 0.02, generator=gen)
+        p.copy_(full)
+
+
+def load_init(model, path):
+    from safetensors.torch import load_file
+
+    if os.path.isdir(path):
+        path = os.path.join(path, "model.safetensors")
+    state = load_file(path)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"--init-from {path}: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+
+
+# --- data: plugins/data/tokens/tokens.cpp, framework/trainer/src/sampler.cpp ---------------------
+
+
+class GlobalBatchSampler:
+    """fsdpx's GlobalBatchSampler: each epoch a Fisher-Yates shuffle of 0..n-1 driven by
+    parameter_seed(seed, "epoch/E/i"); step s of an epoch is order[s*G : (s+1)*G], of which rank r
+    takes order[s*G + r*per : +per]."""
+
+    def __init__(self, num_samples, global_batch, rank, world, seed):
+        if global_batch > num_samples:
+            raise SystemExit(f"the global batch ({global_batch}) is larger than the data set ({num_samples} samples)")
+        self.n, self.G, self.rank, self.world, self.seed = num_samples, global_batch, rank, world, seed
+        self.epoch, self.step = 0, 0
+        self.shuffle()
+
+    def shuffle(self):
+        order = list(range(self.n))
+        prefix = f"epoch/{self.epoch}/"
+        for i in range(self.n - 1, 0, -1):
+            j = parameter_seed(self.seed, prefix + str(i)) % (i + 1)
+            order[i], order[j] = order[j], order[i]
+        self.order = order
+
+    def next(self):
+        if self.step >= self.n // self.G:
+            self.epoch += 1
+            self.step = 0
+            self.shuffle()
+        per = self.G // self.world
+        first = self.step * self.G + self.rank * per
+        self.step += 1
+        return self.order[first:first + per]
+
+
+class Tokens:
+    def __init__(self, path, dtype, seq):
+        self.width = 2 if dtype == "uint16" else 4
+        self.code = "H" if self.width == 2 else "I"
+        if array.array(self.code).itemsize != self.width:
+            raise SystemExit(f"this Python's array '{self.code}' is not {self.width} bytes")
+        with open(path, "rb") as f:
+            self.bytes = f.read()
+        if len(self.bytes) % self.width:
+            raise SystemExit(f"token file {path} is not a whole number of {self.width}-byte tokens")
+        self.count, self.seq = len(self.bytes) // self.width, seq
+        if self.count < seq + 1:
+            raise SystemExit(f"token file {path} holds fewer than {seq + 1} tokens")
+
+    def num_samples(self):
+        return (self.count - 1) // self.seq
+
+    def batch(self, indices):
+        rows = []
+        for i in indices:
+            a = array.array(self.code)
+            first = i * self.seq * self.width
+            a.frombytes(self.bytes[first:first + (self.seq + 1) * self.width])
+            rows.append(torch.tensor(a.tolist(), dtype=torch.int64))
+        seqs = torch.stack(rows)
+        return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
+
+
+# --- the lr schedule: framework/trainer/src/lr_schedule.cpp --------------------------------------
+
+
+def lr_at(a, step):
+    if step < a.warmup_steps:
+        return a.lr * (step + 1) / a.warmup_steps
+    if a.lr_schedule == "constant":
+        return a.lr
+    span = max(1, a.steps - a.warmup_steps)
+    progress = min(1.0, (step - a.warmup_steps) / span)
+    return a.lr * (a.min_lr_ratio + (1.0 - a.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+# --- memory: framework/trainer/src/metrics.cpp ---------------------------------------------------
+
+
+def proc_memory():
+    rss = hwm = -1
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1]) * 1024
+                elif line.startswith("VmHWM:"):
+                    hwm = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return rss, hwm
+
+
+def reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+# --- bytes moved: FSDP2's collectives, counted by wrapping torch.distributed's functions ---------
+# FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) calls dist.all_gather_into_tensor,
+# dist.reduce_scatter_tensor and (HSDP) dist.all_reduce through the module attribute at every call,
+# so wrapping them sees every one. Counted as fsdpx's CountingCommunicator counts (payload_bytes):
+# the all-gather's output, the reduce-scatter's input, the all-reduce's tensor; a group of one
+# rank moves nothing and is not counted (fsdpx has no communicator there).
+
+ORIGINAL = {"all_gather_into_tensor": dist.all_gather_into_tensor,
+            "reduce_scatter_tensor": dist.reduce_scatter_tensor,
+            "all_reduce": dist.all_reduce}
+
+
+class CommCounter:
+    def __init__(self):
+        self.bytes = {"allgather_bytes": 0, "reduce_scatter_bytes": 0, "all_reduce_bytes": 0}
+        self.on = False
+
+    def _add(self, key, tensor, group):
+        if self.on and dist.get_world_size(group) > 1:
+            self.bytes[key] += tensor.numel() * tensor.element_size()
+
+    def install(self):
+        def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
+            self._add("allgather_bytes", output_tensor, group)
+            return ORIGINAL["all_gather_into_tensor"](output_tensor, input_tensor, group=group, async_op=async_op)
+
+        def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            self._add("reduce_scatter_bytes", input, group)
+            return ORIGINAL["reduce_scatter_tensor"](output, input, op=op, group=group, async_op=async_op)
+
+        def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+            self._add("all_reduce_bytes", tensor, group)
+            return ORIGINAL["all_reduce"](tensor, op=op, group=group, async_op=async_op)
+
+        dist.all_gather_into_tensor = all_gather_into_tensor
+        dist.reduce_scatter_tensor = reduce_scatter_tensor
+        dist.all_reduce = all_reduce
+
+    def take(self):
+        out = dict(self.bytes)
+        for k in self.bytes:
+            self.bytes[k] = 0
+        return out
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    g = p.add_argument_group("model (gpt; 0 keeps the preset's value)")
+    g.add_argument("--size", choices=sorted(PRESETS), default="tiny")
+    g.add_argument("--dim", type=int, default=0)
+    g.add_argument("--layers", type=int, default=0)
+    g.add_argument("--heads", type=int, default=0)
+    g.add_argument("--vocab", type=int, default=0)
+    g.add_argument("--model-seq", type=int, default=0, help="the model's context length (fsdpx --model.seq)")
+    g.add_argument("--ffn-hidden", type=int, default=0)
+    g.add_argument("--tie-embeddings", action="store_true")
+    g = p.add_argument_group("data (fsdpx's tokens source)")
+    g.add_argument("--data", required=True, help="a flat file of token ids")
+    g.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16")
+    g.add_argument("--seq", type=int, default=0, help="tokens per sample (fsdpx --data.seq; 0: the model's context)")
+    g = p.add_argument_group("training")
+    g.add_argument("--batch-size", type=int, default=8, help="samples per rank per micro-batch")
+    g.add_argument("--grad-accum", type=int, default=1)
+    g.add_argument("--steps", type=int, default=10)
+    g.add_argument("--seed", type=int, default=0, help="seed of the data order (and of the parameters without --init-from)")
+    g.add_argument("--sharding", choices=["full_shard", "shard_grad_op", "no_shard"], default="full_shard")
+    g.add_argument("--precision", choices=["fp32", "bf16_mixed"], default="fp32")
+    g.add_argument("--optimizer", choices=["sgd", "adamw"], default="adamw")
+    g.add_argument("--lr", type=float, default=None, help="peak lr (default: the optimizer's fsdpx default, 1e-2 sgd, 1e-3 adamw)")
+    g.add_argument("--momentum", type=float, default=0.0)
+    g.add_argument("--dampening", type=float, default=0.0)
+    g.add_argument("--nesterov", action="store_true")
+    g.add_argument("--weight-decay", type=float, default=None, help="default: 0 for sgd, 1e-2 for adamw (fsdpx's)")
+    g.add_argument("--betas", default="0.9,0.999")
+    g.add_argument("--eps", type=float, default=1e-8)
+    g.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant")
+    g.add_argument("--warmup-steps", type=int, default=0)
+    g.add_argument("--min-lr-ratio", type=float, default=0.1)
+    g.add_argument("--clip-grad-norm", type=float, default=0.0)
+    g.add_argument("--init-from", default="", help="safetensors file, or a directory holding model.safetensors "
+                   "(fsdpx-train --save-init); without it, fsdpx's seeded initialisation from --seed")
+    g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    g.add_argument("--out", default="", help="rank 0 writes one JSON line per step here")
+    g.add_argument("--quiet", action="store_true", help="no per-step line on stdout")
+    a = p.parse_args(argv)
+    if a.lr is None:
+        a.lr = 1e-2 if a.optimizer == "sgd" else 1e-3
+    if a.weight_decay is None:
+        a.weight_decay = 0.0 if a.optimizer == "sgd" else 1e-2
+    return a
+
+
+def shard_model(model, a, world, device_type):
+    """fsdpx's strategies as FSDP2 calls: every Block a unit (fsdpx's layer_type wrap of Block),
+    the rest the root's.
+
+    full_shard:    fully_shard(reshard_after_forward=True) on every Block; the root as below.
+    shard_grad_op: the same with reshard_after_forward=False (ZeRO-2: gathered once per step).
+    no_shard:      fully_shard on a 2-D mesh (world, 1) named ("replicate", "shard"): HSDP with
+                   shard groups of one rank, so parameters are whole on every rank and gradients
+                   are all-reduced over "replicate" (DDP). This is FSDP2's public API; torch 2.11
+                   also has a private replicate() built on FSDP2
+                   (torch.distributed._composable.replicate_with_fsdp), left aside as private.
+                   Parameters are kept gathered (reshard_after_forward=False): with one rank per
+                   shard group there is nothing to free.
+    """
+    if a.sharding == "no_shard":
+        mesh = init_device_mesh(device_type, (world, 1), mesh_dim_names=("replicate", "shard"))
+        reshard = False
+    else:
+        mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
+        reshard = a.sharding == "full_shard"
+    if a.precision == "bf16_mixed":
+        # fsdpx's bf16_mixed defaults: param_dtype bf16, reduce_dtype fp32, cast_forward_inputs on,
+        # and output_dtype fp32 for the model's output only (FSDP2 applies output_dtype to every
+        # module's output that has the policy, so the Blocks get none: their bf16 output goes on
+        # to the next unit as in fsdpx).
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=True)
+        mp_root = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                       output_dtype=torch.float32, cast_forward_inputs=True)
+    else:
+        mp = mp_root = MixedPrecisionPolicy()
+    for block in model.layers:
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    # The root: fsdpx never reshards its root unit after forward (its backward starts with it).
+    # FSDP2 does the same when reshard_after_forward is left unset (None) on the root; set to True
+    # explicitly, torch 2.11 frees the root's parameters after forward and gathers them again in
+    # backward (one more all-gather of the root per step than fsdpx).
+    fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard else False, mp_policy=mp_root)
+    return model
+
+
+def make_optimizer(model, a):
+    params = list(model.parameters())
+    if a.optimizer == "sgd":
+        # fsdpx calls ATen's fused SGD kernel. torch.optim.SGD(fused=True) has no DTensor rule for
+        # _fused_sgd_ in torch 2.11, so the default (foreach) implementation runs: checked bitwise
+        # equal to the fused kernel on the CPU, with and without momentum.
+        return torch.optim.SGD(params, lr=a.lr, momentum=a.momentum, dampening=a.dampening,
+                               weight_decay=a.weight_decay, nesterov=a.nesterov)
+    b1, b2 = (float(x) for x in a.betas.split(","))
+    # fsdpx calls at::_fused_adamw_, the kernel behind fused=True (DTensor has a rule for it).
+    return torch.optim.AdamW(params, lr=a.lr, betas=(b1, b2), eps=a.eps, weight_decay=a.weight_decay, fused=True)
+
+
+def init_distributed(a):
+    """The process group (Gloo on the CPU, NCCL on a GPU) and this rank's device."""
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    torch.set_num_threads(threads)
+    if a.device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return device, threads
+
+
+def build(a, device, world):
+    """The sharded model, its optimizer, the data and the sampler, as fsdpx builds them."""
+    cfg = model_config(a)
+    seq = a.seq or cfg["seq"]
+    if seq > cfg["seq"]:
+        raise SystemExit(f"--seq {seq} is more than the model's context of {cfg['seq']}")
+    model = Transformer(cfg)
+    if a.init_from:
+        load_init(model, a.init_from)
+    else:
+        seeded_init(model, a.seed)
+    model.to(device)
+    counter = CommCounter()
+    counter.install()
+    shard_model(model, a, world, device.type)
+    opt = make_optimizer(model, a)
+    data = Tokens(a.data, a.data_dtype, seq)
+    sampler = GlobalBatchSampler(data.num_samples(), a.batch_size * world, dist.get_rank(), world, a.seed)
+    return types.SimpleNamespace(cfg=cfg, seq=seq, model=model, counter=counter, opt=opt, data=data, sampler=sampler)
+
+
+def forward_backward(a, run, device):
+    """One optimizer step's micro-batches and the step; returns (this rank's loss, grad norm)."""
+    loss_sum = 0.0
+    vocab = run.cfg["vocab"]
+    for m in range(a.grad_accum):
+        run.model.set_requires_gradient_sync(m == a.grad_accum - 1)
+        inputs, targets = run.data.batch(run.sampler.next())
+        if inputs.max().item() >= vocab:
+            raise SystemExit(f"the data holds token id {inputs.max().item()}, outside the vocabulary of {vocab}")
+        inputs, targets = inputs.to(device), targets.to(device)
+        loss = loss_of(run.model, inputs, targets) / float(a.grad_accum)
+        loss.backward()
+        loss_sum += loss.item()
+    grad_norm = None
+    if a.clip_grad_norm > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), a.clip_grad_norm)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    run.opt.step()
+    run.opt.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
+
+
+def gather_figures(mine, world, device):
+    """Every rank's figures in one all-gather (fsdpx's gather_step), outside the counted ones."""
+    t = torch.tensor(mine, dtype=torch.float64, device=device)
+    allv = torch.empty(world * t.numel(), dtype=torch.float64, device=device)
+    ORIGINAL["all_gather_into_tensor"](allv, t)
+    return allv.view(world, -1).tolist()
+
+
+def train_step(a, run, device, world, step, startup_rss, run_peak):
+    """Step `step` (0-based); returns rank 0's metrics line (None elsewhere) and the run's peak."""
+    t0 = time.perf_counter()
+    lr = lr_at(a, step)
+    for group in run.opt.param_groups:
+        group["lr"] = lr
+    rss_before, hwm_before = proc_memory()
+    run_peak = max(run_peak, hwm_before)
+    measured = reset_peak_rss() and rss_before >= 0
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    run.counter.on = True
+    loss_sum, grad_norm = forward_backward(a, run, device)
+    run.counter.on = False
+    comm = run.counter.take()
+    _, step_peak = proc_memory()
+    run_peak = max(run_peak, step_peak)
+    rise = step_peak - rss_before if measured else -1
+    cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else -1
+    rows = gather_figures([loss_sum, float(rise), float(step_peak), float(run_peak), float(cuda_peak), float(startup_rss)],
+                          world, device)
+    loss_world = 0.0
+    for r in range(world):  # in rank order, as fsdpx sums
+        loss_world += rows[r][0]
+    loss_world /= world
+    step_time = time.perf_counter() - t0
+    if not math.isfinite(loss_world):
+        raise SystemExit(f"the loss is {loss_world} at step {step + 1}")
+    if dist.get_rank() != 0:
+        return None, run_peak
+    tokens = a.batch_size * a.grad_accum * world * run.seq
+    line = {"step": step + 1, "loss": loss_world, "lr": lr, "step_time_s": step_time,
+            "tokens_per_s": tokens / step_time,
+            "peak_memory_bytes": [int(r[3]) for r in rows],
+            "peak_rss_bytes": int(max(r[3] for r in rows)),
+            "memory_kind": "rss",
+            "step_rss_rise_bytes": int(max(r[1] for r in rows)),
+            "startup_rss_bytes": int(max(r[5] for r in rows)), **comm}
+    if device.type == "cuda":
+        line["cuda_peak_allocated_bytes"] = int(max(r[4] for r in rows))
+    if grad_norm is not None:
+        line["grad_norm"] = grad_norm
+    return line, run_peak
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    startup_rss = proc_memory()[0]  # the interpreter and torch, before any process group or model
+    device, threads = init_distributed(a)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    run = build(a, device, world)
+    out = open(a.out, "w") if (rank == 0 and a.out) else None
+    if rank == 0 and not a.quiet:
+        n_params = sum(p.numel() for p in run.model.parameters())
+        print(f"fsdp2: gpt {a.size} ({n_params} parameters), {world} rank(s) of {threads} thread(s), {a.sharding}, "
+              f"{a.precision}, {a.optimizer} lr {a.lr}, {a.batch_size} samples per rank, seq {run.seq}, "
+              f"init {'from ' + a.init_from if a.init_from else 'seeded (' + str(a.seed) + ')'}", flush=True)
+    rss, hwm = proc_memory()
+    run_peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, hwm)
+    dist.barrier()
+    losses = []
+    t_train = time.perf_counter()
+    for step in range(a.steps):
+        line, run_peak = train_step(a, run, device, world, step, startup_rss, run_peak)
+        if line is None:
+            continue
+        losses.append(line["loss"])
+        if out:
+            out.write(json.dumps(line) + "\n")
+            out.flush()
+        if not a.quiet:
+            print(f"step {step + 1}/{a.steps} | loss {line['loss']:.6f} | lr {line['lr']:.2e} | "
+                  f"{line['step_time_s']:.4f} s/step | peak rss {line['peak_rss_bytes'] / 2**20:.1f} MiB", flush=True)
+    if rank == 0 and not a.quiet:
+        print(f"done: {a.steps} steps in {time.perf_counter() - t_train:.2f} s, loss {losses[0]:.4f} -> {losses[-1]:.4f}",
+              flush=True)
+    if out:
+        out.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    status = main() or 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Straight out, without the interpreter's teardown: after a complete run and
+    # destroy_process_group, torch 2.11 with Gloo was seen to abort in about one run in ten at
+    # teardown ("terminate called without an active exception": a C++ thread still joinable).
+    os._exit(status)
