@@ -7,15 +7,22 @@ BUILD      ?= build
 JOBS       ?= 2
 PYTHON     := $(shell bash scripts/setup.sh --print-python)
 CMAKE_ARGS ?=
+# The instrumented build (clang, AddressSanitizer + UndefinedBehaviorSanitizer, libFuzzer
+# coverage) of make test-sanitize and make fuzz; SANITIZE_TESTS picks the ctest subset.
+SAN_BUILD      ?= build-sanitize
+SANITIZE_TESTS ?=
+FUZZ_SECONDS   ?= 25
 
-.PHONY: help setup configure build demo test bench clean
+.PHONY: help setup configure build demo test bench clean sanitize-build test-sanitize fuzz
 
 help:  ## list the targets
 	@echo "fsdpx make targets:"
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## (.*)/\1|\2/' | \
-	  awk -F'|' '{ gsub(/\$$\(BUILD\)/, "$(BUILD)", $$2); printf "  make %-10s %s\n", $$1, $$2 }'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/\1|\2/' | \
+	  awk -F'|' '{ gsub(/\$$\(BUILD\)/, "$(BUILD)", $$2); gsub(/\$$\(SAN_BUILD\)/, "$(SAN_BUILD)", $$2); \
+	    gsub(/\$$\(FUZZ_SECONDS\)/, "$(FUZZ_SECONDS)", $$2); printf "  make %-14s %s\n", $$1, $$2 }'
 	@echo
-	@echo "variables: BUILD=$(BUILD) (build directory), JOBS=$(JOBS) (parallel compile jobs)"
+	@echo "variables: BUILD=$(BUILD) (build directory), JOBS=$(JOBS) (parallel compile jobs), SAN_BUILD=$(SAN_BUILD),"
+	@echo "           SANITIZE_TESTS (ctest regex for make test-sanitize), FUZZ_SECONDS=$(FUZZ_SECONDS)"
 	@echo "torch venv: $(dir $(PYTHON)).. (FSDPX_VENV or FSDPX_CACHE_DIR to move it)"
 
 setup:  ## install missing Debian packages, and torch==2.11.0 with matplotlib, safetensors, scikit-learn into the cached venv
@@ -35,6 +42,17 @@ demo: build  ## set up, build, and train gpt tiny on 2 CPU ranks (runs/demo: met
 
 test: build  ## set up, build, and run every test (ctest)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+
+sanitize-build: setup
+	@[[ -f $(SAN_BUILD)/build.ninja ]] || cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
+	  -DFSDPX_SANITIZE=address,undefined -DFSDPX_FUZZ=ON -DFSDPX_PYTHON=$(PYTHON) $(CMAKE_ARGS)
+	cmake --build $(SAN_BUILD) -j $(JOBS)
+
+test-sanitize: sanitize-build  ## the tests under ASan + UBSan (fsdpx's code instrumented, LibTorch as shipped), in $(SAN_BUILD); SANITIZE_TESTS=regex for a subset
+	source tests/sanitize/env.sh && cd $(SAN_BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900 $(if $(SANITIZE_TESTS),-R '$(SANITIZE_TESTS)')
+
+fuzz: sanitize-build  ## run every fuzz target (libFuzzer) FUZZ_SECONDS=$(FUZZ_SECONDS) s on its seed corpus (tests/fuzz)
+	bash tests/fuzz/run.sh $(SAN_BUILD) $(FUZZ_SECONDS)
 
 bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing, fsdpx vs PyTorch FSDP2 (quick set)
 	$(BUILD)/bin/fsdpx-comm-bench --nproc-per-node 2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what fsdpx needs to build and test, and is quick when everything is there:
-#   - Debian packages (Boost 1.81, GoogleTest, nlohmann-json, xxHash, ccache, CMake, Ninja, and Slurm with
-#     munge for the Slurm tests);
+#   - Debian packages (Boost 1.81, GoogleTest, nlohmann-json, xxHash, ccache, CMake, Ninja, clang 14
+#     for the sanitizer and fuzzing build, and Slurm with munge for the Slurm tests);
 #   - torch==2.11.0 from PyPI into a virtual environment cached outside the checkout, with
 #     matplotlib (fsdpx-plot), safetensors (the interop test), scikit-learn (its breast-cancer CSV)
 #     and lizard (the function-length check).
@@ -17,6 +17,7 @@ DEB_PACKAGES=(
   libboost1.81-dev libboost-program-options1.81-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev
   libxxhash-dev                         # XXH3, the checkpoints' row digests (header-only use)
+  clang-14 libclang-rt-14-dev llvm-14   # make test-sanitize and make fuzz: ASan, UBSan, libFuzzer, symbolizer
   python3-venv
   fortunes                              # the demo's English text corpus (/usr/share/games/fortunes)
   slurmctld slurmd slurm-client munge   # the Slurm tests' one-node cluster

@@ -161,7 +161,7 @@ int cmd_plan(const fsdpx::PluginHost& host, const std::vector<std::string>& args
 }
 
 int cmd_explain(const fsdpx::PluginHost& host, const std::vector<std::string>& args) {
-  auto config = fsdpx::RunConfig::resolve(host, args, fsdpx::ConfigRequest{nullptr, {{fsdpx::Kind::Precision, "fp32"}}});
+  auto config = fsdpx::RunConfig::resolve(host, args, fsdpx::ConfigRequest{nullptr, {{fsdpx::Kind::Precision, "fp32"}}, {}});
   const auto* precision = config.choice(fsdpx::Kind::Precision);
   auto spec = host.create<fsdpx::PrecisionPolicy>(precision->name, precision->options)->spec("");
   auto name = [](c10::ScalarType t) { return std::string(c10::toString(t)); };

@@ -126,11 +126,15 @@ struct Loaded {
   fsdpx::RunConfig config;
 };
 
+// fsdpx-train's request: its options, the default components, and no checkpoint on request.
+fsdpx::ConfigRequest config_request(const po::options_description& desc) {
+  return fsdpx::ConfigRequest{&desc, fsdpx::default_components(), {fsdpx::Kind::Checkpoint}};
+}
+
 Loaded load(const std::vector<std::string>& args, const po::options_description& desc) {
   Loaded l{std::make_unique<fsdpx::PluginHost>(), {}};
   for (const auto& e : l.host->discover(plugin_search(args))) std::fprintf(stderr, "fsdpx-train: warning: %s\n", e.c_str());
-  fsdpx::ConfigRequest req{&desc, fsdpx::default_components()};
-  l.config = fsdpx::RunConfig::resolve(*l.host, args, req);
+  l.config = fsdpx::RunConfig::resolve(*l.host, args, config_request(desc));
   return l;
 }
 
@@ -138,7 +142,7 @@ void print_help(const po::options_description& desc, const std::vector<std::stri
   std::cout << "usage: fsdpx-train [OPTIONS]\n"
                "  Trains a model composed from plugins; every option also works as a key of an INI file\n"
                "  given with --config (top-level keys for these, [section] name=... for components).\n\n"
-            << desc << "\n";
+            << desc << "\n" << fsdpx::component_choice_options(config_request(desc)) << "\n";
   try {
     std::vector<std::string> rest;
     for (const auto& a : args)

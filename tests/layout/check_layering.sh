@@ -8,7 +8,8 @@ out=$(cmake --build "$build" --target layering_probe_engine 2>&1)
 if [[ $? -eq 0 ]]; then
   echo "FAIL: the engine layer compiled an include of the trainer's header"; exit 1
 fi
-if ! grep -q "fsdpx/framework/trainer/trainer.h: No such file" <<<"$out"; then
+# GCC: "...trainer.h: No such file or directory"; clang: "'...trainer.h' file not found".
+if ! grep -Eq "fsdpx/framework/trainer/trainer.h(: No such file|' file not found)" <<<"$out"; then
   echo "FAIL: the engine layer's probe failed for another reason:"; echo "$out" | tail -20; exit 1
 fi
 if ! out=$(cmake --build "$build" --target layering_probe_trainer 2>&1); then

@@ -336,3 +336,18 @@ TEST(Checkpoint, ListingIsReadOnlyAndRankZeroRecovers) {
   ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
   EXPECT_NE(b.out.find("resumed from " + (ckpts / "step-00000004").string() + " at step 4"), std::string::npos) << b.out;
 }
+
+// Found by tests/fuzz/fuzz_checkpoint_index: an index field of another type (a list where a
+// string belongs) was a JSON library exception; now it names the tensor and the field.
+TEST(Checkpoint, IndexFieldsOfAnotherTypeAreNamed) {
+  TempDir dir;
+  const json index = {{"format", "fsdpx-sharded"}, {"version", 1}, {"step", 1}, {"world_size", 1},
+                      {"tensors", {{"w", {{"dtype", json::array({8, 8})}, {"shape", {2}}, {"pieces", json::array()}}}}},
+                      {"files", json::object()}};
+  std::ofstream(dir.path() / "index.json") << index.dump();
+  EXPECT_EQ(error_of([&] { fsdpx::inspect_checkpoint(dir.path().string()); }),
+            (dir.path() / "index.json").string() + ": tensor 'w' \"dtype\" is array, not string");
+  std::ofstream(dir.path() / "index.json") << json{{"format", 3}, {"version", 1}, {"tensors", json::object()}}.dump();
+  EXPECT_EQ(error_of([&] { fsdpx::verify_checkpoint(dir.path().string()); }),
+            (dir.path() / "index.json").string() + ": \"format\" is number, not string");
+}

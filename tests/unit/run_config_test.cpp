@@ -21,7 +21,7 @@ class RunConfigTest : public ::testing::Test {
     host_options.add_options()("steps", po::value<int>()->default_value(10), "steps to train");
   }
   RunConfig resolve(const std::vector<std::string>& args, std::map<Kind, std::string> defaults = {}) {
-    return RunConfig::resolve(host, args, ConfigRequest{&host_options, std::move(defaults)});
+    return RunConfig::resolve(host, args, ConfigRequest{&host_options, std::move(defaults), {}});
   }
   std::string error_of(const std::vector<std::string>& args) {
     try {
@@ -117,6 +117,52 @@ TEST_F(RunConfigTest, BadFileNamesTheFile) {
             "config file " + ini.string() +
                 ": unknown option wrapp.name; did you mean wrap.name? (see --help for the "
                 "options)");
+}
+
+}  // namespace
+}  // namespace fsdpx
+
+namespace fsdpx {
+namespace {
+
+// `none` leaves out a kind the host can do without, from the command line over a file's choice
+// and from a file; the resolved INI keeps it off. For a kind the host needs, and for an empty
+// name, the error says what to give.
+// Found by tests/fuzz/fuzz_config: Boost's message for a bad value that itself holds one of its
+// placeholders ("%value%") never finished; fsdpx words that message itself.
+TEST_F(RunConfigTest, ValueHoldingABoostPlaceholderIsAnError) {
+  EXPECT_EQ(error_of({"--steps", "1%value%"}), "command line: option 'steps' does not take the value '1%value%'");
+  const auto ini = dir.path() / "percent.ini";
+  test::write_file(ini, "steps = 2%value%x\n");
+  EXPECT_EQ(error_of({"--config", ini.string()}),
+            "config file " + ini.string() + ": option 'steps' does not take the value '2%value%x'");
+}
+
+TEST_F(RunConfigTest, NoneSwitchesOffAnOptionalKind) {
+  auto with_optional = [&](const std::vector<std::string>& args) {
+    return RunConfig::resolve(host, args, ConfigRequest{&host_options, {{Kind::Wrap, "size_based"}}, {Kind::Wrap}});
+  };
+  const auto ini = dir.path() / "wrap.ini";
+  test::write_file(ini, "[wrap]\nname = size_based\n");
+  RunConfig off = with_optional({"--config", ini.string(), "--wrap.name", "none"});
+  EXPECT_EQ(off.choice(Kind::Wrap), nullptr);
+  EXPECT_TRUE(off.switched_off(Kind::Wrap));
+  EXPECT_EQ(off.to_ini(), "[wrap]\nname=none\n");
+  const auto resolved = dir.path() / "resolved.ini";
+  test::write_file(resolved, off.to_ini());
+  EXPECT_EQ(with_optional({"--config", resolved.string()}).choice(Kind::Wrap), nullptr);  // not the default again
+  EXPECT_NE(with_optional({}).choice(Kind::Wrap), nullptr);
+
+  EXPECT_EQ(error_of({"--wrap.name", "none"}),
+            "--wrap.name none: a run needs a wrap policy; give one's name (fsdpx-plugins list shows them)");
+  std::string empty;
+  try {
+    with_optional({"--wrap.name", ""});
+  } catch (const Error& e) {
+    empty = e.what();
+  }
+  EXPECT_EQ(empty, "--wrap.name is empty: give a wrap policy's name (fsdpx-plugins list shows them), or none to run "
+                   "without a wrap policy");
 }
 
 }  // namespace

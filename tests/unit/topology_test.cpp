@@ -35,6 +35,12 @@ TEST(Hostlist, RejectsMalformed) {
   EXPECT_EQ(error_of([] { expand_hostlist("gpu[a-b]"); }),
             "malformed hostlist 'gpu[a-b]': 'a-b' is not a number or a range");
   EXPECT_EQ(error_of([] { expand_hostlist("a,,b"); }), "malformed hostlist 'a,,b': empty host name");
+  // Found by tests/fuzz/fuzz_hostlist: numbers beyond std::stoll, and groups that multiply.
+  EXPECT_EQ(error_of([] { expand_hostlist("n[1234567890123456789-1234567890123456790]"); }),
+            "malformed hostlist 'n[1234567890123456789-1234567890123456790]': '1234567890123456789-1234567890123456790' has "
+            "numbers of more than 18 digits");
+  EXPECT_EQ(error_of([] { expand_hostlist("a[0-99999]b[0-99999]"); }),
+            "malformed hostlist 'a[0-99999]b[0-99999]': more than 1000000 hosts");
 }
 
 TEST(TasksPerNode, Expands) {

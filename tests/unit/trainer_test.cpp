@@ -157,6 +157,9 @@ TEST(Trainer, BadInputGetsOneClearLine) {
       {"--steps 0", "--steps must be at least 1, got 0"},                 // zero steps
       {"--save-every 5 --steps 2", "needs a checkpoint component"},                 // conflicting options
       {"--lr-schedule cosine --warmup-steps 50 --steps 20", "warm"},                 // conflicting: warm-up longer than the run
+      {"--checkpoint.name '' --steps 2", "--checkpoint.name is empty: give a checkpoint backend's name (fsdpx-plugins "
+                                         "list shows them), or none to run without a checkpoint backend"},
+      {"--model.name none --steps 2", "--model.name none: a run needs a model"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);
@@ -278,4 +281,20 @@ TEST(Trainer, InitFromStartsFromSavedWeights) {
     EXPECT_NE(bad.exit_code, 0);
     EXPECT_NE(bad.err.find(expect), std::string::npos) << bad.err;
   }
+}
+
+// `none` switches off the checkpoint a config file chose, and --help says so.
+TEST(Trainer, CheckpointNoneSwitchesOffTheFilesCheckpoint) {
+  TempDir dir;
+  write_file(dir.path() / "run.ini", "steps = 2\n[checkpoint]\nname = sharded\n");
+  auto r = run_command(train_cmd() + " --nproc-per-node 2 --config " + (dir.path() / "run.ini").string() +
+                       " --checkpoint.name none --out " + (dir.path() / "run").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "run" / "checkpoints"));
+  std::ifstream ini(dir.path() / "run" / "config.ini");
+  const std::string resolved((std::istreambuf_iterator<char>(ini)), std::istreambuf_iterator<char>());
+  EXPECT_NE(resolved.find("[checkpoint]\nname=none\n"), std::string::npos) << resolved;
+  auto help = run_command(train_cmd() + " --help");
+  EXPECT_NE(help.out.find("--checkpoint.name NAME"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("the checkpoint backend to use, or none\n"), std::string::npos) << help.out;
 }

@@ -135,6 +135,37 @@ void finish_load(at::Tensor& local, const at::Tensor& received) {
 
 std::string shape_text(const std::vector<int64_t>& s) { return c10::str(at::IntArrayRef(s)); }
 
+namespace {
+
+// The index's fields, each of the type the readers take it as (json::value() throws a
+// json::type_error on a field of another type: found by tests/fuzz/fuzz_checkpoint_index).
+void check_index_fields(const json& j, const std::string& where) {
+  auto field = [&](const json& obj, const char* key, json::value_t type, const std::string& in, bool required) {
+    const bool has = obj.contains(key);
+    if (!has && required) throw Error(where + ": " + in + "has no \"" + key + "\"");
+    const bool ok = !has || obj[key].type() == type ||
+                    (type == json::value_t::number_integer && obj[key].is_number_integer());
+    if (!ok) throw Error(where + ": " + in + "\"" + key + "\" is " + obj[key].type_name() + ", not " + json(type).type_name());
+  };
+  if (!j.is_object()) throw Error(where + ": not an fsdpx sharded checkpoint index (not a JSON object)");
+  field(j, "format", json::value_t::string, "", true);
+  field(j, "version", json::value_t::number_integer, "", true);
+  field(j, "step", json::value_t::number_integer, "", false);
+  field(j, "world_size", json::value_t::number_integer, "", false);
+  field(j, "tensors", json::value_t::object, "", true);
+  field(j, "files", json::value_t::object, "", false);
+  for (auto it = j["tensors"].begin(); it != j["tensors"].end(); ++it) {
+    const std::string in = "tensor '" + it.key() + "' ";
+    if (!it.value().is_object()) throw Error(where + ": " + in + "is not an object");
+    field(it.value(), "dtype", json::value_t::string, in, true);
+    field(it.value(), "digest", json::value_t::string, in, false);
+    field(it.value(), "shape", json::value_t::array, in, true);
+    field(it.value(), "pieces", json::value_t::array, in, true);
+  }
+}
+
+}  // namespace
+
 Index read_index(const std::string& dir) {
   const fs::path p = fs::path(dir) / "index.json";
   if (!fs::exists(p)) {
@@ -149,9 +180,8 @@ Index read_index(const std::string& dir) {
   } catch (const json::exception& e) {
     throw Error(p.string() + ": not valid JSON (" + e.what() + ")");
   }
-  if (!ix.j.is_object() || ix.j.value("format", "") != "fsdpx-sharded" || !ix.j.contains("tensors") ||
-      !ix.j["tensors"].is_object())
-    throw Error(p.string() + ": not an fsdpx sharded checkpoint index");
+  check_index_fields(ix.j, p.string());
+  if (ix.j["format"] != "fsdpx-sharded") throw Error(p.string() + ": not an fsdpx sharded checkpoint index");
   if (ix.j.value("version", 0) != 1)
     throw Error(p.string() + ": format version " + std::to_string(ix.j.value("version", 0)) + ", this fsdpx reads version 1");
   return ix;

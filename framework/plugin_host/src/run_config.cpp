@@ -18,12 +18,32 @@ namespace {
 std::string name_key(Kind kind) { return std::string(section_name(kind)) + ".name"; }
 
 // Options every resolution understands: --config and --<section>.name for each kind.
-void add_common_options(po::options_description& desc) {
+void add_common_options(po::options_description& desc, const std::set<Kind>& optional) {
   desc.add_options()("config", po::value<std::string>()->value_name("FILE"),
                      "INI file with the run's configuration; the command line wins over it");
   for (Kind k : all_kinds()) {
     desc.add_options()(name_key(k).c_str(), po::value<std::string>()->value_name("NAME"),
-                       (std::string("the ") + kind_title(k) + " to use").c_str());
+                       (std::string("the ") + kind_title(k) + " to use" + (optional.count(k) ? ", or none" : "")).c_str());
+  }
+}
+
+// "none" leaves an optional kind out (recorded in `off`); an empty name, or none for a kind the
+// host needs, is an error naming the fix.
+void apply_none(std::map<Kind, std::string>& chosen, const std::set<Kind>& optional, std::set<Kind>& off) {
+  for (auto it = chosen.begin(); it != chosen.end();) {
+    const std::string key = "--" + name_key(it->first);
+    const std::string title = kind_title(it->first);
+    if (it->second.empty())
+      throw Error(key + " is empty: give a " + title + "'s name (fsdpx-plugins list shows them)" +
+                  (optional.count(it->first) ? ", or none to run without a " + title : std::string()));
+    if (it->second != "none") {
+      ++it;
+      continue;
+    }
+    if (!optional.count(it->first))
+      throw Error(key + " none: a run needs a " + title + "; give one's name (fsdpx-plugins list shows them)");
+    off.insert(it->first);
+    it = chosen.erase(it);
   }
 }
 
@@ -84,6 +104,16 @@ po::parsed_options parse_args(const std::vector<std::string>& args,
 void store_checked(const po::parsed_options& parsed, po::variables_map& vm, const std::string& origin) {
   try {
     po::store(parsed, vm);
+  } catch (const po::error_with_option_name& e) {
+    // Boost's what() replaces placeholders such as %value% in a loop that never ends when the
+    // value holds one itself (found by tests/fuzz/fuzz_config): such a value gets this message.
+    std::string name = e.get_option_name();
+    name.erase(0, std::min(name.size(), name.find_first_not_of('-')));
+    for (const auto& o : parsed.options)
+      for (const auto& v : o.value)
+        if (o.string_key == name && v.find('%') != std::string::npos)
+          throw Error(origin + ": option '" + name + "' does not take the value '" + v + "'");
+    throw Error(origin + ": " + e.what());
   } catch (const po::error& e) {
     throw Error(origin + ": " + e.what());
   }
@@ -107,7 +137,7 @@ namespace {
 std::map<Kind, std::string> choose_components(const std::vector<std::string>& args, const ConfigRequest& request,
                                               std::optional<fs::path>& config_file) {
   po::options_description common;
-  add_common_options(common);
+  add_common_options(common, request.optional_kinds);
   po::options_description pass1;
   if (request.host_options) pass1.add(*request.host_options);
   pass1.add(common);
@@ -135,7 +165,7 @@ std::map<Kind, std::string> choose_components(const std::vector<std::string>& ar
 po::options_description run_options(const PluginHost& host, const ConfigRequest& request,
                                     const std::map<Kind, std::string>& chosen) {
   po::options_description common;
-  add_common_options(common);
+  add_common_options(common, request.optional_kinds);
   po::options_description components;
   for (const auto& [kind, name] : chosen) {
     const ComponentRecord& c = host.find(kind, name);
@@ -167,7 +197,8 @@ void store_known(const PluginHost& host, const po::parsed_options& parsed, const
 RunConfig RunConfig::resolve(const PluginHost& host, const std::vector<std::string>& args,
                              const ConfigRequest& request) {
   RunConfig config;
-  const std::map<Kind, std::string> chosen = choose_components(args, request, config.config_file_);
+  std::map<Kind, std::string> chosen = choose_components(args, request, config.config_file_);
+  apply_none(chosen, request.optional_kinds, config.switched_off_);
   // Pass 2: everything, with each chosen component's declared options registered.
   const po::options_description all = run_options(host, request, chosen);
   po::variables_map vm;
@@ -207,7 +238,17 @@ std::string RunConfig::to_ini() const {
     for (const auto& [key, value] : c.options.text()) out << key << "=" << value << "\n";
     first = false;
   }
+  for (Kind kind : switched_off_) {  // kept off when the file is read again, whatever the defaults
+    out << (first ? "" : "\n") << "[" << section_name(kind) << "]\nname=none\n";
+    first = false;
+  }
   return out.str();
+}
+
+po::options_description component_choice_options(const ConfigRequest& request) {
+  po::options_description desc("Configuration and components (fsdpx-plugins list shows the installed ones)");
+  add_common_options(desc, request.optional_kinds);
+  return desc;
 }
 
 std::string describe_component(const ComponentRecord& c) {

@@ -10,6 +10,10 @@
 
 namespace fsdpx {
 
+namespace {
+constexpr size_t kMaxHosts = 1000000;  // far beyond any cluster's nodes in one job
+}  // namespace
+
 std::vector<std::string> expand_hostlist(const std::string& hostlist) {
   // Split at commas outside brackets.
   std::vector<std::string> items;
@@ -55,6 +59,8 @@ std::vector<std::string> expand_hostlist(const std::string& hostlist) {
       };
       if (!digits(lo) || !digits(hi))
         throw Error("malformed hostlist '" + hostlist + "': '" + range + "' is not a number or a range");
+      if (lo.size() > 18 || hi.size() > 18)  // std::stoll's range (found by tests/fuzz/fuzz_hostlist)
+        throw Error("malformed hostlist '" + hostlist + "': '" + range + "' has numbers of more than 18 digits");
       long long a = std::stoll(lo), b = std::stoll(hi);
       if (b < a) throw Error("malformed hostlist '" + hostlist + "': range '" + range + "' runs backwards");
       if (b - a > 100000) throw Error("malformed hostlist '" + hostlist + "': range '" + range + "' is too large");
@@ -74,6 +80,9 @@ std::vector<std::string> expand_hostlist(const std::string& hostlist) {
       } else {
         hosts.push_back(name);
       }
+      // Several bracket groups multiply: "a[0-99999]b[0-99999]" would be 10^10 names.
+      if (hosts.size() > kMaxHosts)
+        throw Error("malformed hostlist '" + hostlist.substr(0, 200) + "': more than " + std::to_string(kMaxHosts) + " hosts");
     }
   }
   return hosts;

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct ConfigRequest {
   const boost::program_options::options_description* host_options = nullptr;
   // The component used for a kind that neither the command line nor the file chooses.
   std::map<Kind, std::string> default_names;
+  // Kinds the host can do without: --<section>.name none (or [section] name=none) leaves the
+  // run without one, e.g. fsdpx-train's checkpoint. `none` for any other kind is an error.
+  std::set<Kind> optional_kinds;
 };
 
 class FSDPX_API RunConfig {
@@ -44,6 +48,8 @@ class FSDPX_API RunConfig {
   // The chosen component of each kind that has one.
   const std::map<Kind, ComponentChoice>& components() const { return components_; }
   const ComponentChoice* choice(Kind kind) const;
+  // Whether the run was told to go without a component of `kind` (name none).
+  bool switched_off(Kind kind) const { return switched_off_.count(kind) > 0; }
   // The host's own options, parsed and notified.
   const boost::program_options::variables_map& host_values() const { return host_values_; }
   const std::optional<std::filesystem::path>& config_file() const { return config_file_; }
@@ -54,9 +60,14 @@ class FSDPX_API RunConfig {
 
  private:
   std::map<Kind, ComponentChoice> components_;
+  std::set<Kind> switched_off_;
   boost::program_options::variables_map host_values_;
   std::optional<std::filesystem::path> config_file_;
 };
+
+// --config FILE and --<section>.name NAME for every kind (with "none" where `request` allows it),
+// for a host's --help.
+FSDPX_API boost::program_options::options_description component_choice_options(const ConfigRequest& request);
 
 // A component's description and its options as a table (name, type, default, help), with the
 // spelling for the command line and an INI file. For `fsdpx-plugins show` and --help.
