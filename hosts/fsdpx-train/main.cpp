@@ -220,6 +220,7 @@ int main(int argc, char** argv) {
     ro.device = device == "cuda" ? fsdpx::DeviceKind::Cuda : fsdpx::DeviceKind::Cpu;
     ro.rendezvous_timeout = ms("rendezvous-timeout", vm["rendezvous-timeout"].as<double>());
     ro.collective_timeout = ms("collective-timeout", vm["collective-timeout"].as<double>());
+    ro.exit_on_peer_failure = true;  // a rank that fails ends the others with its message
     if (vm.count("check-comm")) return check_comm(ro);
     auto settings = fsdpx::TrainSettings::from(vm);
     if (vm.count("dry-run")) {

@@ -227,7 +227,7 @@ TEST(Faults, RankKilledDuringACollectiveIsNamedBySurvivors) {
     std::ifstream in(f);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     EXPECT_NE(text.find("all_reduce on group 'world' (ranks 0, 1, 2) failed"), std::string::npos) << text;
-    EXPECT_NE(text.find("rank 1 is gone (no heartbeat for 2 s)"), std::string::npos) << text;
+    EXPECT_NE(text.find("rank 1 is gone (no heartbeat in "), std::string::npos) << text;
   }
   EXPECT_LT(secs, 30.0);
 }

@@ -298,3 +298,33 @@ TEST(Trainer, CheckpointNoneSwitchesOffTheFilesCheckpoint) {
   EXPECT_NE(help.out.find("--checkpoint.name NAME"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("the checkpoint backend to use, or none\n"), std::string::npos) << help.out;
 }
+
+// A rank that fails alone (a bad sample in its shard, thrown by a plugin on rank 1 only) ends the
+// others within 2 s, naming the rank and its message: through the rendezvous store, without
+// fsdpx's launcher (as under torchrun or srun), where nothing else would stop rank 0 before the
+// collective timeout (60 s here).
+TEST(Trainer, ARankFailingAloneEndsTheOthersWithItsMessage) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  const std::string cmd = train_cmd() + " --plugin " + fixture("rank_throws").string() +
+                          " --data.name fixture_rank_throws --steps 50 --log-every 1 --collective-timeout 60";
+  std::string script = "cd " + dir.path().string() + "\n";
+  for (int r : {1, 0})
+    script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+              " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " timeout 120 " + cmd + " > r" +
+              std::to_string(r) + ".out 2> r" + std::to_string(r) + ".err; echo $? > r" + std::to_string(r) +
+              ".code; date +%s.%N > r" + std::to_string(r) + ".end) &\n";
+  write_file(dir.path() / "run.sh", script + "wait\n");
+  run_command("bash " + (dir.path() / "run.sh").string());
+  auto text = [&](const char* name) {
+    std::ifstream in(dir.path() / name);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  EXPECT_NE(text("r1.err").find("sample 17 of rank 1's shard is not valid UTF-8"), std::string::npos) << text("r1.err");
+  const std::string err0 = text("r0.err");
+  EXPECT_NE(err0.find("rank 1 failed: sample 17 of rank 1's shard is not valid UTF-8"), std::string::npos) << err0;
+  EXPECT_NE(std::stoi(text("r0.code")), 0);
+  const double after = std::stod(text("r0.end")) - std::stod(text("r1.end"));
+  std::printf("rank 0 ended %.2f s after rank 1\n", after);
+  EXPECT_LT(after, 2.0);
+}

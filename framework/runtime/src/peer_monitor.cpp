@@ -1,10 +1,18 @@
 #include "peer_monitor.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "diagnostics.h"
 
 namespace fsdpx {
 
-PeerMonitor::PeerMonitor(const Topology& t, std::chrono::milliseconds timeout) : rank_(t.rank) {
+namespace {
+constexpr const char* kFailureKey = "fsdpx/failure";  // "R\nmessage" of the first rank that failed
+}  // namespace
+
+PeerMonitor::PeerMonitor(const Topology& t, std::chrono::milliseconds timeout, bool exit_on_peer_failure)
+    : rank_(t.rank), exit_on_peer_failure_(exit_on_peer_failure) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(t.master_port);
   o.isServer = false;
@@ -23,31 +31,86 @@ PeerMonitor::~PeerMonitor() {
   thread_.join();
 }
 
+// Watches every rank's counter for up to 2 s, a read every 250 ms. Rank 0 hosts the store and
+// may end (after its own diagnosis) while this one watches: what was seen until then counts, as
+// long as it spans at least one second (two beats).
 std::string PeerMonitor::diagnose(const std::vector<int>& ranks) const {
+  using Clock = std::chrono::steady_clock;
+  auto read = [&] {
+    std::vector<int64_t> v;
+    for (int r : ranks) v.push_back(store_->add(key(r), 0));
+    return v;
+  };
+  std::vector<int64_t> first, last;
+  const auto start = Clock::now();
+  auto seen_until = start;
+  bool store_lost = false;
   try {
-    std::vector<int64_t> before;
-    for (int r : ranks) before.push_back(store_->add(key(r), 0));
-    std::this_thread::sleep_for(std::chrono::milliseconds(2000));
-    std::vector<int> lost;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      if (ranks[i] != rank_ && store_->add(key(ranks[i]), 0) == before[i]) lost.push_back(ranks[i]);
-    }
-    if (lost.empty()) return "every peer is still alive, so it was a timeout or a network fault";
-    return std::string(lost.size() == 1 ? "rank " : "ranks ") + join_ints(lost) + (lost.size() == 1 ? " is" : " are") +
-           " gone (no heartbeat for 2 s)";
+    if (std::string failed = peer_failure(); !failed.empty()) return failed;
+    first = last = read();
   } catch (const std::exception&) {
     return "rank 0, which hosts the rendezvous store, is gone";
   }
+  while (Clock::now() - start < std::chrono::milliseconds(2000)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    try {
+      if (std::string failed = peer_failure(); !failed.empty()) return failed;
+      last = read();
+      seen_until = Clock::now();
+    } catch (const std::exception&) {
+      store_lost = true;
+      break;
+    }
+  }
+  const double watched = std::chrono::duration<double>(seen_until - start).count();
+  if (store_lost && watched < 1.0) return "rank 0, which hosts the rendezvous store, is gone";
+  std::vector<int> lost;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i] != rank_ && last[i] == first[i]) lost.push_back(ranks[i]);
+  if (lost.empty())
+    return store_lost ? "rank 0, which hosts the rendezvous store, is gone"
+                      : "every peer is still alive, so it was a timeout or a network fault";
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f", watched);
+  return std::string(lost.size() == 1 ? "rank " : "ranks ") + join_ints(lost) + (lost.size() == 1 ? " is" : " are") +
+         " gone (no heartbeat in " + secs + " s)";
 }
 
 std::string PeerMonitor::key(int r) { return "fsdpx/heartbeat/" + std::to_string(r); }
 
+void PeerMonitor::report_failure(const std::string& message) const {
+  try {
+    const std::string text = std::to_string(rank_) + "\n" + message;
+    store_->compareSet(kFailureKey, {}, std::vector<uint8_t>(text.begin(), text.end()));
+  } catch (const std::exception&) {
+    // The store is gone with rank 0: the others learn of this rank's end from the lost heartbeat.
+  }
+}
+
+std::string PeerMonitor::peer_failure() const {
+  if (!store_->check({kFailureKey})) return "";
+  const std::vector<uint8_t> v = store_->get(kFailureKey);
+  const std::string text(v.begin(), v.end());
+  const size_t nl = text.find('\n');
+  const std::string rank = text.substr(0, nl), message = nl == std::string::npos ? "" : text.substr(nl + 1);
+  if (rank == std::to_string(rank_)) return "";
+  return "rank " + rank + " failed: " + message;
+}
+
 void PeerMonitor::run() {
   std::unique_lock<std::mutex> lock(mutex_);
+  int seen = 0;  // beats since another rank's failure was first seen
   while (!stop_) {
     lock.unlock();
     try {
       store_->add(key(rank_), 1);
+      const std::string failed = exit_on_peer_failure_ ? peer_failure() : "";
+      // One beat of grace: when every rank fails alike, each ends with its own message first.
+      if (!failed.empty() && ++seen >= 2) {
+        std::fprintf(stderr, "fsdpx: stopping rank %d: %s\n", rank_, failed.c_str());
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
     } catch (const std::exception&) {
       // The store may be gone (diagnose() will say so) or briefly unreachable: keep trying.
     }

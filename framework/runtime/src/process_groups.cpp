@@ -116,7 +116,7 @@ std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& optio
                 " (raise --rendezvous-timeout if they are only slow to start)");
   }
   try {
-    impl->monitor = std::make_shared<PeerMonitor>(t, timeout);
+    impl->monitor = std::make_shared<PeerMonitor>(t, timeout, options.exit_on_peer_failure);
   } catch (const std::exception& e) {
     throw Error("rank " + std::to_string(t.rank) + ": cannot open the heartbeat connection to " +
                 master + ": " + first_line(e));
@@ -138,6 +138,10 @@ ProcessGroups::~ProcessGroups() {
 const Topology& ProcessGroups::topology() const { return impl_->options.topology; }
 DeviceKind ProcessGroups::device() const { return impl_->options.device; }
 std::shared_ptr<Communicator> ProcessGroups::world() const { return impl_->world; }
+
+void ProcessGroups::report_failure(const std::string& message) const {
+  if (impl_->monitor) impl_->monitor->report_failure(message);
+}
 
 std::shared_ptr<Communicator> ProcessGroups::new_group(const std::string& name,
                                                        const std::vector<int>& ranks) {

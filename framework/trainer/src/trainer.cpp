@@ -114,7 +114,19 @@ class Trainer {
 
   int run() {
     plan();
-    build();
+    try {
+      build();
+      train();
+    } catch (const std::exception& e) {
+      // The other ranks stop with this message at once, instead of waiting in a collective.
+      if (groups_) groups_->report_failure(e.what());
+      throw;
+    }
+    return 0;
+  }
+
+ private:
+  void train() {
     open_run_directory();
     initial_weights();
     restore();
@@ -123,10 +135,8 @@ class Trainer {
     announce();
     loop();
     finish();
-    return 0;
   }
 
- private:
   bool writer() const { return rank_ == 0; }
   Communicator& world() const { return *groups_->world(); }
 

@@ -19,6 +19,10 @@ struct RuntimeOptions {
   DeviceKind device = DeviceKind::Cpu;  // Cpu: Gloo; Cuda: NCCL on device local_rank
   std::chrono::milliseconds rendezvous_timeout{60000};
   std::chrono::milliseconds collective_timeout{300000};
+  // When another rank reports a failure (report_failure), end this process within about a
+  // second with that rank's message, instead of waiting in a collective until the timeout.
+  // fsdpx-train sets it; a program embedding fsdpx decides for itself.
+  bool exit_on_peer_failure = false;
 };
 
 class FSDPX_API ProcessGroups {
@@ -48,6 +52,10 @@ class FSDPX_API ProcessGroups {
     std::shared_ptr<Communicator> replicate;
   };
   Hybrid hybrid(int shard_size);
+
+  // Tells the other ranks, through the rendezvous store, that this rank failed with `message`:
+  // their collective errors name it at once (and with exit_on_peer_failure they end). Never throws.
+  void report_failure(const std::string& message) const;
 
  private:
   struct Impl;
