@@ -224,8 +224,7 @@ TEST(Faults, RankKilledDuringACollectiveIsNamedBySurvivors) {
                              " 2>&1 & wait'");
   double secs = std::chrono::duration<double>(Clock::now() - start).count();
   for (const auto& f : {out0, out2}) {
-    std::ifstream in(f);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string text = test::read_file(f);
     EXPECT_NE(text.find("all_reduce on group 'world' (ranks 0, 1, 2) failed"), std::string::npos) << text;
     EXPECT_NE(text.find("rank 1 is gone (no heartbeat in "), std::string::npos) << text;
   }

@@ -18,16 +18,15 @@
 namespace fsdpx::test {
 namespace fs = std::filesystem;
 
-namespace {
+fs::path build_dir() { return FSDPX_TEST_BUILD_DIR; }
+
 std::string read_file(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
-}  // namespace
 
-fs::path build_dir() { return FSDPX_TEST_BUILD_DIR; }
 std::string venv_python() { return FSDPX_TEST_PYTHON; }
 fs::path fixture_dir() { return build_dir() / "tests" / "fixtures"; }
 fs::path plugin_dir() { return build_dir() / "lib" / "fsdpx" / "plugins"; }

@@ -27,6 +27,8 @@ class TempDir {
 };
 
 void write_file(const std::filesystem::path& p, const std::string& text);
+// The whole file ("" if it cannot be read).
+std::string read_file(const std::filesystem::path& p);
 
 // The message of the fsdpx::Error that `f` throws, or "(no error)".
 std::string error_of(const std::function<void()>& f);

@@ -240,14 +240,6 @@ TEST(Trainer, RankZeroFailuresEndEveryRank) {
   }
 }
 
-namespace {
-std::string file_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  EXPECT_TRUE(in.good()) << p;
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-}  // namespace
-
 // --save-init writes the weights a run starts from; --init-from starts another run from them,
 // whatever its seed: the weights it starts from (written again) are the same bytes, and a
 // model the file does not fit is refused naming the tensor.
@@ -260,9 +252,10 @@ TEST(Trainer, InitFromStartsFromSavedWeights) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("initial weights from " + (d / "seed0").string()), std::string::npos) << r.out;
   ASSERT_EQ(run_command(base + "--seed 5 --save-init " + (d / "seed5").string()).exit_code, 0);
-  const std::string w0 = file_bytes(d / "seed0" / "model.safetensors");
-  EXPECT_EQ(file_bytes(d / "from0" / "model.safetensors"), w0);
-  EXPECT_NE(file_bytes(d / "seed5" / "model.safetensors"), w0);  // the seed alone gives other weights
+  const std::string w0 = read_file(d / "seed0" / "model.safetensors");
+  ASSERT_FALSE(w0.empty());
+  EXPECT_EQ(read_file(d / "from0" / "model.safetensors"), w0);
+  EXPECT_NE(read_file(d / "seed5" / "model.safetensors"), w0);  // the seed alone gives other weights
 
   const std::string from = " --init-from " + (d / "seed0").string();
   const std::map<std::string, std::string> refused = {
@@ -291,8 +284,7 @@ TEST(Trainer, CheckpointNoneSwitchesOffTheFilesCheckpoint) {
                        " --checkpoint.name none --out " + (dir.path() / "run").string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "run" / "checkpoints"));
-  std::ifstream ini(dir.path() / "run" / "config.ini");
-  const std::string resolved((std::istreambuf_iterator<char>(ini)), std::istreambuf_iterator<char>());
+  const std::string resolved = read_file(dir.path() / "run" / "config.ini");
   EXPECT_NE(resolved.find("[checkpoint]\nname=none\n"), std::string::npos) << resolved;
   auto help = run_command(train_cmd() + " --help");
   EXPECT_NE(help.out.find("--checkpoint.name NAME"), std::string::npos) << help.out;
@@ -316,10 +308,7 @@ TEST(Trainer, ARankFailingAloneEndsTheOthersWithItsMessage) {
               ".code; date +%s.%N > r" + std::to_string(r) + ".end) &\n";
   write_file(dir.path() / "run.sh", script + "wait\n");
   run_command("bash " + (dir.path() / "run.sh").string());
-  auto text = [&](const char* name) {
-    std::ifstream in(dir.path() / name);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
+  auto text = [&](const char* name) { return read_file(dir.path() / name); };
   EXPECT_NE(text("r1.err").find("sample 17 of rank 1's shard is not valid UTF-8"), std::string::npos) << text("r1.err");
   const std::string err0 = text("r0.err");
   EXPECT_NE(err0.find("rank 1 failed: sample 17 of rank 1's shard is not valid UTF-8"), std::string::npos) << err0;
