@@ -179,6 +179,18 @@ TEST(ActivationCheckpointing, GradientsAreIdentical) {
 // 102.4 MB -> 52.4 MB (1.95x); the test asks for 1.5x. glibc is told to return large blocks to
 // the system at once (MALLOC_MMAP_THRESHOLD_), so that RSS follows the live tensors.
 TEST(ActivationCheckpointing, StepMemoryDropsForGptSmall) {
+#if defined(__SANITIZE_ADDRESS__)  // GCC
+#define FSDPX_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)  // clang
+#define FSDPX_UNDER_ASAN 1
+#endif
+#endif
+#ifdef FSDPX_UNDER_ASAN
+  // ASan's allocator keeps freed blocks in quarantine and ignores MALLOC_MMAP_THRESHOLD_: the
+  // RSS no longer follows the live tensors (measured 1.46x to 1.6x there), so it says nothing.
+  GTEST_SKIP() << "RSS under AddressSanitizer does not follow the live tensors; make test measures this";
+#endif
   TempDir a, b;
   const std::string run = "env MALLOC_MMAP_THRESHOLD_=65536 " + train() +
                           " --nproc-per-node 2 --model.size small --batch-size 8 --data.seq 128 --steps 3 --log-every 1 ";
