@@ -41,6 +41,8 @@ po::options_description options() {
     ("master-port", po::value<int>(), "rendezvous port (else MASTER_PORT, else derived from SLURM_JOB_ID)")
     ("rendezvous-timeout", po::value<double>()->default_value(60), "seconds to wait for every rank to join")
     ("collective-timeout", po::value<double>()->default_value(300), "seconds before a collective is declared hung")
+    ("check-collectives", "debug: before each collective the ranks compare op, dtype, element count, unit and phase "
+     "(one small all-gather each); a mismatch stops the run naming both calls before anything hangs")
     ("device", po::value<std::string>()->default_value("cpu"), "cpu (Gloo) or cuda (NCCL, one GPU per local rank)");
   po::options_description actions("Actions");
   actions.add_options()
@@ -221,6 +223,7 @@ int main(int argc, char** argv) {
     ro.rendezvous_timeout = ms("rendezvous-timeout", vm["rendezvous-timeout"].as<double>());
     ro.collective_timeout = ms("collective-timeout", vm["collective-timeout"].as<double>());
     ro.exit_on_peer_failure = true;  // a rank that fails ends the others with its message
+    ro.check_collectives = vm.count("check-collectives") > 0;
     if (vm.count("check-comm")) return check_comm(ro);
     auto settings = fsdpx::TrainSettings::from(vm);
     if (vm.count("dry-run")) {

@@ -9,6 +9,8 @@
 //                and must fail naming rank 1
 //   exit         rank --fail-rank exits with --code after a barrier; the others sleep
 //   sleep        every rank writes its pid to --dir and sleeps (to be signalled)
+//   mismatch     an all-reduce, then an all-gather of 1000 elements per rank, but 999 on
+//                --fail-rank (run it with --check-collectives, which must refuse it)
 #include <signal.h>
 #include <unistd.h>
 
@@ -134,6 +136,13 @@ int run_scenario(const std::string& scenario, const RuntimeOptions& ro, const po
     groups->world()->all_reduce(u, ReduceOp::Sum).wait();
     std::printf("rank %d: the collective succeeded without rank 1\n", rank);
     return 0;
+  } else if (scenario == "mismatch") {
+    at::Tensor t = at::ones({4});
+    groups->world()->all_reduce(t, ReduceOp::Sum).wait();
+    const int64_t n = rank == vm["fail-rank"].as<int>() ? 999 : 1000;
+    at::Tensor out = at::empty({n * ro.topology.world_size});
+    groups->world()->all_gather(out, at::ones({n})).wait();
+    std::printf("rank %d: the all-gather of mismatched sizes ran\n", rank);
   } else if (scenario == "exit") {
     groups->world()->barrier().wait();
     if (rank == vm["fail-rank"].as<int>()) return vm["code"].as<int>();
@@ -153,12 +162,14 @@ int main(int argc, char** argv) {
       ("collective-timeout", po::value<double>()->default_value(30), "")
       ("fail-rank", po::value<int>()->default_value(1), "")
       ("code", po::value<int>()->default_value(3), "")
-      ("dir", po::value<std::string>(), "");
+      ("dir", po::value<std::string>(), "")
+      ("check-collectives", "");
   return tool::main(argc, argv, "comm_worker", desc, [](const po::variables_map& vm) {
     RuntimeOptions ro;
     ro.topology = resolve_topology({}, process_environment()).topology;
     ro.rendezvous_timeout = std::chrono::milliseconds(static_cast<int64_t>(vm["rendezvous-timeout"].as<double>() * 1000));
     ro.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(vm["collective-timeout"].as<double>() * 1000));
+    ro.check_collectives = vm.count("check-collectives") > 0;
     return run_scenario(vm["scenario"].as<std::string>(), ro, vm);
   });
 }

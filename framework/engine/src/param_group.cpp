@@ -1,13 +1,36 @@
 #include "param_group.h"
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "fsdpx/framework/runtime/collective_context.h"
 #include "unit_collectives.h"
 
 namespace fsdpx {
+
+namespace {
+
+// FSDPX_FAULT=skip-all-gather:R:UNIT: global rank R skips the first all-gather of UNIT ("root"
+// for the root), as a rank with a bug would: it goes on with zeros, one collective behind the
+// others from then on. For the flight recorder's and --check-collectives' tests.
+bool fault_skips_gather(const EngineConfig& config, const std::string& unit) {
+  static std::atomic<bool> done{false};
+  const char* f = std::getenv("FSDPX_FAULT");
+  if (!f || done.load()) return false;
+  const int rank = config.comms.world ? config.comms.world->rank() : 0;
+  if (std::string(f) != "skip-all-gather:" + std::to_string(rank) + ":" + unit) return false;
+  done.store(true);
+  std::fprintf(stderr, "fsdpx: FSDPX_FAULT=%s: rank %d skips the all-gather of unit %s\n", f, rank, unit.c_str());
+  return true;
+}
+
+}  // namespace
 
 bool ParamGroup::separate() const {
   const PrecisionSpec& p = config->options.precision;
@@ -19,6 +42,7 @@ bool ParamGroup::reshard_after_forward() const {
 }
 
 void ParamGroup::materialise(Model& model, const std::string& unit) {
+  label = root ? "root" : unit;
   const int64_t S = config->shard_size;
   for (ShardedParam& p : params) {
     p.lay_out(S, total);
@@ -68,7 +92,13 @@ void ParamGroup::start_gather() {
   state = State::Gathering;
   if (!sharded_layout()) return;
   gather_in = cast_for_all_gather(flat_shard, config->options.precision.compute);
+  if (fault_skips_gather(*config, label)) {
+    gather_out = at::zeros({config->shard_size * total}, gather_in.options());
+    gather_work = Work();
+    return;
+  }
   gather_out = at::empty({config->shard_size * total}, gather_in.options());
+  CollectiveUnit scope(label);
   gather_work = config->comms.shard->all_gather(gather_out, gather_in);
 }
 
@@ -102,6 +132,7 @@ void ParamGroup::reshard() {
 
 void ParamGroup::reduce_grads() {
   at::NoGradGuard no_grad;
+  CollectiveUnit scope(label);
   const auto& comms = config->comms;
   reduce_in = pack_gradients(params, config->shard_size, total, flat_grad.options().dtype(config->options.precision.reduce));
   if (sharded_layout()) {
@@ -128,6 +159,7 @@ void ParamGroup::finish_reduce() {
   // Hybrid: the shard's gradients across the replicas, asynchronously, so that this unit's
   // all-reduce overlaps the next units' reduce-scatters (finish_replicate waits).
   if (sharded_layout() && config->comms.replicate) {
+    CollectiveUnit scope(label);
     replicate_work = config->comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
     replicating = true;
   }

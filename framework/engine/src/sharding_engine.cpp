@@ -15,6 +15,7 @@
 #include "engine_state.h"
 #include "fsdpx/error.h"
 #include "fsdpx/framework/base/unit_registry.h"
+#include "fsdpx/framework/runtime/collective_context.h"
 
 namespace fsdpx {
 
@@ -99,6 +100,7 @@ void ShardingEngine::Impl::check_generation(uint64_t gen, const std::string& uni
 }
 
 void ShardingEngine::Impl::finish_backward() {
+  CollectivePhase phase("backward");
   // Units whose post-backward did not fire (inputs that need no gradient, such as token ids,
   // and the root), latest first.
   for (auto it = units.rbegin(); it != units.rend(); ++it) (*it)->post_backward();
@@ -136,6 +138,7 @@ ShardingEngine::~ShardingEngine() = default;
 
 at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   Impl& e = *impl_;
+  CollectivePhase phase("forward");
   // A forward whose backward never came (validation with grad on, a skipped step), or a
   // backward that failed half-way: bring everything back to rest. Everything is resharded, the
   // root too, so that the new forward gathers what the optimizer last wrote.
@@ -215,6 +218,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardingEngine::full_parameters(
     const ParamGroup& g = u->group;
     at::Tensor all = g.flat_shard;
     if (S > 1) {
+      CollectiveUnit scope(g.label);
       all = at::empty({S * g.total}, g.flat_shard.options());
       e.config.comms.shard->all_gather(all, g.flat_shard).wait();
     }

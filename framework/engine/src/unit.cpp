@@ -6,6 +6,7 @@
 
 #include "engine_state.h"
 #include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/collective_context.h"
 #include "recompute.h"
 
 namespace fsdpx {
@@ -110,6 +111,7 @@ at::Tensor Unit::post_forward(at::Tensor output) {
 }
 
 void Unit::pre_backward(uint64_t gen) {
+  CollectivePhase phase("backward");  // autograd may run this on a thread of its own
   engine->check_generation(gen, fqn);
   if (pre_backward_done) return;
   pre_backward_done = true;
@@ -133,6 +135,7 @@ void Unit::post_backward(uint64_t gen) {
 }
 
 void Unit::post_backward() {
+  CollectivePhase phase("backward");
   if (post_backward_done) return;
   post_backward_done = true;
   if (engine->sync) group.reduce_grads();

@@ -1,5 +1,11 @@
 #include "backend_communicator.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <map>
+
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -31,39 +37,45 @@ void reduce_slices(const at::Tensor& received, at::Tensor& output, ReduceOp op, 
 
 BackendCommunicator::BackendCommunicator(std::string name, c10::intrusive_ptr<c10d::Backend> backend,
                                          std::vector<int> global_ranks, int global_rank,
-                                         std::shared_ptr<const PeerMonitor> monitor, std::chrono::milliseconds timeout)
+                                         std::shared_ptr<const PeerMonitor> monitor, std::chrono::milliseconds timeout,
+                                         std::shared_ptr<FlightRecorder> recorder, bool check_collectives)
     : name_(std::move(name)),
       backend_(std::move(backend)),
       global_ranks_(std::move(global_ranks)),
       global_rank_(global_rank),
       monitor_(std::move(monitor)),
       timeout_(timeout),
+      recorder_(std::move(recorder)),
+      check_collectives_(check_collectives),
       gloo_(backend_->getBackendName() == "gloo") {}
 
 Work BackendCommunicator::all_gather(at::Tensor output, at::Tensor input) {
   check_pair("all_gather", output, input, output.numel() == input.numel() * size(),
              "output must have size() x input's elements");
-  return issue("all_gather", [&] { return backend_->_allgather_base(output, input); });
+  const uint64_t id = begin("all_gather", input.scalar_type(), input.numel(), input.device());
+  return issue("all_gather", id, [&] { return backend_->_allgather_base(output, input); });
 }
 
 Work BackendCommunicator::reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) {
   check_pair("reduce_scatter", output, input, input.numel() == output.numel() * size(),
              "input must have size() x output's elements");
   check_average("reduce_scatter", output, op);
-  if (gloo_) return reduce_scatter_by_all_to_all(output, input, op);
+  const uint64_t id = begin("reduce_scatter", output.scalar_type(), output.numel(), output.device());
+  if (gloo_) return reduce_scatter_by_all_to_all(id, output, input, op);
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = to_c10d(op);
   opts.timeout = timeout_;
-  return issue("reduce_scatter", [&] { return backend_->_reduce_scatter_base(output, input, opts); }, average(op, output));
+  return issue("reduce_scatter", id, [&] { return backend_->_reduce_scatter_base(output, input, opts); },
+               average(op, output));
 }
 
-Work BackendCommunicator::reduce_scatter_by_all_to_all(at::Tensor output, at::Tensor input, ReduceOp op) {
+Work BackendCommunicator::reduce_scatter_by_all_to_all(uint64_t id, at::Tensor output, at::Tensor input, ReduceOp op) {
   at::Tensor received = at::empty_like(input);
   std::vector<int64_t> even;
   c10d::AllToAllOptions opts;
   opts.timeout = timeout_;
   const int64_t n = size();
-  return issue("reduce_scatter", [&] { return backend_->alltoall_base(received, input, even, even, opts); },
+  return issue("reduce_scatter", id, [&] { return backend_->alltoall_base(received, input, even, even, opts); },
                [received, output, op, n]() mutable { reduce_slices(received, output, op, n); });
 }
 
@@ -74,7 +86,8 @@ Work BackendCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
   opts.timeout = timeout_;
-  return issue("all_reduce", [&] { return backend_->allreduce(ts, opts); }, average(op, tensor));
+  const uint64_t id = begin("all_reduce", tensor.scalar_type(), tensor.numel(), tensor.device());
+  return issue("all_reduce", id, [&] { return backend_->allreduce(ts, opts); }, average(op, tensor));
 }
 
 Work BackendCommunicator::broadcast(at::Tensor tensor, int root) {
@@ -86,13 +99,16 @@ Work BackendCommunicator::broadcast(at::Tensor tensor, int root) {
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   opts.timeout = timeout_;
-  return issue("broadcast", [&] { return backend_->broadcast(ts, opts); });
+  const uint64_t id = begin("broadcast", tensor.scalar_type(), tensor.numel(), tensor.device());
+  return issue("broadcast", id, [&] { return backend_->broadcast(ts, opts); });
 }
 
 Work BackendCommunicator::barrier() {
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
-  return issue("barrier", [&] { return backend_->barrier(opts); });
+  // NCCL's check would need a device buffer; a barrier carries no data to disagree on anyway.
+  const uint64_t id = begin("barrier", at::kByte, 0, gloo_ ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA));
+  return issue("barrier", id, [&] { return backend_->barrier(opts); });
 }
 
 std::function<void()> BackendCommunicator::average(ReduceOp op, at::Tensor t) const {
@@ -124,22 +140,69 @@ void BackendCommunicator::check_pair(const char* what, const at::Tensor& out, co
                 ", input " + std::to_string(in.numel()) + ", group size " + std::to_string(size()) + ")");
 }
 
-Work BackendCommunicator::issue(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+uint64_t BackendCommunicator::begin(const char* what, c10::ScalarType dtype, int64_t count, c10::Device device) {
+  const int64_t seq = ++seq_;
+  const FlightEntry call = recorder_->record(name_, seq, what, dtype, count);
+  if (check_collectives_ && (gloo_ || device.is_cuda())) {
+    try {
+      check_across_ranks(call, device);
+    } catch (...) {
+      recorder_->finish(call.id, false);
+      throw;
+    }
+  }
+  return call.id;
+}
+
+namespace {
+constexpr int64_t kCallBytes = 256;  // one serialised record, truncated: what check_collectives exchanges
+}  // namespace
+
+void BackendCommunicator::check_across_ranks(const FlightEntry& call, c10::Device device) {
+  std::string mine = serialize_entry(call);
+  mine.resize(kCallBytes, '\0');
+  at::Tensor in = at::empty({kCallBytes}, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(in.data_ptr(), mine.data(), kCallBytes);
+  in = in.to(device);
+  at::Tensor out = at::empty({kCallBytes * size()}, in.options());
+  try {
+    backend_->_allgather_base(out, in)->wait(timeout_);
+  } catch (const std::exception& e) {
+    throw failure("check_collectives all_gather", e, /*diagnose=*/true);
+  }
+  out = out.cpu();
+  std::map<int, FlightEntry> calls;
+  for (int r = 0; r < size(); ++r) {
+    const char* p = static_cast<const char*>(out.data_ptr()) + r * kCallBytes;
+    auto parsed = parse_flight(std::string(p, strnlen(p, kCallBytes)));
+    calls[global_ranks_[static_cast<size_t>(r)]] = parsed.empty() ? FlightEntry{} : parsed.front();
+  }
+  const std::string differs = disagreement(calls);
+  if (!differs.empty())
+    throw Error("rank " + std::to_string(global_rank_) + ": --check-collectives: the ranks of group '" + name_ +
+                "' (ranks " + join_ints(global_ranks_) + ") are about to call different collectives: " + differs);
+}
+
+Work BackendCommunicator::issue(const char* what, uint64_t id,
+                                const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
                                 std::function<void()> finish) {
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = start();
   } catch (const std::exception& e) {
+    recorder_->finish(id, false);
     throw failure(what, e, /*diagnose=*/false);  // refused at once: a local problem
   }
   auto self = shared_from_this();
-  return Work([self, work, finish, what] {
+  return Work([self, work, finish, what, id] {
     try {
       work->wait(self->timeout_);
     } catch (const std::exception& e) {
+      self->recorder_->finish(id, false);
       throw self->failure(what, e, /*diagnose=*/true);
     }
     if (finish) finish();
+    self->recorder_->finish(id, true);
   });
 }
 
@@ -148,7 +211,10 @@ Error BackendCommunicator::failure(const char* what, const std::exception& e, bo
                     join_ints(global_ranks_) + ") failed: " + first_line(e);
   if (diagnose && monitor_) {
     failure_seen().store(true);
-    msg += "; " + monitor_->diagnose(global_ranks_);
+    std::string text = first_line(e);
+    std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
+    const bool timed_out = text.find("timed out") != std::string::npos || text.find("timeout") != std::string::npos;
+    msg += "; " + monitor_->diagnose(global_ranks_, name_, timed_out);
   }
   return Error(msg);
 }

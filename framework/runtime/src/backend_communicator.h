@@ -1,8 +1,11 @@
 // BackendCommunicator: the Communicator over one c10d backend (Gloo or NCCL). Every collective
 // is checked before it is issued; its Work turns a failure into one message naming the rank, the
-// collective, the group and, through the peer monitor, a lost rank.
+// collective, the group and, through the peer monitor, a lost rank. Every collective goes into the
+// flight recorder; with check_collectives, the ranks first compare what they are about to call
+// (one small all-gather) and a mismatch is an error before the collective runs.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -13,6 +16,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/communicator.h"
+#include "flight_recorder.h"
 #include "peer_monitor.h"
 
 namespace fsdpx {
@@ -20,7 +24,8 @@ namespace fsdpx {
 class BackendCommunicator final : public Communicator, public std::enable_shared_from_this<BackendCommunicator> {
  public:
   BackendCommunicator(std::string name, c10::intrusive_ptr<c10d::Backend> backend, std::vector<int> global_ranks,
-                      int global_rank, std::shared_ptr<const PeerMonitor> monitor, std::chrono::milliseconds timeout);
+                      int global_rank, std::shared_ptr<const PeerMonitor> monitor, std::chrono::milliseconds timeout,
+                      std::shared_ptr<FlightRecorder> recorder, bool check_collectives);
 
   int rank() const override { return backend_->getRank(); }
   int size() const override { return backend_->getSize(); }
@@ -37,7 +42,7 @@ class BackendCommunicator final : public Communicator, public std::enable_shared
   // buffer instead of (n-1)/n (measured on the sockets, see fsdpx-comm-bench). An all-to-all
   // moves exactly the (n-1)/n: rank r receives everyone's slice r and sums the slices locally,
   // in rank order (so every rank adds in the same order), accumulating in fp32 or wider.
-  Work reduce_scatter_by_all_to_all(at::Tensor output, at::Tensor input, ReduceOp op);
+  Work reduce_scatter_by_all_to_all(uint64_t id, at::Tensor output, at::Tensor input, ReduceOp op);
   // After the collective: divides by the group size for an average (the backend sums: Gloo's
   // AVG is unreliable in some versions).
   std::function<void()> average(ReduceOp op, at::Tensor t) const;
@@ -46,9 +51,14 @@ class BackendCommunicator final : public Communicator, public std::enable_shared
   void check_average(const char* what, const at::Tensor& t, ReduceOp op) const;
   void check_pair(const char* what, const at::Tensor& out, const at::Tensor& in, bool sizes_ok, const char* rule) const;
 
+  // The next collective of this group: numbered, checked across ranks (check_collectives) on
+  // `device`, recorded. Returns its record's id.
+  uint64_t begin(const char* what, c10::ScalarType dtype, int64_t count, c10::Device device);
+  // The one small all-gather of check_collectives; throws fsdpx::Error naming what differs.
+  void check_across_ranks(const FlightEntry& call, c10::Device device);
   // Issues the collective `start` returns. The returned Work holds this communicator (and so
   // its backend and monitor) alive, waits with the timeout, then runs `finish`.
-  Work issue(const char* what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+  Work issue(const char* what, uint64_t id, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
              std::function<void()> finish = nullptr);
   Error failure(const char* what, const std::exception& e, bool diagnose) const;
 
@@ -58,7 +68,10 @@ class BackendCommunicator final : public Communicator, public std::enable_shared
   int global_rank_;
   std::shared_ptr<const PeerMonitor> monitor_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  bool check_collectives_;
   bool gloo_;
+  std::atomic<int64_t> seq_{0};
 };
 
 }  // namespace fsdpx

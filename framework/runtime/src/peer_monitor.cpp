@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 #include "diagnostics.h"
 
@@ -9,10 +10,16 @@ namespace fsdpx {
 
 namespace {
 constexpr const char* kFailureKey = "fsdpx/failure";  // "R\nmessage" of the first rank that failed
+constexpr const char* kFlightRequest = "fsdpx/flight/request";    // a counter: > 0 asks for whole rings
+constexpr const char* kFlightReporter = "fsdpx/flight/reporter";  // the rank that compares them
+constexpr const char* kFlightReport = "fsdpx/flight/report";      // and what it found
+constexpr size_t kTailRecords = 8;  // what every beat publishes (a stopped rank's last word)
+std::string flight_key(int r) { return "fsdpx/flight/" + std::to_string(r); }
 }  // namespace
 
-PeerMonitor::PeerMonitor(const Topology& t, std::chrono::milliseconds timeout, bool exit_on_peer_failure)
-    : rank_(t.rank), exit_on_peer_failure_(exit_on_peer_failure) {
+PeerMonitor::PeerMonitor(const Topology& t, std::chrono::milliseconds timeout, bool exit_on_peer_failure,
+                         std::shared_ptr<const FlightRecorder> recorder)
+    : rank_(t.rank), exit_on_peer_failure_(exit_on_peer_failure), recorder_(std::move(recorder)) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(t.master_port);
   o.isServer = false;
@@ -34,7 +41,7 @@ PeerMonitor::~PeerMonitor() {
 // Watches every rank's counter for up to 2 s, a read every 250 ms. Rank 0 hosts the store and
 // may end (after its own diagnosis) while this one watches: what was seen until then counts, as
 // long as it spans at least one second (two beats).
-std::string PeerMonitor::diagnose(const std::vector<int>& ranks) const {
+std::string PeerMonitor::diagnose(const std::vector<int>& ranks, const std::string& group, bool timed_out) const {
   using Clock = std::chrono::steady_clock;
   auto read = [&] {
     std::vector<int64_t> v;
@@ -44,17 +51,21 @@ std::string PeerMonitor::diagnose(const std::vector<int>& ranks) const {
   std::vector<int64_t> first, last;
   const auto start = Clock::now();
   auto seen_until = start;
-  bool store_lost = false;
+  bool store_lost = false, reporter = false;
   try {
     if (std::string failed = peer_failure(); !failed.empty()) return failed;
+    publish(SIZE_MAX);
+    store_->add(kFlightRequest, 1);
+    reporting_.store(true);  // not ended by another rank's failure before this diagnosis is done
+    reporter = claim_report();
     first = last = read();
   } catch (const std::exception&) {
+    reporting_.store(false);
     return "rank 0, which hosts the rendezvous store, is gone";
   }
   while (Clock::now() - start < std::chrono::milliseconds(2000)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
     try {
-      if (std::string failed = peer_failure(); !failed.empty()) return failed;
       last = read();
       seen_until = Clock::now();
     } catch (const std::exception&) {
@@ -67,13 +78,58 @@ std::string PeerMonitor::diagnose(const std::vector<int>& ranks) const {
   std::vector<int> lost;
   for (size_t i = 0; i < ranks.size(); ++i)
     if (ranks[i] != rank_ && last[i] == first[i]) lost.push_back(ranks[i]);
-  if (lost.empty())
-    return store_lost ? "rank 0, which hosts the rendezvous store, is gone"
-                      : "every peer is still alive, so it was a timeout or a network fault";
-  char secs[32];
-  std::snprintf(secs, sizeof secs, "%.1f", watched);
-  return std::string(lost.size() == 1 ? "rank " : "ranks ") + join_ints(lost) + (lost.size() == 1 ? " is" : " are") +
-         " gone (no heartbeat in " + secs + " s)";
+  std::string clause;
+  if (lost.empty()) {
+    clause = store_lost ? "rank 0, which hosts the rendezvous store, is gone" : "every peer is still alive";
+  } else {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.1f", watched);
+    clause = std::string(lost.size() == 1 ? "rank " : "ranks ") + join_ints(lost) + (lost.size() == 1 ? " is" : " are") +
+             (timed_out ? " hung (no heartbeat in " + std::string(secs) + " s, its connections still open)"
+                        : " gone (no heartbeat in " + std::string(secs) + " s)");
+  }
+  std::string records;
+  try {
+    if (!store_lost) records = reporter ? compare_records(ranks, group) : wait_for_report();
+  } catch (const std::exception&) {
+    // The store went away while reading: the clause above is what is known.
+  }
+  reporting_.store(false);
+  // With every peer alive and in step, the collective itself stalled.
+  if (lost.empty() && !store_lost && (records.empty() || records.find(kRanksAgree) != std::string::npos))
+    clause += ", so it was a timeout or a network fault";
+  return records.empty() ? clause : clause + "; " + records;
+}
+
+void PeerMonitor::publish(size_t last) const {
+  if (!recorder_) return;
+  const std::string text = recorder_->serialize(last);
+  store_->set(flight_key(rank_), std::vector<uint8_t>(text.begin(), text.end()));
+  if (last == SIZE_MAX) published_whole_.store(true);
+}
+
+bool PeerMonitor::claim_report() const {
+  const std::string me = std::to_string(rank_);
+  const std::vector<uint8_t> who = store_->compareSet(kFlightReporter, {}, std::vector<uint8_t>(me.begin(), me.end()));
+  return std::string(who.begin(), who.end()) == me;
+}
+
+std::string PeerMonitor::wait_for_report() const {
+  store_->wait({kFlightReport}, std::chrono::milliseconds(3000));
+  const std::vector<uint8_t> v = store_->get(kFlightReport);
+  return std::string(v.begin(), v.end());
+}
+
+std::string PeerMonitor::compare_records(const std::vector<int>& ranks, const std::string& group) const {
+  std::map<int, std::vector<FlightEntry>> records;
+  for (int r : ranks) {
+    if (!store_->check({flight_key(r)})) continue;
+    const std::vector<uint8_t> v = store_->get(flight_key(r));
+    records[r] = parse_flight(std::string(v.begin(), v.end()));
+  }
+  const std::string report = compare_flights(group, ranks, records);
+  store_->set(kFlightReport, std::vector<uint8_t>(report.begin(), report.end()));
+  return report;
 }
 
 std::string PeerMonitor::key(int r) { return "fsdpx/heartbeat/" + std::to_string(r); }
@@ -100,13 +156,22 @@ std::string PeerMonitor::peer_failure() const {
 void PeerMonitor::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   int seen = 0;  // beats since another rank's failure was first seen
+  uint64_t published = 0;
   while (!stop_) {
     lock.unlock();
     try {
       store_->add(key(rank_), 1);
+      if (recorder_ && !published_whole_.load()) {
+        if (store_->add(kFlightRequest, 0) > 0) {
+          publish(SIZE_MAX);
+        } else if (const uint64_t v = recorder_->version(); v != published) {
+          publish(kTailRecords);
+          published = v;
+        }
+      }
       const std::string failed = exit_on_peer_failure_ ? peer_failure() : "";
       // One beat of grace: when every rank fails alike, each ends with its own message first.
-      if (!failed.empty() && ++seen >= 2) {
+      if (!failed.empty() && ++seen >= 2 && !reporting_.load()) {
         std::fprintf(stderr, "fsdpx: stopping rank %d: %s\n", rank_, failed.c_str());
         std::fflush(stderr);
         std::_Exit(1);

@@ -4,9 +4,15 @@
 // and with `exit_on_peer_failure` the monitor ends its own process within about a second
 // instead of leaving it waiting in a collective for the timeout. Uses its own store connection
 // and thread.
+//
+// It also carries the flight recorder to the store: with every beat the last few records, when
+// they changed; at once, the whole ring, when any rank asks (a rank diagnosing a failure asks).
+// The first rank to diagnose a failure compares the ranks' records (flight_recorder.h).
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -15,6 +21,7 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "flight_recorder.h"
 #include "fsdpx/topology.h"
 
 namespace fsdpx {
@@ -22,24 +29,38 @@ namespace fsdpx {
 class PeerMonitor {
  public:
   // Connects to the store of `t` and starts beating. Throws what the store's client throws.
-  PeerMonitor(const Topology& t, std::chrono::milliseconds timeout, bool exit_on_peer_failure);
+  PeerMonitor(const Topology& t, std::chrono::milliseconds timeout, bool exit_on_peer_failure,
+              std::shared_ptr<const FlightRecorder> recorder);
   ~PeerMonitor();
   PeerMonitor(const PeerMonitor&) = delete;
   PeerMonitor& operator=(const PeerMonitor&) = delete;
 
   // Which of `ranks` failed (with its message, at once) or stopped beating (about two seconds),
-  // as a clause for an error message.
-  std::string diagnose(const std::vector<int>& ranks) const;
+  // as a clause for an error message: "hung" when the collective timed out, "gone" otherwise.
+  // Unless a rank posted its failure first, the clause ends with the comparison of the ranks'
+  // flight records of `group`, made once by the first rank to diagnose, read by the others.
+  std::string diagnose(const std::vector<int>& ranks, const std::string& group, bool timed_out) const;
   // Posts this rank's failure for the others; the first failure posted is the one they see.
   void report_failure(const std::string& message) const;
 
  private:
   static std::string key(int r);
   void run();
+  // Writes the last `last` records of this rank to the store.
+  void publish(size_t last) const;
+  // Whether this rank is the first to diagnose a failure, which compares the records.
+  bool claim_report() const;
+  // The comparison of the ranks' records of `group`, also posted for the other ranks.
+  std::string compare_records(const std::vector<int>& ranks, const std::string& group) const;
+  // What the first rank to diagnose found (within 3 s), for the others' messages.
+  std::string wait_for_report() const;
   // "rank R failed: MESSAGE" for a failure another rank posted, else "".
   std::string peer_failure() const;
   int rank_;
   bool exit_on_peer_failure_;
+  std::shared_ptr<const FlightRecorder> recorder_;
+  mutable std::atomic<bool> published_whole_{false};  // then the beats stop publishing the tail
+  mutable std::atomic<bool> reporting_{false};        // diagnosing: not ended by another's failure
   c10::intrusive_ptr<c10d::TCPStore> store_;
   std::thread thread_;
   std::mutex mutex_;

@@ -34,6 +34,7 @@ void quiet_c10d_logging() {
 struct ProcessGroups::Impl {
   RuntimeOptions options;
   c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<FlightRecorder> recorder = std::make_shared<FlightRecorder>();
   std::shared_ptr<const PeerMonitor> monitor;
   std::shared_ptr<Communicator> world;
   std::map<std::string, int> groups_created;  // per (name, members): agreed by the members alone
@@ -63,8 +64,8 @@ struct ProcessGroups::Impl {
       throw Error("rank " + std::to_string(me) + ": creating group '" + name + "' (ranks " +
                   join_ints(ranks) + ") failed: " + first_line(e));
     }
-    return std::make_shared<BackendCommunicator>(name, backend, ranks, me, monitor,
-                                                 options.collective_timeout);
+    return std::make_shared<BackendCommunicator>(name, backend, ranks, me, monitor, options.collective_timeout,
+                                                 recorder, options.check_collectives);
   }
 };
 
@@ -116,7 +117,7 @@ std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& optio
                 " (raise --rendezvous-timeout if they are only slow to start)");
   }
   try {
-    impl->monitor = std::make_shared<PeerMonitor>(t, timeout, options.exit_on_peer_failure);
+    impl->monitor = std::make_shared<PeerMonitor>(t, timeout, options.exit_on_peer_failure, impl->recorder);
   } catch (const std::exception& e) {
     throw Error("rank " + std::to_string(t.rank) + ": cannot open the heartbeat connection to " +
                 master + ": " + first_line(e));

@@ -19,6 +19,7 @@
 #include "fsdpx/evaluation.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/runtime/collective_context.h"
 #include "fsdpx/framework/trainer/checkpoint_state.h"
 #include "fsdpx/framework/trainer/lr_schedule.h"
 #include "fsdpx/framework/trainer/run_directory.h"
@@ -201,6 +202,7 @@ class Trainer {
   // --save-init writes what the run starts from.
   void initial_weights() {
     if (s_.init_from.empty() && s_.save_init.empty()) return;
+    CollectivePhase phase("checkpoint");
     CheckpointState st = weights_state(*engine_);
     const CheckpointContext ctx = checkpoint_context(*groups_, *engine_);
     if (!s_.init_from.empty()) {
@@ -218,6 +220,7 @@ class Trainer {
   // --resume: the named checkpoint, or the newest under OUT/checkpoints.
   void restore() {
     if (s_.resume.empty()) return;
+    CollectivePhase phase("checkpoint");
     std::string dir = s_.resume;
     if (s_.resume == "auto") {
       // Rank 0 alone moves back what an interrupted save left aside; then every rank lists.
@@ -304,6 +307,7 @@ class Trainer {
       mine.tokens += b.tokens;
       mine.samples += b.samples;
     }
+    CollectivePhase phase("step");  // the engine names forward and backward itself
     grad_norm_ = s_.clip_grad_norm > 0 ? engine_->clip_grad_norm(s_.clip_grad_norm) : -1;
     opt_->step(lr_);
     const CommTotals comm_after = counters_.totals();
@@ -394,6 +398,7 @@ class Trainer {
   }
 
   void save(int64_t step) {
+    CollectivePhase phase("checkpoint");
     const std::string dir = (fs::path(run_dir_.checkpoints()) / checkpoint_dir_name(step)).string();
     CheckpointState st = checkpoint_state(*engine_, *opt_, /*for_load=*/false);
     st.step = step;

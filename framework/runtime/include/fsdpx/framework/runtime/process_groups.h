@@ -23,6 +23,10 @@ struct RuntimeOptions {
   // second with that rank's message, instead of waiting in a collective until the timeout.
   // fsdpx-train sets it; a program embedding fsdpx decides for itself.
   bool exit_on_peer_failure = false;
+  // Debug mode: before each collective the ranks of its group compare what they are about to
+  // call (op, dtype, element count, unit, phase) through one small all-gather, and a mismatch is
+  // an error naming both calls before anything hangs. Costs a round trip per collective.
+  bool check_collectives = false;
 };
 
 class FSDPX_API ProcessGroups {
