@@ -68,9 +68,13 @@ if ! have_torch; then
   fi
   have_torch || die "torch==$TORCH_VERSION is not importable from $VENV after installing it"
 fi
-# --- Python tools beside torch: plots, the safetensors interop test, the breast-cancer CSV ----
-PY_TOOLS=(matplotlib safetensors scikit-learn lizard)
-if ! "$VENV/bin/python" -c "import matplotlib, safetensors, sklearn, lizard" 2>/dev/null; then
+# --- Python tools beside torch: plots, the safetensors interop test, the breast-cancer CSV, ----
+# --- transformers and tokenizers for the Hugging Face interop (scripts/tokenize, tests/hf) -------
+PY_TOOLS=(matplotlib safetensors scikit-learn lizard transformers==5.23.0 tokenizers==0.23.3)
+if ! "$VENV/bin/python" - <<'PY' 2>/dev/null; then
+import matplotlib, safetensors, sklearn, lizard, importlib.metadata as md
+assert md.version("transformers") == "5.23.0" and md.version("tokenizers") == "0.23.3"
+PY
   say "installing ${PY_TOOLS[*]} into $VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${PY_TOOLS[@]}" >&2 \
     || die "pip install ${PY_TOOLS[*]} into $VENV failed (see above)"

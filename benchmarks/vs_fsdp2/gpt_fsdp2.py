@@ -101,7 +101,7 @@ class Attention(nn.Module):
 
         q, k, v = split(F.linear(x, self.wq)), split(F.linear(x, self.wk)), split(F.linear(x, self.wv))
         # The rotary tables in x's dtype, computed in forward as gpt.cpp does.
-        inv = torch.pow(self.theta, -torch.arange(0, D, 2, dtype=x.dtype, device=x.device) / float(D))
+        inv = torch.reciprocal(torch.pow(self.theta, torch.arange(0, D, 2, dtype=x.dtype, device=x.device) / float(D)))
         angles = torch.outer(torch.arange(T, dtype=x.dtype, device=x.device), inv)
         cos, sin = angles.cos(), angles.sin()
         q = rotate(q, cos, sin)

@@ -2,13 +2,22 @@
 //   fsdpx-ckpt inspect DIR                       tensors, shapes, dtypes, layout, step, configuration
 //   fsdpx-ckpt verify DIR                        re-reads every byte and checks every digest
 //   fsdpx-ckpt consolidate DIR OUT.safetensors   one file of whole tensors, one tensor in memory at a time
+//   fsdpx-ckpt export-hf DIR OUT_DIR             a Hugging Face directory (config.json, safetensors)
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "fsdpx/error.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
+#include "fsdpx/framework/checkpoint/safetensors.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/hf_interop.h"
+#include "fsdpx/interfaces.h"
 
 namespace {
 
@@ -18,6 +27,10 @@ const char* kUsage =
     "  verify DIR                           re-read everything and check every digest and file size\n"
     "  consolidate DIR OUT.safetensors [--no-optimizer]\n"
     "                                       write one safetensors file of whole tensors (bounded memory)\n"
+    "  export-hf DIR OUT_DIR [--max-shard-size GB] [--dtype fp32|bf16|fp16]\n"
+    "                                       the model as a Hugging Face directory: config.json and model.safetensors,\n"
+    "                                       or shards of at most 5 GB (--max-shard-size) with their index, under\n"
+    "                                       transformers' names; from_pretrained loads it (the gpt model: Llama)\n"
     "DIR is a checkpoint directory (step-NNNNNNNN) of the sharded or consolidated plugin.\n";
 
 std::string shape_text(const std::vector<int64_t>& s) {
@@ -46,6 +59,76 @@ int inspect(const std::string& dir) {
   return 0;
 }
 
+// The [model] section of the configuration a checkpoint was saved with: its name and options.
+std::pair<std::string, std::map<std::string, std::string>> model_section(const std::string& ini, const std::string& dir) {
+  std::istringstream in(ini);
+  std::string line, section, name;
+  std::map<std::string, std::string> options;
+  while (std::getline(in, line)) {
+    const auto first = line.find_first_not_of(" \t");
+    if (first == std::string::npos || line[first] == '#' || line[first] == ';') continue;
+    line = line.substr(first);
+    if (line[0] == '[') {
+      section = line.substr(1, line.find(']') - 1);
+      continue;
+    }
+    const auto eq = line.find('=');
+    if (section != "model" || eq == std::string::npos) continue;
+    auto trim = [](std::string s) {
+      s.erase(0, s.find_first_not_of(" \t"));
+      s.erase(s.find_last_not_of(" \t\r") + 1);
+      return s;
+    };
+    const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
+    if (key == "name") name = value;
+    else options[key] = value;
+  }
+  if (name.empty())
+    throw fsdpx::Error(dir + " records no [model] in its configuration; export-hf needs the model that saved it");
+  return {name, options};
+}
+
+int export_hf(const std::vector<std::string>& a) {
+  fsdpx::HfExportOptions o;
+  for (size_t i = 3; i < a.size(); i += 2) {
+    if (i + 1 >= a.size()) throw fsdpx::Error(a[i] + " needs a value");
+    if (a[i] == "--max-shard-size") {
+      const double gb = std::stod(a[i + 1]);
+      if (!(gb > 0)) throw fsdpx::Error("--max-shard-size must be a positive number of GB, got " + a[i + 1]);
+      o.max_shard_bytes = static_cast<int64_t>(gb * 1e9);
+    } else if (a[i] == "--dtype") {
+      const std::string d = a[i + 1];
+      if (d != "fp32" && d != "bf16" && d != "fp16") throw fsdpx::Error("--dtype must be fp32, bf16 or fp16, got '" + d + "'");
+      o.dtype = d == "fp32" ? c10::kFloat : d == "bf16" ? c10::kBFloat16 : c10::kHalf;
+    } else {
+      throw fsdpx::Error("export-hf: unknown option '" + a[i] + "' (--max-shard-size GB, --dtype fp32|bf16|fp16)");
+    }
+  }
+  const fsdpx::CheckpointInfo info = fsdpx::inspect_checkpoint(a[1]);
+  auto [name, options] = model_section(info.config_ini, a[1]);
+  // The names need no weights; config.json is the one the run recorded (the source directory of
+  // --model.from_hf may be elsewhere now).
+  options.erase("from_hf");
+  fsdpx::PluginHost host;
+  for (const auto& e : host.discover(fsdpx::PluginSearch{})) throw fsdpx::Error(e);
+  auto model = host.create<fsdpx::Model>(name, options);
+  auto* hf = dynamic_cast<fsdpx::HuggingFaceModel*>(model.get());
+  if (!hf) throw fsdpx::Error("model '" + name + "' has no Hugging Face counterpart (it does not offer fsdpx/hf_interop.h)");
+  o.hf_name = [hf](const std::string& n) { return hf->hf_name(n); };
+  o.config_json = hf->hf_config_json();
+  if (!info.trainer_state_json.empty()) {
+    const nlohmann::json state = nlohmann::json::parse(info.trainer_state_json, nullptr, /*allow_exceptions=*/false);
+    if (state.is_object() && state.contains("hf_config") && state["hf_config"].is_object())
+      o.config_json = state["hf_config"].dump();
+  }
+  const fsdpx::HfExport r = fsdpx::export_hf(a[1], a[2], o);
+  std::string files;
+  for (const auto& f : r.files) files += (files.empty() ? "" : ", ") + f;
+  std::printf("wrote %s: config.json, %s (%lld tensors, %.2f MiB)\n", a[2].c_str(), files.c_str(),
+              static_cast<long long>(r.tensors), static_cast<double>(r.bytes) / (1 << 20));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,6 +149,7 @@ int main(int argc, char** argv) {
       std::printf("wrote %s\n", a[2].c_str());
       return 0;
     }
+    if (a[0] == "export-hf" && a.size() >= 3) return export_hf(a);
     std::fprintf(stderr, "fsdpx-ckpt: unknown command or wrong arguments: '%s'\n%s", a[0].c_str(), kUsage);
     return 2;
   } catch (const std::exception& e) {

@@ -19,6 +19,7 @@ namespace fsdpx::test {
 namespace fs = std::filesystem;
 
 fs::path build_dir() { return FSDPX_TEST_BUILD_DIR; }
+fs::path source_dir() { return FSDPX_TEST_SOURCE_DIR; }
 
 std::string read_file(const fs::path& p) {
   std::ifstream in(p);

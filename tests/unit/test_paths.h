@@ -9,6 +9,7 @@
 namespace fsdpx::test {
 
 std::filesystem::path build_dir();    // the CMake build directory
+std::filesystem::path source_dir();   // the checkout (scripts, tests/hf)
 std::string venv_python();            // the python whose torch fsdpx was built with
 std::filesystem::path fixture_dir();  // built fixture plugins
 std::filesystem::path plugin_dir();   // build/lib/fsdpx/plugins

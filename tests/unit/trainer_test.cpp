@@ -241,7 +241,7 @@ TEST(Trainer, RankZeroFailuresEndEveryRank) {
 }
 
 // --save-init writes the weights a run starts from; --init-from starts another run from them,
-// whatever its seed: the weights it starts from (written again) are the same bytes, and a
+// whatever its seed: the weights it starts from (written again) are the same tensors, and a
 // model the file does not fit is refused naming the tensor.
 TEST(Trainer, InitFromStartsFromSavedWeights) {
   TempDir dir;
@@ -252,10 +252,11 @@ TEST(Trainer, InitFromStartsFromSavedWeights) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("initial weights from " + (d / "seed0").string()), std::string::npos) << r.out;
   ASSERT_EQ(run_command(base + "--seed 5 --save-init " + (d / "seed5").string()).exit_code, 0);
-  const std::string w0 = read_file(d / "seed0" / "model.safetensors");
+  // Every tensor's digest (the files' metadata record each run's own configuration).
+  const std::string w0 = read_file(d / "seed0" / "digests.json");
   ASSERT_FALSE(w0.empty());
-  EXPECT_EQ(read_file(d / "from0" / "model.safetensors"), w0);
-  EXPECT_NE(read_file(d / "seed5" / "model.safetensors"), w0);  // the seed alone gives other weights
+  EXPECT_EQ(read_file(d / "from0" / "digests.json"), w0);
+  EXPECT_NE(read_file(d / "seed5" / "digests.json"), w0);  // the seed alone gives other weights
 
   const std::string from = " --init-from " + (d / "seed0").string();
   const std::map<std::string, std::string> refused = {

@@ -1,6 +1,7 @@
 // Out-of-line destructors of the public interfaces, so that their type information and vtables
 // live in libfsdpx alone (one definition shared by the host and every plugin).
 #include "fsdpx/error.h"
+#include "fsdpx/hf_interop.h"
 #include "fsdpx/interfaces.h"
 #include "fsdpx/registrar.h"
 
@@ -28,6 +29,7 @@ std::string layer_type_name(const torch::nn::Module& module) {
   return s;
 }
 Evaluable::~Evaluable() = default;
+HuggingFaceModel::~HuggingFaceModel() = default;
 HeldOutData::~HeldOutData() = default;
 OptimizerDevices::~OptimizerDevices() = default;
 

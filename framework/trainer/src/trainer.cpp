@@ -17,6 +17,7 @@
 
 #include "components.h"
 #include "fsdpx/evaluation.h"
+#include "fsdpx/hf_interop.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/collective_context.h"
@@ -198,13 +199,24 @@ class Trainer {
     on_rank_zero(world(), [&] { run_dir_.create(s_.to_ini() + "\n" + config_.to_ini(), world_, plan_json(plan_).dump(2)); });
   }
 
-  // --init-from replaces the seeded initialisation (a checkpoint to resume from replaces both);
-  // --save-init writes what the run starts from.
+  // --init-from, or a model's Hugging Face weights (--model.from_hf), replace the seeded
+  // initialisation (a checkpoint to resume from replaces both); --save-init writes what the run
+  // starts from.
   void initial_weights() {
-    if (s_.init_from.empty() && s_.save_init.empty()) return;
+    auto* hf = dynamic_cast<HuggingFaceModel*>(model_.get());
+    const std::string hf_dir = hf ? hf->hf_weights_dir() : "";
+    if (s_.init_from.empty() && s_.save_init.empty() && hf_dir.empty()) return;
+    if (!hf_dir.empty() && !s_.init_from.empty())
+      throw Error("--init-from " + s_.init_from + " and the model's Hugging Face weights (" + hf_dir +
+                  ") both give the initial weights; keep one");
     CollectivePhase phase("checkpoint");
     CheckpointState st = weights_state(*engine_);
     const CheckpointContext ctx = checkpoint_context(*groups_, *engine_);
+    if (!hf_dir.empty()) {
+      load_hf_weights(hf_dir, st, ctx, [hf](const std::string& n) { return hf->hf_name(n); },
+                      [hf](const std::string& n) { return hf->hf_ignorable(n); });
+      if (writer()) std::printf("initial weights from the Hugging Face checkpoint %s\n", hf_dir.c_str());
+    }
     if (!s_.init_from.empty()) {
       load_initial_weights(s_.init_from, st, ctx);
       if (writer()) std::printf("initial weights from %s\n", s_.init_from.c_str());
@@ -212,6 +224,8 @@ class Trainer {
     if (!s_.save_init.empty()) {
       std::filesystem::path dir = std::filesystem::absolute(s_.save_init).lexically_normal();
       if (dir.filename().empty()) dir = dir.parent_path();  // "DIR/"
+      st.config_ini = s_.to_ini() + "\n" + config_.to_ini();  // what made these weights (export-hf reads [model])
+      if (hf) st.trainer_state_json = json{{"hf_config", json::parse(hf->hf_config_json())}}.dump();
       save_consolidated(dir.string(), st, ctx, /*with_optimizer=*/false);
       if (writer()) std::printf("initial weights written to %s/model.safetensors\n", s_.save_init.c_str());
     }
@@ -402,7 +416,9 @@ class Trainer {
     const std::string dir = (fs::path(run_dir_.checkpoints()) / checkpoint_dir_name(step)).string();
     CheckpointState st = checkpoint_state(*engine_, *opt_, /*for_load=*/false);
     st.step = step;
-    st.trainer_state_json = json{{"data", json::parse(data_->state())}, {"seed", s_.seed}, {"step", step}}.dump();
+    json state{{"data", json::parse(data_->state())}, {"seed", s_.seed}, {"step", step}};
+    if (auto* hf = dynamic_cast<HuggingFaceModel*>(model_.get())) state["hf_config"] = json::parse(hf->hf_config_json());
+    st.trainer_state_json = state.dump();
     st.config_ini = s_.to_ini() + "\n" + config_.to_ini();
     const auto t0 = Clock::now();
     ckpt_->save(dir, st, checkpoint_context(*groups_, *engine_));

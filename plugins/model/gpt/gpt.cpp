@@ -1,11 +1,18 @@
 // gpt: a Llama-style decoder. RMSNorm, rotary position embeddings, SwiGLU MLP, causal attention
-// through at::scaled_dot_product_attention, optionally tied input/output embeddings.
+// through at::scaled_dot_product_attention, grouped-query attention (kv_heads), optionally tied
+// input/output embeddings. It is Hugging Face's LlamaForCausalLM: --model.from_hf DIR takes the
+// configuration from DIR/config.json and the initial weights from DIR's safetensors files
+// (fsdpx/hf_interop.h), and fsdpx-ckpt export-hf writes a checkpoint back in those names.
 //
 // Parameters are created deferred (fsdpx::deferred_tensor): nothing is allocated until the
 // sharding engine materialises them one at a time (init_parameter), so even the 7b size plans
 // in an instant.
 // Block, Attention and FeedForward are declared with FSDPX_MODULE: any of them can be a unit.
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
@@ -14,23 +21,32 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
 #include <ATen/ops/outer.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/reciprocal.h>
+#include <ATen/ops/repeat_interleave.h>
 #include <ATen/ops/rsqrt.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <ATen/ops/silu.h>
+#include <nlohmann/json.hpp>
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
+#include <fsdpx/hf_interop.h>
 #include <fsdpx/model.h>
 #include <fsdpx/plugin.h>
 #include <fsdpx/unit.h>
 
 namespace {
 
+using json = nlohmann::json;
+
 struct Config {
   int64_t dim = 64, layers = 2, heads = 4, vocab = 256, seq = 64, ffn_hidden = 0;
   bool tie_embeddings = false;
   double rope_theta = 10000.0, norm_eps = 1e-5;
+  int64_t kv_heads = 0;  // 0: heads (multi-head attention); fewer: grouped-query attention
+  int64_t head_dim() const { return dim / heads; }
 };
 
 at::Tensor deferred(at::IntArrayRef shape) { return fsdpx::deferred_tensor(shape); }
@@ -55,17 +71,25 @@ at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 }
 
 struct AttentionImpl : torch::nn::Module {
-  AttentionImpl(const Config& c) : torch::nn::Module("Attention"), heads(c.heads), theta(c.rope_theta) {
+  AttentionImpl(const Config& c)
+      : torch::nn::Module("Attention"), heads(c.heads), kv_heads(c.kv_heads), theta(c.rope_theta) {
+    const int64_t kv_dim = c.kv_heads * c.head_dim();
     wq = register_parameter("wq", deferred({c.dim, c.dim}));
-    wk = register_parameter("wk", deferred({c.dim, c.dim}));
-    wv = register_parameter("wv", deferred({c.dim, c.dim}));
+    wk = register_parameter("wk", deferred({kv_dim, c.dim}));
+    wv = register_parameter("wv", deferred({kv_dim, c.dim}));
     wo = register_parameter("wo", deferred({c.dim, c.dim}));
   }
   at::Tensor forward(const at::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads;
-    auto split = [&](const at::Tensor& t) { return t.view({B, T, heads, D}).transpose(1, 2); };
-    at::Tensor q = split(at::linear(x, wq)), k = split(at::linear(x, wk)), v = split(at::linear(x, wv));
-    at::Tensor inv = at::pow(theta, -at::arange(0, D, 2, x.options()) / static_cast<double>(D));
+    auto split = [&](const at::Tensor& t, int64_t h) { return t.view({B, T, h, D}).transpose(1, 2); };
+    at::Tensor q = split(at::linear(x, wq), heads), k = split(at::linear(x, wk), kv_heads),
+               v = split(at::linear(x, wv), kv_heads);
+    if (kv_heads != heads) {  // each key/value head serves heads / kv_heads consecutive query heads
+      k = k.repeat_interleave(heads / kv_heads, 1);
+      v = v.repeat_interleave(heads / kv_heads, 1);
+    }
+    // Frequencies as transformers computes them (1 / theta^(2i/D)), so that logits agree closely.
+    at::Tensor inv = at::reciprocal(at::pow(theta, at::arange(0, D, 2, x.options()) / static_cast<double>(D)));
     at::Tensor angles = at::outer(at::arange(T, x.options()), inv);
     at::Tensor cos = angles.cos(), sin = angles.sin();
     q = rotate(q, cos, sin);
@@ -73,7 +97,7 @@ struct AttentionImpl : torch::nn::Module {
     at::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
     return at::linear(y.transpose(1, 2).reshape({B, T, C}), wo);
   }
-  int64_t heads;
+  int64_t heads, kv_heads;
   double theta;
   at::Tensor wq, wk, wv, wo;
 };
@@ -134,12 +158,46 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-class Gpt final : public fsdpx::Model, public fsdpx::Evaluable {
+// fsdpx's parameter names and LlamaForCausalLM's, one to one (the same layouts: both rotate
+// halves of a head, so q and k need no permutation).
+const std::vector<std::pair<std::string, std::string>>& layer_names() {
+  static const std::vector<std::pair<std::string, std::string>> names{
+      {"attention_norm.weight", "input_layernorm.weight"},  {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attention.wq", "self_attn.q_proj.weight"},          {"attention.wk", "self_attn.k_proj.weight"},
+      {"attention.wv", "self_attn.v_proj.weight"},          {"attention.wo", "self_attn.o_proj.weight"},
+      {"feed_forward.w1", "mlp.gate_proj.weight"},          {"feed_forward.w3", "mlp.up_proj.weight"},
+      {"feed_forward.w2", "mlp.down_proj.weight"}};
+  return names;
+}
+
+std::string hf_name_of(const std::string& name) {
+  if (name == "tok_embeddings") return "model.embed_tokens.weight";
+  if (name == "output") return "lm_head.weight";
+  if (name == "norm.weight") return "model.norm.weight";
+  static const std::regex layer(R"(layers\.([0-9]+)\.(.+))");
+  std::smatch m;
+  if (std::regex_match(name, m, layer))
+    for (const auto& [mine, theirs] : layer_names())
+      if (m[2] == mine) return "model.layers." + m[1].str() + "." + theirs;
+  throw fsdpx::Error("gpt has no Hugging Face name for parameter '" + name + "'");
+}
+
+class Gpt final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::HuggingFaceModel {
  public:
-  explicit Gpt(const Config& c) : config_(c), root_(std::make_shared<TransformerImpl>(c)) {
+  Gpt(const Config& c, std::string hf_dir, std::string hf_config)
+      : config_(c), root_(std::make_shared<TransformerImpl>(c)), hf_dir_(std::move(hf_dir)), hf_config_(std::move(hf_config)) {
     for (const auto& p : root_->parameters()) params_ += p.numel();
   }
   std::shared_ptr<torch::nn::Module> module() override { return root_; }
+
+  std::string hf_weights_dir() const override { return hf_dir_; }
+  std::string hf_name(const std::string& name) const override { return hf_name_of(name); }
+  bool hf_ignorable(const std::string& name) const override {
+    // Rotary caches of older checkpoints; the output projection a tied checkpoint may still hold.
+    return name.find("rotary_emb.inv_freq") != std::string::npos || (config_.tie_embeddings && name == "lm_head.weight");
+  }
+  std::string hf_config_json() const override;
+  at::Tensor hf_logits(const at::Tensor& token_ids) override { return logits_of(token_ids); }
 
   void init_parameter(const std::string& name, at::Tensor& param, at::Generator& gen) const override {
     at::NoGradGuard no_grad;
@@ -156,7 +214,7 @@ class Gpt final : public fsdpx::Model, public fsdpx::Evaluable {
   at::Tensor loss(const fsdpx::Batch& batch) override {
     // The loss in fp32 whatever the compute dtype (as autocast does): a bf16 loss is rounded
     // to 1/32 near 5.5.
-    at::Tensor logits = logits_of(batch);
+    at::Tensor logits = logits_of(batch.inputs);
     return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1}));
   }
 
@@ -165,7 +223,7 @@ class Gpt final : public fsdpx::Model, public fsdpx::Evaluable {
     fsdpx::EvalSums s;
     s.samples = batch.inputs.size(0);
     if (s.samples == 0) return s;
-    at::Tensor logits = logits_of(batch);
+    at::Tensor logits = logits_of(batch.inputs);
     s.loss_sum = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1})).item<double>() *
                  static_cast<double>(s.samples);
     return s;
@@ -175,8 +233,7 @@ class Gpt final : public fsdpx::Model, public fsdpx::Evaluable {
   double flops_per_token() const override { return 6.0 * static_cast<double>(params_); }
 
  private:
-  at::Tensor logits_of(const fsdpx::Batch& batch) {
-    const at::Tensor& t = batch.inputs;
+  at::Tensor logits_of(const at::Tensor& t) {
     if (t.dim() != 2)
       throw fsdpx::Error("gpt expects token ids of shape [batch, seq], the data gives " + c10::str(t.sizes()) +
                          "; choose a token data source (text, tokens, synthetic)");
@@ -195,51 +252,192 @@ class Gpt final : public fsdpx::Model, public fsdpx::Evaluable {
 
   Config config_;
   std::shared_ptr<TransformerImpl> root_;
+  std::string hf_dir_, hf_config_;  // --model.from_hf and its config.json as read
   int64_t params_ = 0;
 };
 
-Config config_from(const fsdpx::Options& o) {
+// The source's config.json with what training may not change checked, or one made from the
+// configuration.
+std::string Gpt::hf_config_json() const {
+  json j = hf_config_.empty() ? json::object() : json::parse(hf_config_);
+  if (hf_config_.empty()) {
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["hidden_act"] = "silu";
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["max_position_embeddings"] = config_.seq;
+  }
+  j["hidden_size"] = config_.dim;
+  j["intermediate_size"] = config_.ffn_hidden;
+  j["num_hidden_layers"] = config_.layers;
+  j["num_attention_heads"] = config_.heads;
+  j["num_key_value_heads"] = config_.kv_heads;
+  j["head_dim"] = config_.head_dim();
+  j["vocab_size"] = config_.vocab;
+  j["rms_norm_eps"] = config_.norm_eps;
+  j["tie_word_embeddings"] = config_.tie_embeddings;
+  // Both spellings: rope_parameters (transformers 5) and rope_theta (earlier versions).
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", config_.rope_theta}};
+  j["rope_theta"] = config_.rope_theta;
+  return j.dump(2);
+}
+
+// --- --model.from_hf: a Hugging Face Llama directory's config.json --------------------------------
+
+json read_hf_config(const std::string& dir) {
+  const std::filesystem::path p = std::filesystem::path(dir) / "config.json";
+  std::ifstream in(p);
+  if (!in)
+    throw fsdpx::Error("--model.from_hf " + dir + ": no config.json there; give a Hugging Face model directory "
+                       "(what save_pretrained writes)");
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    json j = json::parse(text.str());
+    if (!j.is_object()) throw fsdpx::Error("not a JSON object");
+    return j;
+  } catch (const std::exception& e) {
+    throw fsdpx::Error(p.string() + " is not valid JSON: " + e.what());
+  }
+}
+
+// A key of config.json of the JSON type `T`; `fallback` when absent (nullopt: required).
+template <class T>
+T hf_value(const json& j, const std::string& file, const char* key, std::optional<T> fallback = std::nullopt) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (fallback) return *fallback;
+    throw fsdpx::Error(file + " has no '" + key + "'; a Llama config.json needs it");
+  }
+  try {
+    return j[key].get<T>();
+  } catch (const std::exception&) {
+    throw fsdpx::Error(file + ": '" + key + "' is " + j[key].dump() + ", not a " +
+                       (std::is_same<T, bool>::value ? "boolean" : std::is_floating_point<T>::value ? "number" : "integer"));
+  }
+}
+
+// The rope settings: transformers 5's rope_parameters, or rope_theta and rope_scaling before it.
+void read_rope(const json& j, const std::string& file, Config& c) {
+  c.rope_theta = hf_value<double>(j, file, "rope_theta", 10000.0);
+  std::string type = "default";
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (!j.contains(key) || j[key].is_null()) continue;
+    const json& r = j[key];
+    if (!r.is_object()) throw fsdpx::Error(file + ": '" + key + "' is " + r.dump() + ", not an object");
+    if (r.contains("rope_theta")) c.rope_theta = hf_value<double>(r, file, "rope_theta");
+    if (r.contains("rope_type")) type = hf_value<std::string>(r, file, "rope_type");
+    else if (r.contains("type")) type = hf_value<std::string>(r, file, "type");
+    if (type != "default")
+      throw fsdpx::Error(file + ": " + key + " of type '" + type + "' is not implemented: gpt computes rotary embeddings "
+                         "without scaling (rope type 'default')");
+  }
+}
+
+Config config_from_hf(const json& j, const std::string& file) {
+  const std::string type = hf_value<std::string>(j, file, "model_type", std::string());
+  if (type != "llama")
+    throw fsdpx::Error(file + ": model_type '" + type + "' is not a Llama; --model.from_hf reads LlamaForCausalLM "
+                       "directories (model_type 'llama')");
+  if (const std::string act = hf_value<std::string>(j, file, "hidden_act", std::string("silu")); act != "silu")
+    throw fsdpx::Error(file + ": hidden_act '" + act + "' is not implemented (gpt's MLP is SwiGLU: 'silu')");
+  for (const char* bias : {"attention_bias", "mlp_bias"})
+    if (hf_value<bool>(j, file, bias, false))
+      throw fsdpx::Error(file + ": " + bias + " is true; gpt's projections have no biases");
   Config c;
-  const std::string size = o.get_string("size");
-  if (size == "tiny") c = Config{64, 2, 4, 256, 64, 0, false};
+  c.dim = hf_value<int64_t>(j, file, "hidden_size");
+  c.layers = hf_value<int64_t>(j, file, "num_hidden_layers");
+  c.heads = hf_value<int64_t>(j, file, "num_attention_heads");
+  c.kv_heads = hf_value<int64_t>(j, file, "num_key_value_heads", c.heads);
+  c.vocab = hf_value<int64_t>(j, file, "vocab_size");
+  c.ffn_hidden = hf_value<int64_t>(j, file, "intermediate_size");
+  c.seq = hf_value<int64_t>(j, file, "max_position_embeddings", int64_t{2048});
+  c.norm_eps = hf_value<double>(j, file, "rms_norm_eps", 1e-6);
+  c.tie_embeddings = hf_value<bool>(j, file, "tie_word_embeddings", false);
+  if (c.heads > 0 && c.dim % c.heads == 0) {
+    const int64_t hd = hf_value<int64_t>(j, file, "head_dim", c.dim / c.heads);
+    if (hd != c.dim / c.heads)
+      throw fsdpx::Error(file + ": head_dim " + std::to_string(hd) + " differs from hidden_size / num_attention_heads = " +
+                         std::to_string(c.dim / c.heads) + "; gpt's heads split the model width");
+  }
+  read_rope(j, file, c);
+  return c;
+}
+
+Config preset(const std::string& size) {
+  Config c;
   if (size == "small") c = Config{256, 4, 8, 256, 128, 0, false};
   if (size == "1b") c = Config{2048, 16, 32, 32000, 2048, 0, false};
   if (size == "7b") c = Config{4096, 32, 32, 32000, 4096, 11008, false};
-  auto take = [&](const char* name, int64_t& field) {
-    int64_t v = o.get_int(name);
-    if (v < 0) throw fsdpx::Error(std::string(name) + " must be positive, got " + std::to_string(v));
-    if (v > 0) field = v;
-  };
-  take("dim", c.dim);
-  take("layers", c.layers);
-  take("heads", c.heads);
-  take("vocab", c.vocab);
-  take("seq", c.seq);
-  take("ffn_hidden", c.ffn_hidden);
-  c.tie_embeddings = o.get_bool("tie_embeddings");
+  if (size == "llama3-8b") c = Config{4096, 32, 32, 128256, 8192, 14336, false, 500000.0, 1e-5, 8};
+  return c;
+}
+
+void check_config(Config& c) {
+  if (c.kv_heads == 0) c.kv_heads = c.heads;
   if (c.dim % c.heads != 0 || (c.dim / c.heads) % 2 != 0)
     throw fsdpx::Error("dim " + std::to_string(c.dim) + " must split into " + std::to_string(c.heads) +
                        " heads of an even size");
+  if (c.heads % c.kv_heads != 0)
+    throw fsdpx::Error("kv_heads " + std::to_string(c.kv_heads) + " must divide heads " + std::to_string(c.heads) +
+                       " (each key/value head serves a group of query heads)");
   if (c.ffn_hidden == 0) {  // Llama's rule: 2/3 of 4 x dim, rounded up
     const int64_t multiple = c.dim >= 1024 ? 256 : 32;
     c.ffn_hidden = (8 * c.dim / 3 + multiple - 1) / multiple * multiple;
   }
-  return c;
+  if (c.rope_theta <= 0 || c.norm_eps <= 0)
+    throw fsdpx::Error("rope_theta and norm_eps must be positive, got " + std::to_string(c.rope_theta) + " and " +
+                       std::to_string(c.norm_eps));
+}
+
+std::shared_ptr<Gpt> make_gpt(const fsdpx::Options& o) {
+  const std::string hf = o.get_string("from_hf");
+  Config c = preset(o.get_string("size"));
+  json source;
+  if (!hf.empty()) {
+    source = read_hf_config(hf);
+    c = config_from_hf(source, (std::filesystem::path(hf) / "config.json").string());
+  }
+  auto take = [&](const char* name, int64_t& field) {
+    int64_t v = o.get_int(name);
+    if (v < 0) throw fsdpx::Error(std::string(name) + " must be positive, got " + std::to_string(v));
+    if (v > 0 && !hf.empty() && std::string(name) != "seq")
+      throw fsdpx::Error("--model." + std::string(name) + " conflicts with --model.from_hf: the configuration comes from " +
+                         hf + "/config.json");
+    if (v > 0) field = v;
+  };
+  for (auto [name, field] : {std::pair<const char*, int64_t*>{"dim", &c.dim}, {"layers", &c.layers}, {"heads", &c.heads},
+                             {"kv_heads", &c.kv_heads}, {"vocab", &c.vocab}, {"seq", &c.seq}, {"ffn_hidden", &c.ffn_hidden}})
+    take(name, *field);
+  if (hf.empty()) {
+    c.tie_embeddings = o.get_bool("tie_embeddings");
+    if (o.get_float("rope_theta") > 0) c.rope_theta = o.get_float("rope_theta");
+    if (o.get_float("norm_eps") > 0) c.norm_eps = o.get_float("norm_eps");
+  }
+  check_config(c);
+  return std::make_shared<Gpt>(c, hf, hf.empty() ? std::string() : source.dump());
 }
 
 void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::Model>(
       "gpt", "Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU, causal attention",
-      {fsdpx::choice_option("size", "tiny", {"tiny", "small", "1b", "7b"},
-                            "preset: tiny (64x2), small (256x4), 1b (2048x16), 7b (4096x32)"),
+      {fsdpx::choice_option("size", "tiny", {"tiny", "small", "1b", "7b", "llama3-8b"},
+                            "preset: tiny (64x2), small (256x4), 1b (2048x16), 7b (4096x32), llama3-8b (4096x32, "
+                            "8 kv heads, vocab 128256, rope_theta 500000)"),
+       fsdpx::string_option("from_hf", "",
+                            "a Hugging Face Llama directory: configuration from its config.json, initial weights from "
+                            "its safetensors (each rank reads its own rows)"),
        fsdpx::int_option("dim", 0, "model width (0: the preset's)"),
        fsdpx::int_option("layers", 0, "decoder blocks (0: the preset's)"),
        fsdpx::int_option("heads", 0, "attention heads (0: the preset's)"),
+       fsdpx::int_option("kv_heads", 0, "key/value heads, dividing heads (0: the preset's, or heads)"),
        fsdpx::int_option("vocab", 0, "vocabulary size (0: the preset's; 256 = bytes)"),
        fsdpx::int_option("seq", 0, "context length (0: the preset's)"),
        fsdpx::int_option("ffn_hidden", 0, "SwiGLU hidden size (0: Llama's 8/3 x dim rule)"),
-       fsdpx::flag_option("tie_embeddings", false, "share the input embedding with the output projection")},
-      [](const fsdpx::ComponentContext& ctx) { return std::make_shared<Gpt>(config_from(ctx.options)); });
+       fsdpx::flag_option("tie_embeddings", false, "share the input embedding with the output projection"),
+       fsdpx::float_option("rope_theta", 0, "rotary base (0: the preset's, 10000 or 500000 for llama3-8b)"),
+       fsdpx::float_option("norm_eps", 0, "RMSNorm epsilon (0: the preset's, 1e-5)")},
+      [](const fsdpx::ComponentContext& ctx) { return make_gpt(ctx.options); });
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "fsdpx/data_source.h"
 #include "fsdpx/capabilities.h"
 #include "fsdpx/evaluation.h"
+#include "fsdpx/hf_interop.h"
 #include "fsdpx/model.h"
 #include "fsdpx/optimizer.h"
 #include "fsdpx/precision_policy.h"

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -90,5 +91,32 @@ FSDPX_API void load_consolidated(const std::string& dir, CheckpointState& state,
 // digests.json beside the file is checked when present. Collective. Throws fsdpx::Error naming
 // the file and the missing, extra or misshapen tensor.
 FSDPX_API void load_initial_weights(const std::string& path, CheckpointState& state, const CheckpointContext& ctx);
+
+// --- Hugging Face directories -------------------------------------------------------------------
+
+// Initial weights from a Hugging Face directory (model.safetensors, or the shards its
+// model.safetensors.index.json lists): every parameter of `state` from the tensor hf_name(name),
+// each rank reading the byte ranges of its own rows, converted to the parameter's dtype. A tensor
+// of the files that no parameter takes is an error unless `ignorable`. Collective. Throws
+// fsdpx::Error naming the missing or extra tensor (with the closest name) or both shapes.
+FSDPX_API void load_hf_weights(const std::string& dir, CheckpointState& state, const CheckpointContext& ctx,
+                               const std::function<std::string(const std::string&)>& hf_name,
+                               const std::function<bool(const std::string&)>& ignorable);
+
+struct HfExportOptions {
+  std::function<std::string(const std::string&)> hf_name;  // a parameter's Hugging Face name
+  std::string config_json;                                 // config.json ("dtype" is set to the files')
+  int64_t max_shard_bytes = int64_t{5} << 30;              // larger: model-0000k-of-0000n shards + index
+  std::optional<c10::ScalarType> dtype;                    // the checkpoint's when unset
+};
+struct HfExport {
+  std::vector<std::string> files;
+  int64_t tensors = 0, bytes = 0;
+};
+// A sharded or consolidated checkpoint's model tensors as a Hugging Face directory OUT_DIR (new,
+// or empty): config.json, model.safetensors or shards with model.safetensors.index.json. One
+// tensor in memory at a time; every tensor checked against its digest; written under a
+// temporary name and renamed. Offline.
+FSDPX_API HfExport export_hf(const std::string& checkpoint, const std::string& out_dir, const HfExportOptions& options);
 
 }  // namespace fsdpx

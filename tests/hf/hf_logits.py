@@ -1,0 +1,46 @@
+"""Loads a Hugging Face Llama model directory with transformers (offline, fp32, eager attention),
+runs it on the `ids` tensor of a safetensors file and writes the `logits` (float32) to another.
+
+  python tests/hf/hf_logits.py --model DIR --ids FILE --out FILE
+"""
+import argparse
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+import transformers  # noqa: E402
+from transformers import LlamaForCausalLM  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="model directory (config.json + safetensors)")
+    p.add_argument("--ids", required=True, help="safetensors file holding `ids` (int64 [batch, seq])")
+    p.add_argument("--out", required=True, help="safetensors file to write `logits` to")
+    a = p.parse_args(argv[1:])
+    hf_logging.disable_progress_bar()
+
+    ids = load_file(a.ids).get("ids")
+    if ids is None:
+        print(f"hf_logits: {a.ids} holds no tensor named ids", file=sys.stderr)
+        return 2
+    kw = dict(local_files_only=True, attn_implementation="eager")
+    # transformers 5 (and late 4.x) names the argument dtype; earlier versions torch_dtype.
+    major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    kw["dtype" if (major, minor) >= (4, 56) else "torch_dtype"] = torch.float32
+    model = LlamaForCausalLM.from_pretrained(a.model, **kw)
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids.to(torch.int64)).logits.to(torch.float32).contiguous()
+    save_file({"logits": logits}, a.out)
+    print(f"wrote logits {tuple(logits.shape)} to {a.out}; max |logit| {logits.abs().max().item():.6g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
