@@ -32,5 +32,7 @@ Evaluable::~Evaluable() = default;
 HuggingFaceModel::~HuggingFaceModel() = default;
 HeldOutData::~HeldOutData() = default;
 OptimizerDevices::~OptimizerDevices() = default;
+LossScaler::~LossScaler() = default;
+LossScalingPolicy::~LossScalingPolicy() = default;
 
 }  // namespace fsdpx

@@ -131,6 +131,9 @@ std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& optio
 ProcessGroups::ProcessGroups(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProcessGroups::~ProcessGroups() {
   if (failure_seen().load()) {
+    // Close this rank's connections first (unless a caller still holds the world group): a peer
+    // blocked on them alone then fails now, while the store is still here to diagnose against.
+    impl_->world.reset();
     // Let peers finish diagnosing against this rank's heartbeat and, on rank 0, its store.
     std::this_thread::sleep_for(std::chrono::milliseconds(impl_->options.topology.rank == 0 ? 3000 : 1500));
   }

@@ -6,11 +6,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <filesystem>
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/isfinite.h>
 #include <ATen/ops/zeros.h>
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -158,6 +161,11 @@ class Trainer {
     data_ = make<DataSource>(host_, config_);
     auto wrap = make<WrapPolicy>(host_, config_);
     opt_ = make<Optimizer>(host_, config_);
+    // A precision policy that needs loss scaling owns the scaler (fsdpx/loss_scaling.h).
+    auto precision = make<PrecisionPolicy>(host_, config_);
+    if (auto* scaling = dynamic_cast<LossScalingPolicy*>(precision.get())) scaler_ = scaling->make_scaler();
+    if (plan_.dtypes.loss_scaling && !scaler_)
+      throw Error("precision '" + plan_.precision + "' asks for loss scaling but offers no scaler (fsdpx/loss_scaling.h)");
     if (config_.choice(Kind::Checkpoint)) ckpt_ = make<CheckpointBackend>(host_, config_);
     if (!ckpt_ && (s_.save_every > 0 || !s_.resume.empty()))
       throw Error(std::string(s_.resume.empty() ? "--save-every" : "--resume") +
@@ -249,11 +257,25 @@ class Trainer {
     CheckpointState st = checkpoint_state(*engine_, *opt_, /*for_load=*/true);
     ckpt_->load(dir, st, checkpoint_context(*groups_, *engine_));
     apply_checkpoint(st, *opt_, *data_);
+    restore_scaler(st.trainer_state_json);
     start_step_ = st.step;
     if (writer()) std::printf("resumed from %s at step %ld\n", dir.c_str(), static_cast<long>(start_step_));
     if (start_step_ >= s_.steps)
       throw Error("the checkpoint " + dir + " is at step " + std::to_string(start_step_) + ", not before --steps " +
                   std::to_string(s_.steps) + "; raise --steps to train further");
+  }
+
+  // The loss scaler's state as the checkpoint recorded it (a checkpoint of a run without loss
+  // scaling leaves the scaler as configured).
+  void restore_scaler(const std::string& trainer_state) {
+    if (!scaler_ || trainer_state.empty()) return;
+    const json j = json::parse(trainer_state, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("loss_scaler")) return;
+    const json& ls = j["loss_scaler"];
+    if (!ls.is_object() || !ls.contains("state") || !ls.contains("skipped_steps") || !ls["skipped_steps"].is_number_integer())
+      throw Error("the checkpoint's trainer state has a malformed \"loss_scaler\": " + ls.dump());
+    scaler_->load_state(ls["state"].dump());
+    skipped_steps_ = ls["skipped_steps"].get<int64_t>();
   }
 
   // The peak for MFU: --peak-tflops, or measured by every rank at once and averaged.
@@ -312,18 +334,21 @@ class Trainer {
     run_peak_ = std::max(run_peak_, before.hwm);  // evaluations and saves since the last step
     const bool measured = reset_peak_rss() && before.rss >= 0;
     RankStep mine;
+    const double scale = scaler_ ? scaler_->scale() : 1.0;
     for (int64_t m = 0; m < s_.grad_accum; ++m) {
       engine_->set_requires_gradient_sync(m == s_.grad_accum - 1);
       Batch b = data_->next();
       at::Tensor loss = engine_->forward([&] { return model_->loss(b) / static_cast<double>(s_.grad_accum); });
-      engine_->backward(loss);
+      engine_->backward(scaler_ ? loss * scale : loss);
       mine.loss_sum += loss.item<double>();
       mine.tokens += b.tokens;
       mine.samples += b.samples;
     }
     CollectivePhase phase("step");  // the engine names forward and backward itself
-    grad_norm_ = s_.clip_grad_norm > 0 ? engine_->clip_grad_norm(s_.clip_grad_norm) : -1;
-    opt_->step(lr_);
+    if (!scaler_ || !unscale_and_check(step, scale)) {
+      grad_norm_ = s_.clip_grad_norm > 0 ? engine_->clip_grad_norm(s_.clip_grad_norm) : -1;
+      opt_->step(lr_);
+    }
     const CommTotals comm_after = counters_.totals();
     for (int k = 0; k < 4; ++k) step_comm_[k] = comm_after[k] - comm_before[k];
     mine.step_peak = proc_memory().hwm;
@@ -398,6 +423,10 @@ class Trainer {
       m["mfu"] = tflops / (peak_ * world_);
     }
     if (grad_norm_ >= 0) m["grad_norm"] = grad_norm_;
+    if (scaler_) {
+      m["loss_scale"] = scaler_->scale();  // for the next step
+      m["skipped_steps"] = skipped_steps_;
+    }
     return m;
   }
 
@@ -411,6 +440,46 @@ class Trainer {
     });
   }
 
+  // Loss scaling: divides every gradient shard of this rank by the scale and looks for inf/NaN;
+  // one small all-gather tells every rank which ranks found one. Then every rank skips the step
+  // alike, and the scaler learns the outcome. Returns whether the step is skipped.
+  bool unscale_and_check(int64_t step, double scale) {
+    at::NoGradGuard no_grad;
+    inject_inf_fault(step);
+    bool bad = false;
+    for (auto& p : shards_) {
+      at::Tensor g = p.param.grad();
+      if (!g.defined()) continue;
+      g.mul_(1.0 / scale);
+      bad = bad || !at::isfinite(g).all().item<bool>();
+    }
+    at::Tensor all = at::empty({world_}, at::kFloat);
+    world().all_gather(all, at::full({1}, bad ? 1.0 : 0.0, at::kFloat)).wait();
+    std::vector<int> found;
+    for (int r = 0; r < world_; ++r)
+      if (all[r].item<float>() > 0) found.push_back(r);
+    scaler_->update(!found.empty());
+    if (found.empty()) return false;
+    ++skipped_steps_;
+    if (writer()) {
+      std::string ranks;
+      for (int r : found) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+      char l[200];
+      std::snprintf(l, sizeof l, "step %ld: inf/NaN in the gradients of rank(s) %s: skipped on every rank; loss scale %g -> %g",
+                    static_cast<long>(step + 1), ranks.c_str(), scale, scaler_->scale());
+      out_->line(l);
+    }
+    return true;
+  }
+
+  // FSDPX_FAULT=inf-grad:R:STEP: rank R finds an inf in its first gradient shard at step STEP (from 1).
+  void inject_inf_fault(int64_t step) const {
+    const char* f = std::getenv("FSDPX_FAULT");
+    if (!f || shards_.empty() || !shards_.front().param.grad().defined()) return;
+    if (std::string(f) != "inf-grad:" + std::to_string(rank_) + ":" + std::to_string(step + 1)) return;
+    shards_.front().param.grad().view(-1)[0].fill_(std::numeric_limits<double>::infinity());
+  }
+
   void save(int64_t step) {
     CollectivePhase phase("checkpoint");
     const std::string dir = (fs::path(run_dir_.checkpoints()) / checkpoint_dir_name(step)).string();
@@ -418,6 +487,7 @@ class Trainer {
     st.step = step;
     json state{{"data", json::parse(data_->state())}, {"seed", s_.seed}, {"step", step}};
     if (auto* hf = dynamic_cast<HuggingFaceModel*>(model_.get())) state["hf_config"] = json::parse(hf->hf_config_json());
+    if (scaler_) state["loss_scaler"] = {{"state", json::parse(scaler_->state())}, {"skipped_steps", skipped_steps_}};
     st.trainer_state_json = state.dump();
     st.config_ini = s_.to_ini() + "\n" + config_.to_ini();
     const auto t0 = Clock::now();
@@ -505,6 +575,8 @@ class Trainer {
   std::shared_ptr<DataSource> data_;
   std::shared_ptr<Optimizer> opt_;
   std::shared_ptr<CheckpointBackend> ckpt_;
+  std::unique_ptr<LossScaler> scaler_;  // when the precision policy scales the loss
+  int64_t skipped_steps_ = 0;
   CommCounters counters_;
   std::unique_ptr<ShardingEngine> engine_;
   std::vector<ParamShard> shards_;

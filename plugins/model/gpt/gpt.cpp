@@ -55,8 +55,11 @@ struct RMSNormImpl : torch::nn::Module {
   RMSNormImpl(int64_t dim, double epsilon) : torch::nn::Module("RMSNorm"), eps(epsilon) {
     weight = register_parameter("weight", deferred({dim}));
   }
+  // Normalised in fp32 whatever the compute dtype, as transformers' Llama does: in fp16 the
+  // backward of rsqrt (r^3, 1.25e5 for activations of 0.02) would overflow.
   at::Tensor forward(const at::Tensor& x) {
-    return x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+    const at::Tensor xf = x.to(at::kFloat);
+    return (xf * at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type()) * weight;
   }
   double eps;
   at::Tensor weight;

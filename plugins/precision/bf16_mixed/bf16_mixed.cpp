@@ -42,7 +42,7 @@ void register_components(fsdpx::Registrar& r) {
         s.output = dtype_of(o.get_string("output_dtype"));
         s.cast_forward_inputs = o.get_bool("cast_forward_inputs");
         if (s.compute == c10::kHalf || s.reduce == c10::kHalf)
-          throw fsdpx::Error("fp16 needs loss scaling, which bf16_mixed does not do; use bf16 (or fp16_mixed when it exists)");
+          throw fsdpx::Error("fp16 needs loss scaling, which bf16_mixed does not do; use bf16, or --precision.name fp16_mixed");
         return std::make_shared<Bf16Mixed>(s);
       });
 }

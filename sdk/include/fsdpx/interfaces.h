@@ -6,6 +6,7 @@
 #include "fsdpx/capabilities.h"
 #include "fsdpx/evaluation.h"
 #include "fsdpx/hf_interop.h"
+#include "fsdpx/loss_scaling.h"
 #include "fsdpx/model.h"
 #include "fsdpx/optimizer.h"
 #include "fsdpx/precision_policy.h"
