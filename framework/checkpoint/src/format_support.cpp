@@ -190,9 +190,16 @@ Index read_index(const std::string& dir) {
 std::vector<int64_t> json_shape(const json& j, const std::string& where) {
   if (!j.is_array()) throw Error(where + ": shape is not a list");
   std::vector<int64_t> s;
+  // Bytes are counted in int64: at most 2^59 elements (of up to 8 bytes), far beyond any file.
+  constexpr int64_t kMaxElements = int64_t{1} << 59;
+  int64_t elements = 1;
   for (const auto& d : j) {
     if (!d.is_number_integer() || d.get<int64_t>() < 0) throw Error(where + ": shape " + j.dump() + " is not a list of sizes");
-    s.push_back(d.get<int64_t>());
+    const int64_t n = d.get<int64_t>();
+    if (n > 0 && elements > kMaxElements / n)
+      throw Error(where + ": shape " + j.dump() + " holds more than 2^59 elements (the index is damaged)");
+    elements = n == 0 ? 0 : elements * n;
+    s.push_back(n);
   }
   return s;
 }
@@ -227,15 +234,17 @@ std::vector<Piece> pieces_of(const json& entry, const std::string& where) {
 // header against the index. Adds the bytes to `digest` when `count_digest`.
 std::vector<char> read_tensor_rows(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
                                    c10::ScalarType dtype, int64_t first, int64_t count, RowDigest* digest) {
+  // The pieces first: each matches its file, which bounds the bytes (an index may claim any shape).
+  for_each_piece(files, name, entry, shape, dtype, first, count, nullptr);
   std::vector<char> out(static_cast<size_t>(count * row_bytes_of(shape, dtype)));
   read_tensor_rows_into(files, name, entry, shape, dtype, first, count, out.data(), digest);
   return out;
 }
 
-void read_tensor_rows_into(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
-                           c10::ScalarType dtype, int64_t first, int64_t count, char* out, RowDigest* digest) {
+void for_each_piece(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
+                    c10::ScalarType dtype, int64_t first, int64_t count,
+                    const std::function<void(SafetensorsReader&, int64_t lo, int64_t hi, int64_t piece_offset)>& f) {
   const std::string where = "tensor '" + name + "'";
-  const int64_t rb = row_bytes_of(shape, dtype);
   int64_t covered = 0;
   for (const Piece& p : pieces_of(entry, where)) {
     const int64_t lo = std::max(first, p.offset), hi = std::min(first + count, p.offset + p.rows);
@@ -247,14 +256,23 @@ void read_tensor_rows_into(Files& files, const std::string& name, const json& en
     if (e.scalar_type != dtype || e.shape != piece_shape)
       throw Error(r.path() + ": " + where + " is " + e.dtype + " " + shape_text(e.shape) + ", the index says " +
                   safetensors_dtype(dtype) + " " + shape_text(piece_shape));
-    char* dst = out + (lo - first) * rb;
-    r.read_rows_into(name, lo - p.offset, hi - lo, dst);
-    if (digest) digest->add_rows(dst, lo, hi - lo, rb);
+    if (f) f(r, lo, hi, p.offset);
     covered += hi - lo;
   }
   if (covered != count)
     throw Error(where + ": the checkpoint's pieces cover " + std::to_string(covered) + " of rows " + std::to_string(first) + ".." +
                 std::to_string(first + count) + " (the index is damaged)");
+}
+
+void read_tensor_rows_into(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
+                           c10::ScalarType dtype, int64_t first, int64_t count, char* out, RowDigest* digest) {
+  const int64_t rb = row_bytes_of(shape, dtype);
+  for_each_piece(files, name, entry, shape, dtype, first, count,
+                 [&](SafetensorsReader& r, int64_t lo, int64_t hi, int64_t piece_offset) {
+                   char* dst = out + (lo - first) * rb;
+                   r.read_rows_into(name, lo - piece_offset, hi - lo, dst);
+                   if (digest) digest->add_rows(dst, lo, hi - lo, rb);
+                 });
 }
 
 }  // namespace fsdpx::ckpt

@@ -89,6 +89,12 @@ std::vector<Piece> pieces_of(const json& entry, const std::string& where);
 // header against the index. Adds the bytes to `digest` when given.
 std::vector<char> read_tensor_rows(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
                                    c10::ScalarType dtype, int64_t first, int64_t count, RowDigest* digest);
+// Checks every piece overlapping rows [first, first + count) against its file (dtype, shape) and
+// that they cover the rows; calls `f` (when set) with each piece's reader and the rows [lo, hi)
+// it holds, starting at row piece_offset. Throws fsdpx::Error naming the tensor or file.
+void for_each_piece(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
+                    c10::ScalarType dtype, int64_t first, int64_t count,
+                    const std::function<void(SafetensorsReader&, int64_t lo, int64_t hi, int64_t piece_offset)>& f);
 // The same into `out` (count rows of `shape` in `dtype`).
 void read_tensor_rows_into(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
                            c10::ScalarType dtype, int64_t first, int64_t count, char* out, RowDigest* digest);

@@ -37,6 +37,13 @@ std::unique_ptr<Unit> new_unit(ShardingEngine::Impl& e, const std::string& fqn, 
   u->fqn = fqn;
   u->module = module;
   u->group.config = &e.config;
+  const EngineOptions& o = e.config.options;
+  u->group.precision = o.unit_precision ? o.unit_precision(fqn) : o.precision;
+  if (u->group.precision.storage != o.precision.storage || u->group.precision.gradient != o.precision.gradient)
+    throw Error("unit '" + fqn + "' would store its shards in " + std::string(c10::toString(u->group.precision.storage)) +
+                " with " + c10::toString(u->group.precision.gradient) + " gradients, the engine in " +
+                c10::toString(o.precision.storage) + " with " + c10::toString(o.precision.gradient) +
+                "; units may differ in compute and reduce dtypes only");
   return u;
 }
 
@@ -122,8 +129,11 @@ void check_ranks_agree(const ShardingEngine::Impl& e) {
                                                  c10::toString(o.precision.storage) + "/" +
                                                  c10::toString(o.precision.compute) + "/" +
                                                  c10::toString(o.precision.reduce));
-  for (const auto& u : e.units)
+  for (const auto& u : e.units) {
+    checksum = parameter_seed(checksum, u->fqn + ":" + c10::toString(u->group.precision.compute) + "/" +
+                                            c10::toString(u->group.precision.reduce));
     for (const auto& p : u->group.params) checksum = parameter_seed(checksum, p.name + shape_text(p.shape) + "@" + u->fqn);
+  }
   const auto& world = e.config.comms.world;
   if (!world || world->size() <= 1) return;
   const int n = world->size();

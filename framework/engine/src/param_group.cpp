@@ -33,7 +33,7 @@ bool fault_skips_gather(const EngineConfig& config, const std::string& unit) {
 }  // namespace
 
 bool ParamGroup::separate() const {
-  const PrecisionSpec& p = config->options.precision;
+  const PrecisionSpec& p = precision;
   return sharded_layout() || p.compute != p.storage;
 }
 
@@ -48,7 +48,7 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
     p.lay_out(S, total);
     total += p.shard_numel;
   }
-  const PrecisionSpec& prec = config->options.precision;
+  const PrecisionSpec& prec = precision;
   const auto opts = at::TensorOptions().dtype(at::kFloat);
   flat_shard = at::zeros({total}, opts.dtype(prec.storage));
   flat_grad = at::zeros({total}, opts.dtype(prec.gradient));
@@ -91,7 +91,7 @@ void ParamGroup::start_gather() {
   if (state != State::Sharded) return;
   state = State::Gathering;
   if (!sharded_layout()) return;
-  gather_in = cast_for_all_gather(flat_shard, config->options.precision.compute);
+  gather_in = cast_for_all_gather(flat_shard, precision.compute);
   if (fault_skips_gather(*config, label)) {
     gather_out = at::zeros({config->shard_size * total}, gather_in.options());
     gather_work = Work();
@@ -134,7 +134,7 @@ void ParamGroup::reduce_grads() {
   at::NoGradGuard no_grad;
   CollectiveUnit scope(label);
   const auto& comms = config->comms;
-  reduce_in = pack_gradients(params, config->shard_size, total, flat_grad.options().dtype(config->options.precision.reduce));
+  reduce_in = pack_gradients(params, config->shard_size, total, flat_grad.options().dtype(precision.reduce));
   if (sharded_layout()) {
     // Straight into the gradient shard when the dtypes agree; else through a reduce-dtype buffer.
     reduce_out = reduce_in.scalar_type() == flat_grad.scalar_type() ? flat_grad : at::empty({total}, reduce_in.options());

@@ -19,6 +19,7 @@ struct ParamGroup {
   const EngineConfig* config = nullptr;
   bool root = false;
   std::string label;  // the unit's name in collective records: its path, or "root"
+  PrecisionSpec precision;  // this unit's dtypes (EngineOptions::unit_precision)
   std::vector<ShardedParam> params;
   int64_t total = 0;  // shard elements (padded)
   at::Tensor flat_shard, flat_grad;

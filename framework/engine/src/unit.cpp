@@ -55,7 +55,7 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
     throw Error("unit '" + fqn + "' ran its forward twice in one step; fsdpx gathers and reduces a unit once per "
                 "step, so a layer called twice must not be a unit (wrap its parent instead)");
   engine->forward_order.push_back(this);
-  const PrecisionSpec& prec = engine->config.options.precision;
+  const PrecisionSpec& prec = group.precision;
   if (prec.cast_forward_inputs)
     for (auto& t : inputs)
       if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != prec.compute) t = t.to(prec.compute);
@@ -97,9 +97,15 @@ at::Tensor Unit::run(const std::function<at::Tensor(const std::vector<at::Tensor
 
 at::Tensor Unit::post_forward(at::Tensor output) {
   if (group.reshard_after_forward()) group.reshard();
-  const auto& out_dtype = engine->config.options.precision.output;
+  const auto& out_dtype = group.precision.output;
   if (root && out_dtype && output.defined() && at::isFloatingType(output.scalar_type()) && output.scalar_type() != *out_dtype)
     output = output.to(*out_dtype);
+  // A unit with a compute dtype of its own hands its output back in the root's, so that the code
+  // around it (the root's own layers) computes as it would without it.
+  const c10::ScalarType around = engine->config.options.precision.compute;
+  if (!root && group.precision.compute != around && output.defined() && at::isFloatingType(output.scalar_type()) &&
+      output.scalar_type() != around)
+    output = output.to(around);
   if (at::GradMode::is_enabled() && output.defined() && output.requires_grad()) {
     // By id, not `this`: the output may outlive the engine.
     output.register_hook([engine = engine->id, index = index, name = fqn, gen = engine->generation](const at::Tensor& grad) {

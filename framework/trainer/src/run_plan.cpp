@@ -86,8 +86,8 @@ void plan_data(const PluginHost& host, const RunConfig& config, const TrainSetti
   plan.tokens_per_step = probe.samples > 0 ? probe.tokens / probe.samples * plan.samples_per_step : 0;
 }
 
-// One unit's shard, gathered size and per-rank bytes.
-UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan) {
+// One unit's shard, gathered size and per-rank bytes, in the unit's own dtypes.
+UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan, const PrecisionSpec& dtypes) {
   const auto& L = plan.layout;
   const int64_t S = L.shard_group_size;
   UnitBytes b;
@@ -101,8 +101,9 @@ UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan) {
   }
   b.reshard_after_forward = S > 1 && !root && L.reshard_after_forward;
   b.recompute = u.activation_checkpoint;
-  const bool separate = S > 1 || plan.dtypes.compute != plan.dtypes.storage;
-  b.unsharded_bytes = separate ? S * b.shard_numel * elt(plan.dtypes.compute) : 0;
+  b.dtypes = dtypes;
+  const bool separate = S > 1 || dtypes.compute != dtypes.storage;
+  b.unsharded_bytes = separate ? S * b.shard_numel * elt(dtypes.compute) : 0;
   return b;
 }
 
@@ -110,25 +111,38 @@ UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan) {
 void add_unit_traffic(const UnitBytes& b, int64_t grad_accum, RunPlan& plan) {
   const int64_t S = plan.layout.shard_group_size, R = plan.layout.replicate_group_size;
   if (S > 1) {
-    const int64_t gather = S * b.shard_numel * elt(plan.dtypes.compute);
+    const int64_t gather = S * b.shard_numel * elt(b.dtypes.compute);
     const int64_t gathers = grad_accum * (b.reshard_after_forward ? 2 : 1);
     plan.allgather_bytes += gathers * gather;
     plan.sent_bytes += gathers * (gather / S * (S - 1));
-    const int64_t reduce = S * b.shard_numel * elt(plan.dtypes.reduce);
+    const int64_t reduce = S * b.shard_numel * elt(b.dtypes.reduce);
     plan.reduce_scatter_bytes += reduce;
     plan.sent_bytes += reduce / S * (S - 1);
   }
   if (R > 1) {
-    const int64_t reduce = b.shard_numel * elt(plan.dtypes.gradient);
+    const int64_t reduce = b.shard_numel * elt(b.dtypes.gradient);
     plan.all_reduce_bytes += reduce;
     plan.sent_bytes += 2 * reduce * (R - 1) / R;
   }
 }
 
+// The policy's answer for one unit, checked: units may compute and reduce in dtypes of their own,
+// but store their shards and gradients as the root does (one dtype for the optimizer and checkpoints).
+PrecisionSpec unit_precision(const PrecisionPolicy& policy, const std::string& fqn, const PrecisionSpec& root) {
+  PrecisionSpec s = policy.spec(fqn);
+  if (s.storage != root.storage || s.gradient != root.gradient)
+    throw Error("the precision policy stores unit '" + fqn + "' in " + dtype_name(s.storage) + " with " +
+                dtype_name(s.gradient) + " gradients, the root in " + dtype_name(root.storage) + " with " +
+                dtype_name(root.gradient) + "; units may differ in compute and reduce dtypes only");
+  return s;
+}
+
 // Threads per rank, and a warning when the compute dtype has no fast path on this CPU.
 void plan_cpu(RunPlan& plan) {
   plan.threads = choose_threads(process_environment(), plan.topology.local_world_size, affinity_cpus());
-  if (plan.dtypes.compute == at::kBFloat16 && !has_fast_bf16(cpu_flags()))
+  bool bf16 = false;
+  for (const auto& u : plan.units) bf16 = bf16 || u.dtypes.compute == at::kBFloat16;
+  if (bf16 && !has_fast_bf16(cpu_flags()))
     plan.warnings.push_back(
         "compute in bf16 on a CPU without native bf16 (no avx512_bf16 or amx_bf16 in /proc/cpuinfo): its matmuls run "
         "about 100x slower than in fp32 here; --precision.name fp32 trains faster on this machine");
@@ -150,13 +164,13 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
                 "optimizer '" + plan.optimizer + "' cannot run on the CPU; choose one that can (adamw, "
                 "anyprecision_adamw, sgd) or a strategy without offload");
   plan_data(host, config, s, plan);
-  plan_cpu(plan);
   plan.flops_per_token = model->flops_per_token();
   UnitPlan up = plan_units(*model->module(), select_units(*model, *wrap, s));
   plan.total_params = up.total_params;
   const double opt_per_elt = optimizer_bytes_per_element(*opt_probe, plan.dtypes);
+  auto precision = make<PrecisionPolicy>(host, config);
   for (size_t i = 0; i < up.units.size(); ++i) {
-    UnitBytes b = unit_bytes(up.units[i], i == 0, plan);
+    UnitBytes b = unit_bytes(up.units[i], i == 0, plan, unit_precision(*precision, up.units[i].fqn, plan.dtypes));
     plan.param_bytes += b.shard_numel * elt(plan.dtypes.storage);
     plan.grad_bytes += b.shard_numel * elt(plan.dtypes.gradient);
     if (opt_per_elt >= 0) plan.optimizer_bytes += static_cast<int64_t>(std::llround(opt_per_elt * static_cast<double>(b.shard_numel)));
@@ -168,6 +182,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
     add_unit_traffic(b, s.grad_accum, plan);
     plan.units.push_back(b);
   }
+  plan_cpu(plan);  // after the units: their compute dtypes decide the warning
   const int64_t S = plan.layout.shard_group_size;
   if (s.clip_grad_norm > 0 && S > 1) {  // the squared norm's all-reduce in the shard group
     plan.all_reduce_bytes += 8;
@@ -187,18 +202,29 @@ std::string RunPlan::text() const {
   o << "  threads    " << threads.threads << " per rank (" << threads.why << ")\n";
   o << "  components model=" << model << " data=" << data << " sharding=" << strategy << " wrap=" << wrap
     << " precision=" << precision << " optimizer=" << optimizer << "\n";
-  o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", compute (and all-gather) " << dtype_name(dtypes.compute)
-    << ", reduce " << dtype_name(dtypes.reduce) << ", gradient " << dtype_name(dtypes.gradient) << "\n";
+  bool mixed = false;  // units with dtypes of their own: a column for them
+  for (const auto& u : units) mixed = mixed || u.dtypes.compute != dtypes.compute || u.dtypes.reduce != dtypes.reduce;
+  if (mixed)
+    o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", gradient " << dtype_name(dtypes.gradient)
+      << "; compute (and all-gather) and reduce per unit (below)\n";
+  else
+    o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", compute (and all-gather) " << dtype_name(dtypes.compute)
+      << ", reduce " << dtype_name(dtypes.reduce) << ", gradient " << dtype_name(dtypes.gradient) << "\n";
   o << "  units      " << units.size() << " (reshard after forward: " << (layout.reshard_after_forward ? "yes" : "no") << ")\n";
   size_t w = 6;
   for (const auto& u : units) w = std::max(w, u.fqn.size());
-  std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w), "unit", "params", "shard/rank", "gathered",
-                "recompute");
+  // The last column, with the dtypes after it when units have their own.
+  auto last = [&](const std::string& recompute, const std::string& own) {
+    return mixed ? recompute + std::string(recompute.size() < 11 ? 11 - recompute.size() : 1, ' ') + own : recompute;
+  };
+  std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w), "unit", "params", "shard/rank",
+                "gathered", last("recompute", "compute/reduce").c_str());
   o << line;
   for (const auto& u : units) {
+    const std::string own = dtype_name(u.dtypes.compute) + "/" + dtype_name(u.dtypes.reduce);
     std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w), u.fqn.empty() ? "(root)" : u.fqn.c_str(),
                   human_count(static_cast<double>(u.params)).c_str(), human_count(static_cast<double>(u.shard_numel)).c_str(),
-                  human_bytes(static_cast<double>(u.unsharded_bytes)).c_str(), u.recompute ? "yes" : "no");
+                  human_bytes(static_cast<double>(u.unsharded_bytes)).c_str(), last(u.recompute ? "yes" : "no", own).c_str());
     o << line;
   }
   o << "  parameters " << human_count(static_cast<double>(total_params)) << " (" << total_params << ")\n";
@@ -229,7 +255,8 @@ json plan_json(const RunPlan& p) {
   for (const auto& u : p.units)
     units.push_back({{"unit", u.fqn}, {"params", u.params}, {"shard_numel", u.shard_numel},
                      {"gathered_bytes", u.unsharded_bytes}, {"reshard_after_forward", u.reshard_after_forward},
-                     {"recompute", u.recompute}});
+                     {"recompute", u.recompute}, {"compute", dtype_name(u.dtypes.compute)},
+                     {"reduce", dtype_name(u.dtypes.reduce)}});
   return {{"world_size", p.topology.world_size},
           {"shard_group_size", p.layout.shard_group_size},
           {"replicate_group_size", p.layout.replicate_group_size},

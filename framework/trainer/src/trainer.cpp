@@ -173,6 +173,7 @@ class Trainer {
     EngineOptions eo;
     eo.layout = plan_.layout;
     eo.precision = plan_.dtypes;
+    eo.unit_precision = [precision](const std::string& unit) { return precision->spec(unit); };
     eo.seed = s_.seed;
     eo.overlap = s_.overlap;
     engine_ = std::make_unique<ShardingEngine>(model_, select_units(*model_, *wrap, s_), engine_comms(eo.layout), eo);

@@ -1,6 +1,8 @@
 // bf16_mixed: FSDP2's MixedPrecisionPolicy. fp32 master shards; each shard is cast to param_dtype
 // before its all-gather (half the bytes on the wire for bf16), forward and backward run in
 // param_dtype, gradients are reduced in reduce_dtype and kept in fp32 for the optimizer.
+#include <regex>
+
 #include <fsdpx/error.h>
 #include <fsdpx/plugin.h>
 #include <fsdpx/precision_policy.h>
@@ -13,13 +15,28 @@ c10::ScalarType dtype_of(const std::string& n) {
   return c10::kFloat;
 }
 
+// Units whose path fully matches one of `fp32_units` ("root" for the root unit: the final norm
+// and the output projection of a decoder) compute and reduce in fp32, the way sensitive layers
+// are kept in full precision; the others as configured.
 class Bf16Mixed final : public fsdpx::PrecisionPolicy {
  public:
-  explicit Bf16Mixed(fsdpx::PrecisionSpec s) : spec_(s) {}
-  fsdpx::PrecisionSpec spec(const std::string&) const override { return spec_; }
+  Bf16Mixed(fsdpx::PrecisionSpec s, std::vector<std::regex> fp32_units) : spec_(s), fp32_units_(std::move(fp32_units)) {}
+  fsdpx::PrecisionSpec spec(const std::string& unit) const override {
+    const std::string name = unit.empty() ? "root" : unit;
+    for (const auto& re : fp32_units_)
+      if (std::regex_match(name, re)) {
+        fsdpx::PrecisionSpec full = spec_;
+        full.compute = c10::kFloat;
+        full.reduce = c10::kFloat;
+        full.cast_forward_inputs = true;  // a bf16 activation from the unit before comes in as fp32
+        return full;
+      }
+    return spec_;
+  }
 
  private:
   fsdpx::PrecisionSpec spec_;
+  std::vector<std::regex> fp32_units_;
 };
 
 void register_components(fsdpx::Registrar& r) {
@@ -30,7 +47,10 @@ void register_components(fsdpx::Registrar& r) {
        fsdpx::choice_option("reduce_dtype", "fp32", low, "dtype of the gradient reduce-scatter"),
        fsdpx::choice_option("buffer_dtype", "fp32", low, "dtype of module buffers"),
        fsdpx::choice_option("output_dtype", "fp32", low, "dtype the model's floating output (the loss) is cast to"),
-       fsdpx::flag_option("cast_forward_inputs", true, "cast each unit's floating inputs to param_dtype")},
+       fsdpx::flag_option("cast_forward_inputs", true, "cast each unit's floating inputs to param_dtype"),
+       fsdpx::list_option("fp32_units", "",
+                          "units kept in fp32 compute and reduce: their paths or regular expressions matching them "
+                          "whole, 'root' for the root unit (e.g. root,layers\\.0)")},
       [](const fsdpx::ComponentContext& ctx) {
         const auto& o = ctx.options;
         fsdpx::PrecisionSpec s;
@@ -43,7 +63,15 @@ void register_components(fsdpx::Registrar& r) {
         s.cast_forward_inputs = o.get_bool("cast_forward_inputs");
         if (s.compute == c10::kHalf || s.reduce == c10::kHalf)
           throw fsdpx::Error("fp16 needs loss scaling, which bf16_mixed does not do; use bf16, or --precision.name fp16_mixed");
-        return std::make_shared<Bf16Mixed>(s);
+        std::vector<std::regex> fp32;
+        for (const auto& u : o.get_list("fp32_units")) {
+          try {
+            fp32.emplace_back(u);
+          } catch (const std::regex_error& e) {
+            throw fsdpx::Error("fp32_units: '" + u + "' is not a regular expression (" + e.what() + ")");
+          }
+        }
+        return std::make_shared<Bf16Mixed>(s, std::move(fp32));
       });
 }
 

@@ -29,6 +29,9 @@ struct EngineOptions {
   uint64_t seed = 0;           // parameters are initialised from (seed, parameter name)
   bool overlap = true;         // gather the next units while the current one computes
   int prefetch = 1;            // how many units ahead, forward and backward, when overlapping
+  // Each unit's own dtypes (the precision policy's answer for its path, "" for the root); unset:
+  // `precision` for every unit. Units may differ in compute and reduce dtypes, not in storage.
+  std::function<PrecisionSpec(const std::string& unit)> unit_precision;
 };
 
 // The communicators the engine uses. `shard` has layout.shard_group_size ranks (nullptr when 1);

@@ -25,13 +25,14 @@ struct UnitBytes {
   int64_t unsharded_bytes = 0;  // the gathered unit in the compute dtype (0 when it is the shard)
   bool reshard_after_forward = false;
   bool recompute = false;       // activation checkpointing
+  PrecisionSpec dtypes;         // the precision policy's answer for this unit
 };
 
 struct FSDPX_API RunPlan {
   Topology topology;
   ShardingLayout layout;
   std::string strategy, wrap, precision, optimizer, model, data;
-  PrecisionSpec dtypes;
+  PrecisionSpec dtypes;  // the root unit's (each unit's own is in `units`)
   std::vector<UnitBytes> units;
   int64_t total_params = 0;
   int64_t param_bytes = 0;      // per rank: sharded parameters in the storage dtype
