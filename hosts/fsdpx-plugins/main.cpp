@@ -34,7 +34,8 @@ commands:
                           nothing is allocated, so any model size plans at once)
   explain [OPTIONS]       the precision audit: for a precision policy (--precision.name) and,
                           optionally, an optimizer (--optimizer.name), the dtype of storage,
-                          compute, all-gather, reduce, gradient and each optimizer state
+                          compute, all-gather, reduce, gradient and each optimizer state; with
+                          --model.name and --wrap.name, each unit's compute and reduce dtypes
   info                    versions: fsdpx, plugin ABI, LibTorch, C++ ABI, CUDA, NCCL
   help                    this text
 
@@ -179,8 +180,24 @@ int cmd_explain(const fsdpx::PluginHost& host, const std::vector<std::string>& a
     for (const auto& [key, t] : optimizer->state("probe"))
       if (t.dim() > 0) rows.emplace_back("optimizer state " + key + " (" + opt->name + ")", name(t.scalar_type()));
   }
-  std::printf("precision %s, for all parameters\n", precision->name.c_str());
+  const auto* model_choice = config.choice(fsdpx::Kind::Model);
+  const auto* wrap_choice = config.choice(fsdpx::Kind::Wrap);
+  const bool per_unit = model_choice && wrap_choice;
+  std::printf("precision %s, for %s\n", precision->name.c_str(), per_unit ? "the root unit" : "all parameters");
   for (const auto& [what, dtype] : rows) std::printf("  %-44s %s\n", what.c_str(), dtype.c_str());
+  if (!per_unit) return 0;
+  // With a model and a wrap policy: every unit's own answer (compute and all-gather, reduce).
+  auto policy = host.create<fsdpx::PrecisionPolicy>(precision->name, precision->options);
+  auto model = host.create<fsdpx::Model>(model_choice->name, model_choice->options);
+  auto wrap = host.create<fsdpx::WrapPolicy>(wrap_choice->name, wrap_choice->options);
+  auto root = model->module();
+  const auto plan = fsdpx::plan_units(*root, wrap->select(*root));
+  std::printf("per unit (model %s, wrap policy %s): compute and all-gather / reduce\n", model_choice->name.c_str(),
+              wrap_choice->name.c_str());
+  for (const auto& u : plan.units) {
+    const auto s = policy->spec(u.fqn);
+    std::printf("  %-44s %s / %s\n", u.fqn.empty() ? "(root)" : u.fqn.c_str(), name(s.compute).c_str(), name(s.reduce).c_str());
+  }
   return 0;
 }
 

@@ -100,6 +100,20 @@ TEST(FsdpxPluginsCli, ExplainPrintsThePrecisionAudit) {
   EXPECT_NE(pure.out.find("optimizer state compensation (anyprecision_adamw) BFloat16"), std::string::npos) << pure.out;
 }
 
+// With a model and a wrap policy, each unit's own dtypes (bf16_mixed keeping the root in fp32).
+TEST(FsdpxPluginsCli, ExplainShowsEachUnitsDtypes) {
+  auto r = test::run_command(tool() + " explain --precision.name bf16_mixed --precision.fp32_units root --model.name gpt "
+                                      "--wrap.name layer_type");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("precision bf16_mixed, for the root unit\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("per unit (model gpt, wrap policy layer_type): compute and all-gather / reduce\n"
+                       "  (root)                                       Float / Float\n"
+                       "  layers.0                                     BFloat16 / Float\n"
+                       "  layers.1                                     BFloat16 / Float\n"),
+            std::string::npos)
+      << r.out;
+}
+
 TEST(FsdpxPluginsCli, InfoReportsVersions) {
   auto r = test::run_command(tool() + " info");
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -1,5 +1,7 @@
 #include "test_paths.h"
 
+#include "fsdpx/framework/runtime/launcher.h"
+
 #include "test_config.h"
 #include "fsdpx/error.h"
 
@@ -72,16 +74,6 @@ CommandResult run_command(const std::string& command) {
   return r;
 }
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
-  ::close(fd);
-  return ntohs(sa.sin_port);
-}
+int free_port() { return pick_rendezvous_port("127.0.0.1"); }
 
 }  // namespace fsdpx::test

@@ -42,7 +42,7 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
-// A loopback port nothing listens on now (the kernel's pick, released).
+// A loopback port nothing listens on now, outside the ephemeral range (pick_rendezvous_port).
 int free_port();
 
 }  // namespace fsdpx::test

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 
 extern char** environ;
 
@@ -33,24 +34,48 @@ void on_signal(int sig) {
   (void)rc;
 }
 
-int free_port(const std::string& addr) {
+// Binds `port` (0: the kernel's pick) on `addr` and returns the port bound, or -1 with errno set.
+int try_bind(const std::string& addr, int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw Error(std::string("cannot open a socket to pick a free port: ") + std::strerror(errno));
+  if (fd < 0) return -1;
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
-  sa.sin_port = 0;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
   sa.sin_addr.s_addr = addr == "127.0.0.1" ? htonl(INADDR_LOOPBACK) : htonl(INADDR_ANY);
   socklen_t len = sizeof sa;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw Error(std::string("cannot pick a free port: ") + std::strerror(err));
-  }
-  int port = ntohs(sa.sin_port);
+  int bound = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0)
+    bound = ntohs(sa.sin_port);
+  const int err = errno;
   ::close(fd);
-  return port;
+  errno = err;
+  return bound;
 }
+
+}  // namespace
+
+int pick_rendezvous_port(const std::string& addr) {
+  int lo = 32768, hi = 60999;  // the kernel's ephemeral ports, for outgoing connections
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
+    std::fclose(f);
+  }
+  // Below that range if it leaves room (from 10000), else above it.
+  const int first = lo - 1 >= 11000 ? 10000 : hi + 1, last = lo - 1 >= 11000 ? lo - 1 : 65535;
+  if (last - first >= 1000) {
+    std::random_device seed;
+    std::mt19937 rng(seed());
+    std::uniform_int_distribution<int> pick(first, last);
+    for (int attempt = 0; attempt < 200; ++attempt)
+      if (const int p = try_bind(addr, pick(rng)); p > 0) return p;
+  }
+  const int p = try_bind(addr, 0);
+  if (p <= 0) throw Error(std::string("cannot pick a free port for the rendezvous: ") + std::strerror(errno));
+  return p;
+}
+
+namespace {
 
 std::string how(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
@@ -214,7 +239,7 @@ struct Supervision {
 int launch_local(const LaunchOptions& o) {
   if (o.nproc < 1) throw Error("--nproc-per-node must be at least 1, got " + std::to_string(o.nproc));
   if (o.argv.empty()) throw Error("launch_local: no worker command");
-  const int port = o.master_port ? o.master_port : free_port(o.master_addr);
+  const int port = o.master_port ? o.master_port : pick_rendezvous_port(o.master_addr);
   SignalPipe signals;
   WorkerPool pool(o.name, o.argv);  // on a failed start, its destructor stops those started
   for (int r = 0; r < o.nproc; ++r) pool.start(r, worker_environment(o, r, port));

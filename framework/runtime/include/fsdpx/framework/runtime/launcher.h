@@ -35,6 +35,12 @@ FSDPX_API int launch_local(const LaunchOptions& options);
 // This executable's absolute path (/proc/self/exe).
 FSDPX_API std::string self_executable();
 
+// A TCP port nothing listens on now, for a rendezvous on `addr`: outside the kernel's range of
+// ephemeral ports (/proc/sys/net/ipv4/ip_local_port_range), so that no outgoing connection can
+// take it before rank 0 binds it (the kernel's own pick, from that range, lost that race under
+// parallel tests); the kernel's pick when the range leaves no room. Throws fsdpx::Error.
+FSDPX_API int pick_rendezvous_port(const std::string& addr = "127.0.0.1");
+
 // The front of every fsdpx program that can launch itself. If argv has --nproc-per-node N and
 // this process is not already a worker (FSDPX_LAUNCHED unset), runs N copies of this program
 // with the other arguments and returns the launcher's exit status. Otherwise returns nullopt
