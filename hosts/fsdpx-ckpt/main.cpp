@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <boost/program_options/parsers.hpp>
 #include <nlohmann/json.hpp>
 
 #include "fsdpx/error.h"
@@ -61,27 +62,17 @@ int inspect(const std::string& dir) {
 
 // The [model] section of the configuration a checkpoint was saved with: its name and options.
 std::pair<std::string, std::map<std::string, std::string>> model_section(const std::string& ini, const std::string& dir) {
+  // Boost's INI parser, as RunConfig reads --config: [model] key=value arrives as "model.key".
   std::istringstream in(ini);
-  std::string line, section, name;
+  const auto parsed = boost::program_options::parse_config_file(in, boost::program_options::options_description(),
+                                                                /*allow_unregistered=*/true);
+  std::string name;
   std::map<std::string, std::string> options;
-  while (std::getline(in, line)) {
-    const auto first = line.find_first_not_of(" \t");
-    if (first == std::string::npos || line[first] == '#' || line[first] == ';') continue;
-    line = line.substr(first);
-    if (line[0] == '[') {
-      section = line.substr(1, line.find(']') - 1);
-      continue;
-    }
-    const auto eq = line.find('=');
-    if (section != "model" || eq == std::string::npos) continue;
-    auto trim = [](std::string s) {
-      s.erase(0, s.find_first_not_of(" \t"));
-      s.erase(s.find_last_not_of(" \t\r") + 1);
-      return s;
-    };
-    const std::string key = trim(line.substr(0, eq)), value = trim(line.substr(eq + 1));
-    if (key == "name") name = value;
-    else options[key] = value;
+  for (const auto& o : parsed.options) {
+    if (o.string_key.rfind("model.", 0) != 0 || o.value.empty()) continue;
+    const std::string key = o.string_key.substr(6);
+    if (key == "name") name = o.value.front();
+    else options[key] = o.value.front();
   }
   if (name.empty())
     throw fsdpx::Error(dir + " records no [model] in its configuration; export-hf needs the model that saved it");

@@ -5,6 +5,7 @@ import glob
 import os
 import sys
 
+import torch
 from safetensors import safe_open
 
 
@@ -29,8 +30,7 @@ def main():
         x, y = a[k], b[k]
         if x.dtype != y.dtype or x.shape != y.shape:
             problems.append(f"{k}: {x.dtype} {tuple(x.shape)} vs {y.dtype} {tuple(y.shape)}")
-        elif not (x.contiguous().view(-1).view(dtype=__import__("torch").uint8).equal(
-                y.contiguous().view(-1).view(dtype=__import__("torch").uint8))):
+        elif not x.contiguous().view(-1).view(torch.uint8).equal(y.contiguous().view(-1).view(torch.uint8)):
             problems.append(f"{k}: values differ (max abs diff {(x.double() - y.double()).abs().max().item():.3g})")
     for p in problems:
         print(p)

@@ -28,19 +28,11 @@ const std::string kRun = " --log-every 1 --data.seq 32 --checkpoint.name sharded
 
 std::vector<double> losses(const fs::path& dir) {
   std::vector<double> out;
-  std::ifstream in(dir / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line);
-    if (j.contains("loss")) out.push_back(j["loss"].get<double>());
-  }
+  for (const auto& j : step_metrics(dir)) out.push_back(j["loss"].get<double>());
   return out;
 }
 
-json index_of(const fs::path& ckpt_dir) {
-  std::ifstream in(ckpt_dir / "index.json");
-  return json::parse(in);
-}
+json index_of(const fs::path& ckpt_dir) { return read_json(ckpt_dir / "index.json"); }
 
 void flip_byte(const fs::path& p, int64_t from_end) {
   std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);

@@ -22,39 +22,37 @@ std::string worker() { return (test::build_dir() / "tests" / "comm_worker").stri
 
 // gpt tiny at 2 ranks where rank 1 skips the first all-gather of unit layers.0: its collectives
 // run one behind from there (Gloo pairs them by order, and layers.1 has the size of layers.0).
-std::string skipping_run(const std::string& dir, const std::string& extra) {
-  return "bash -c 'cd " + dir + " && FSDPX_FAULT=skip-all-gather:1:layers.0 " + train() +
-         " --nproc-per-node 2 --steps 3 --collective-timeout 5 --out out " + extra + " 2>&1'";
+// Its output (stdout and stderr) and how long it took.
+std::pair<std::string, double> skipping_run(const std::string& dir, const std::string& extra) {
+  const auto start = Clock::now();
+  auto r = run_command("bash -c 'cd " + dir + " && FSDPX_FAULT=skip-all-gather:1:layers.0 " + train() +
+                       " --nproc-per-node 2 --steps 3 --collective-timeout 5 --out out " + extra + " 2>&1'");
+  EXPECT_NE(r.exit_code, 0);
+  return {r.out + r.err, std::chrono::duration<double>(Clock::now() - start).count()};
 }
 
 TEST(FlightRecorder, ARankThatSkipsAnAllGatherIsNamedWithBothCollectives) {
   test::TempDir dir;
-  const auto start = Clock::now();
-  auto r = run_command(skipping_run(dir.path().string(), ""));
-  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.out.find("rank 1 skips the all-gather of unit layers.0"), std::string::npos) << r.out;
+  const auto [out, secs] = skipping_run(dir.path().string(), "");
+  EXPECT_NE(out.find("rank 1 skips the all-gather of unit layers.0"), std::string::npos) << out;
   // The first divergence, both sides: rank 0 gathered layers.0 where rank 1 gathered layers.1.
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("flight records of group 'world': the ranks diverge at #([0-9]+): "
+  EXPECT_TRUE(std::regex_search(out, std::regex("flight records of group 'world': the ranks diverge at #([0-9]+): "
                                                   "rank 0 ran all_gather #\\1 \\(unit layers.0, forward, fp32 x 26.7k\\); "
                                                   "rank 1 ran all_gather #\\1 \\(unit layers.1, forward, fp32 x 26.7k\\)")))
-      << r.out;
-  EXPECT_NE(r.out.find("Last completed: "), std::string::npos) << r.out;
+      << out;
+  EXPECT_NE(out.find("Last completed: "), std::string::npos) << out;
   EXPECT_LT(secs, 40.0);  // the 5 s collective timeout, the 2 s diagnosis, the ends
 }
 
 TEST(FlightRecorder, CheckCollectivesStopsTheSkippingRankBeforeTheCollectiveRuns) {
   test::TempDir dir;
-  const auto start = Clock::now();
-  auto r = run_command(skipping_run(dir.path().string(), "--check-collectives"));
-  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("--check-collectives: the ranks of group 'world' \\(ranks 0, 1\\) are about "
+  const auto [out, secs] = skipping_run(dir.path().string(), "--check-collectives");
+  EXPECT_TRUE(std::regex_search(out, std::regex("--check-collectives: the ranks of group 'world' \\(ranks 0, 1\\) are about "
                                                   "to call different collectives: rank 0 is at all_gather #([0-9]+) \\(unit "
                                                   "layers.0, forward, fp32 x 26.7k\\); rank 1 is at all_gather #\\1 \\(unit "
                                                   "layers.1, forward, fp32 x 26.7k\\)")))
-      << r.out;
-  EXPECT_EQ(r.out.find("timed out"), std::string::npos) << r.out;  // found before anything waited
+      << out;
+  EXPECT_EQ(out.find("timed out"), std::string::npos) << out;  // found before anything waited
   EXPECT_LT(secs, 30.0);
 }
 
@@ -101,7 +99,10 @@ TEST(FlightRecorder, AStoppedRankIsNamedAsHungWithItsLastCollective) {
   EXPECT_NE(err0.find("Last completed: rank 0: "), std::string::npos) << err0;
   const double after = std::stod(read_file(dir.path() / "ended")) - std::stod(read_file(dir.path() / "stopped"));
   std::printf("rank 0 ended %.1f s after rank 1 stopped (collective timeout 5 s)\n", after);
-  EXPECT_LT(after, 5.0 + 10.0);
+  // Its end, not its diagnosis (which comes at the timeout + 2 s): the failed step then waits out
+  // its other collectives in flight (up to 2 here, each up to the timeout; ParamGroup::abandon)
+  // and rank 0 keeps the store 3 s for the others. Measured 12-16 s under ctest -j2.
+  EXPECT_LT(after, 5.0 + 2.0 + 2 * 5.0 + 3.0 + 1.0);
 }
 
 }  // namespace

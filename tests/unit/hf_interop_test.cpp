@@ -116,6 +116,13 @@ TEST(HfInterop, ImportThenExportUntrainedIsBitIdentical) {
     const std::string cmp = ok(hf_script("compare_tensors.py") + " " + (d / name).string() + " " + (d / ("back_" + name)).string());
     EXPECT_NE(cmp.find(tied ? "20 tensors bit-identical" : "21 tensors bit-identical"), std::string::npos) << cmp;
   }
+  // --dtype bf16: the files and config.json say bfloat16, and transformers' logits stay close.
+  ok(ckpt() + " export-hf " + (d / "init_untied").string() + " " + (d / "bf16").string() + " --dtype bf16");
+  EXPECT_EQ(test::read_json(d / "bf16" / "config.json")["dtype"], "bfloat16");
+  ok(hf_script("hf_logits.py") + " --model " + (d / "bf16").string() + " --ids " + (d / "untied.logits.safetensors").string() +
+     " --out " + (d / "bf16.logits.safetensors").string());
+  std::printf("bf16 export: %s", ok(hf_script("compare_logits.py") + " " + (d / "untied.logits.safetensors").string() + " " +
+                                     (d / "bf16.logits.safetensors").string() + " --tol 2e-2").c_str());
 }
 
 // Each wrong directory is one line naming what is wrong.

@@ -2,7 +2,6 @@
 // training close to fp32 and bf16_mixed, an inf on one rank skipping the step on every rank and
 // halving the scale, the scale growing after its interval, an exact resume that restores it.
 // Per-unit precision: bf16_mixed with units kept in fp32, their all-gather bytes and training.
-#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,17 +20,6 @@ using test::run_command;
 const std::string kRun = " --nproc-per-node 2 --batch-size 4 --data.seq 32 --log-every 1 ";
 std::string train() { return (test::bin_dir() / "fsdpx-train").string() + kRun; }
 
-std::vector<json> metrics(const fs::path& run) {
-  std::vector<json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line);
-    if (j.contains("step") && j.contains("loss")) out.push_back(j);
-  }
-  return out;
-}
-
 std::vector<double> field(const std::vector<json>& m, const char* key) {
   std::vector<double> out;
   for (const auto& j : m) out.push_back(j.value(key, -1.0));
@@ -39,14 +27,7 @@ std::vector<double> field(const std::vector<json>& m, const char* key) {
 }
 
 // The model's tensors' digests (optimizer state left out) of one checkpoint.
-std::map<std::string, std::string> weights(const fs::path& ckpt) {
-  std::ifstream in(ckpt / "index.json");
-  const json ix = json::parse(in);
-  std::map<std::string, std::string> out;
-  for (auto it = ix["tensors"].begin(); it != ix["tensors"].end(); ++it)
-    if (it.key().rfind("optim/", 0) != 0) out[it.key()] = it.value()["digest"];
-  return out;
-}
+std::map<std::string, std::string> weights(const fs::path& ckpt) { return test::tensor_digests(ckpt, false); }
 
 // gpt tiny on the demo's text for 30 steps: fp16_mixed stays close to fp32 and bf16_mixed.
 TEST(LossScaling, Fp16MixedTrainsCloseToFp32AndBf16) {
@@ -55,7 +36,7 @@ TEST(LossScaling, Fp16MixedTrainsCloseToFp32AndBf16) {
   for (const std::string p : {"fp32", "bf16_mixed", "fp16_mixed"}) {
     auto r = run_command(train() + "--steps 30 --precision.name " + p + " --out " + (dir.path() / p).string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    loss[p] = field(metrics(dir.path() / p), "loss");
+    loss[p] = field(test::step_metrics(dir.path() / p), "loss");
     ASSERT_EQ(loss[p].size(), 30u) << p;
   }
   double to_fp32 = 0, to_bf16 = 0;
@@ -83,7 +64,7 @@ TEST(LossScaling, AnInfOnOneRankSkipsTheStepOnEveryRankAndHalvesTheScale) {
   EXPECT_NE(r.out.find("step 3: inf/NaN in the gradients of rank(s) 1: skipped on every rank; loss scale 65536 -> 32768"),
             std::string::npos)
       << r.out;
-  const auto m = metrics(out);
+  const auto m = test::step_metrics(out);
   ASSERT_EQ(m.size(), 5u);
   EXPECT_EQ(field(m, "loss_scale"), (std::vector<double>{65536, 65536, 32768, 32768, 32768}));
   EXPECT_EQ(field(m, "skipped_steps"), (std::vector<double>{0, 0, 1, 1, 1}));
@@ -97,7 +78,7 @@ TEST(LossScaling, TheScaleGrowsAfterItsInterval) {
   auto r = run_command(train() + "--steps 5 --precision.name fp16_mixed --precision.growth_interval 2 --out " +
                        dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  const auto m = metrics(dir.path());
+  const auto m = test::step_metrics(dir.path());
   EXPECT_EQ(field(m, "loss_scale"), (std::vector<double>{65536, 131072, 131072, 262144, 262144}));
   EXPECT_EQ(field(m, "skipped_steps"), (std::vector<double>{0, 0, 0, 0, 0}));
 }
@@ -112,7 +93,7 @@ TEST(LossScaling, ResumeRestoresTheScale) {
   ASSERT_EQ(run_command(run + "--steps 3 --out " + split.path().string()).exit_code, 0);
   auto r = run_command(run + "--steps 6 --resume auto --out " + split.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  const auto a = metrics(whole.path()), b = metrics(split.path());
+  const auto a = test::step_metrics(whole.path()), b = test::step_metrics(split.path());
   EXPECT_EQ(field(a, "loss"), field(b, "loss"));
   EXPECT_EQ(field(a, "loss_scale"), field(b, "loss_scale"));
   EXPECT_EQ(field(b, "loss_scale"), (std::vector<double>{1024, 2048, 2048, 4096, 4096, 8192}));
@@ -127,11 +108,6 @@ TEST(LossScaling, BadScalerOptionsAreOneClearLine) {
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
   }
-}
-
-json plan_of(const fs::path& run) {
-  std::ifstream in(run / "plan.json");
-  return json::parse(in);
 }
 
 // The all-gather bytes of one step from the plan's units, each in its own compute dtype: the
@@ -157,7 +133,7 @@ TEST(UnitPrecision, EachUnitGathersInItsOwnDtype) {
     auto r = run_command(train() + "--steps 2 --precision.name bf16_mixed --precision.fp32_units '" + units + "' --out " +
                          out.string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    const json plan = plan_of(out);
+    const json plan = test::read_json(out / "plan.json");
     int fp32 = 0;
     for (const auto& u : plan["units"]) {
       const std::string name = u["unit"].get<std::string>().empty() ? "root" : u["unit"].get<std::string>();
@@ -165,7 +141,7 @@ TEST(UnitPrecision, EachUnitGathersInItsOwnDtype) {
       EXPECT_EQ(u["compute"], want ? "fp32" : "bf16") << units << " " << name;
       fp32 += want;
     }
-    const auto m = metrics(out);
+    const auto m = test::step_metrics(out);
     ASSERT_EQ(m.size(), 2u);
     const int64_t got = m.back()["allgather_bytes"].get<int64_t>();
     EXPECT_EQ(got, expected_allgather(plan, 2)) << units;
@@ -204,7 +180,7 @@ TEST(UnitPrecision, MixedUnitsTrainCloseToFp32) {
   for (const auto& [name, opts] : runs) {
     auto r = run_command(train() + "--steps 30 " + opts + " --out " + (dir.path() / name).string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    loss[name] = field(metrics(dir.path() / name), "loss");
+    loss[name] = field(test::step_metrics(dir.path() / name), "loss");
     ASSERT_EQ(loss[name].size(), 30u);
   }
   double mixed = 0, bf16 = 0;

@@ -1,7 +1,6 @@
 // hybrid_shard, cpu_offload and activation checkpointing, end to end through fsdpx-train on real
 // Gloo process groups.
 #include <cmath>
-#include <fstream>
 #include <map>
 
 #include <gtest/gtest.h>
@@ -18,29 +17,6 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string train() { return (bin_dir() / "fsdpx-train").string(); }
-
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return json::parse(in);
-}
-
-std::vector<json> steps(const fs::path& dir) {
-  std::vector<json> out;
-  std::ifstream in(dir / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line);
-    if (j.contains("loss")) out.push_back(j);
-  }
-  return out;
-}
-
-std::map<std::string, std::string> digests(const fs::path& ckpt) {
-  std::map<std::string, std::string> out;
-  json ix = read_json(ckpt / "index.json");
-  for (auto it = ix["tensors"].begin(); it != ix["tensors"].end(); ++it) out[it.key()] = it.value()["digest"];
-  return out;
-}
 
 int count(const std::string& text, const std::string& what) {
   int n = 0;
@@ -66,7 +42,7 @@ TEST(HybridShard, TwoNodesOfTwoMatchOneProcessAndTheFormulas) {
     auto r = run_command(train() + " --nproc-per-node 4 --batch-size 3 --sharding.name hybrid_shard --sharding.shard_size 2 " +
                          "--sharding.reshard_after_forward " + reshard + kSmall + "--out " + four.path().string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    auto a = steps(one.path()), b = steps(four.path());
+    auto a = step_metrics(one.path()), b = step_metrics(four.path());
     ASSERT_EQ(a.size(), 3u);
     ASSERT_EQ(b.size(), 3u);
     for (size_t i = 0; i < 3; ++i) {
@@ -141,10 +117,10 @@ TEST(CpuOffload, OnTheCpuItIsTheBaseStrategyBitForBit) {
     ASSERT_EQ(rb.exit_code, 0) << rb.out << rb.err;
     EXPECT_EQ(count(rb.out, "nothing to move"), 1) << rb.out;
     EXPECT_EQ(count(ra.out, "nothing to move"), 0) << ra.out;
-    auto x = steps(a.path()), y = steps(b.path());
+    auto x = step_metrics(a.path()), y = step_metrics(b.path());
     ASSERT_EQ(x.size(), y.size());
     for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i]["loss"], y[i]["loss"]) << i;
-    EXPECT_EQ(digests(a.path() / "checkpoints" / "step-00000003"), digests(b.path() / "checkpoints" / "step-00000003"));
+    EXPECT_EQ(tensor_digests(a.path() / "checkpoints" / "step-00000003"), tensor_digests(b.path() / "checkpoints" / "step-00000003"));
   }
 }
 
@@ -160,14 +136,14 @@ TEST(ActivationCheckpointing, GradientsAreIdentical) {
     ASSERT_EQ(ra.exit_code, 0) << ra.out << ra.err;
     auto rb = run_command(run + how + " --out " + b.path().string());
     ASSERT_EQ(rb.exit_code, 0) << rb.out << rb.err;
-    auto x = steps(a.path()), y = steps(b.path());
+    auto x = step_metrics(a.path()), y = step_metrics(b.path());
     ASSERT_EQ(x.size(), 3u);
     ASSERT_EQ(y.size(), 3u);
     for (size_t i = 0; i < 3; ++i) {
       EXPECT_EQ(x[i]["loss"], y[i]["loss"]) << i;
       EXPECT_EQ(x[i]["grad_norm"], y[i]["grad_norm"]) << i;
     }
-    EXPECT_EQ(digests(a.path() / "checkpoints" / "step-00000003"), digests(b.path() / "checkpoints" / "step-00000003"));
+    EXPECT_EQ(tensor_digests(a.path() / "checkpoints" / "step-00000003"), tensor_digests(b.path() / "checkpoints" / "step-00000003"));
     json plan = read_json(b.path() / "plan.json");
     EXPECT_EQ(plan["units"][1]["recompute"], true);
     EXPECT_EQ(plan["units"][0]["recompute"], false);
@@ -198,8 +174,8 @@ TEST(ActivationCheckpointing, StepMemoryDropsForGptSmall) {
   ASSERT_EQ(ra.exit_code, 0) << ra.out << ra.err;
   auto rb = run_command(run + "--activation-checkpointing Block --out " + b.path().string());
   ASSERT_EQ(rb.exit_code, 0) << rb.out << rb.err;
-  const double without = steps(a.path()).back()["step_rss_rise_bytes"].get<double>();
-  const double with = steps(b.path()).back()["step_rss_rise_bytes"].get<double>();
+  const double without = step_metrics(a.path()).back()["step_rss_rise_bytes"].get<double>();
+  const double with = step_metrics(b.path()).back()["step_rss_rise_bytes"].get<double>();
   std::printf("step memory (RSS rise), gpt small, batch 8 x 128 per rank: %.1f MB without, %.1f MB with recompute, %.2fx\n",
               without / 1e6, with / 1e6, without / with);
   EXPECT_GT(without / with, 1.5);

@@ -76,4 +76,34 @@ CommandResult run_command(const std::string& command) {
 
 int free_port() { return pick_rendezvous_port("127.0.0.1"); }
 
+nlohmann::json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  return nlohmann::json::parse(in);
+}
+
+std::vector<nlohmann::json> read_json_lines(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  std::vector<nlohmann::json> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+std::vector<nlohmann::json> step_metrics(const fs::path& run_dir) {
+  std::vector<nlohmann::json> out;
+  for (auto& j : read_json_lines(run_dir / "metrics.jsonl"))
+    if (j.contains("loss")) out.push_back(std::move(j));
+  return out;
+}
+
+std::map<std::string, std::string> tensor_digests(const fs::path& checkpoint, bool with_optimizer) {
+  const nlohmann::json ix = read_json(checkpoint / "index.json");
+  std::map<std::string, std::string> out;
+  for (auto it = ix["tensors"].begin(); it != ix["tensors"].end(); ++it)
+    if (with_optimizer || it.key().rfind("optim/", 0) != 0) out[it.key()] = it.value()["digest"];
+  return out;
+}
+
 }  // namespace fsdpx::test

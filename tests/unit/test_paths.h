@@ -4,7 +4,11 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace fsdpx::test {
 
@@ -33,6 +37,15 @@ std::string read_file(const std::filesystem::path& p);
 
 // The message of the fsdpx::Error that `f` throws, or "(no error)".
 std::string error_of(const std::function<void()>& f);
+
+// JSON files a run writes: one document; one document per line (metrics.jsonl); the lines of a
+// run directory's metrics.jsonl that report a step (they have a loss; evaluations are left out);
+// each tensor's digest in a sharded checkpoint's index.json (optimizer state included or not).
+// Throws on a file that cannot be read or parsed.
+nlohmann::json read_json(const std::filesystem::path& p);
+std::vector<nlohmann::json> read_json_lines(const std::filesystem::path& p);
+std::vector<nlohmann::json> step_metrics(const std::filesystem::path& run_dir);
+std::map<std::string, std::string> tensor_digests(const std::filesystem::path& checkpoint, bool with_optimizer = true);
 
 // Runs a command through the shell; captures stdout and stderr (merged unless split).
 struct CommandResult {

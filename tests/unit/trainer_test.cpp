@@ -17,20 +17,6 @@ namespace {
 
 std::string train_cmd() { return (bin_dir() / "fsdpx-train").string(); }
 
-json read_json(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  EXPECT_TRUE(in.good()) << p;
-  return json::parse(in);
-}
-
-std::vector<json> read_lines(const std::filesystem::path& p) {
-  std::vector<json> out;
-  std::ifstream in(p);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(json::parse(line));
-  return out;
-}
-
 std::string csv_path() {
   auto r = run_command("bash " + (build_dir().parent_path() / "scripts" / "setup.sh").string() +
                        " --print-breast-cancer-csv 2>/dev/null");
@@ -54,7 +40,7 @@ TEST(Trainer, GptTinyLossFallsOverThirtySteps) {
   TempDir dir;
   auto r = run_command(train_cmd() + " --nproc-per-node 2 --steps 30 --batch-size 8 --log-every 1 --out " + dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  auto m = read_lines(dir.path() / "metrics.jsonl");
+  auto m = read_json_lines(dir.path() / "metrics.jsonl");
   std::vector<json> train;
   for (auto& x : m)
     if (x.contains("loss")) train.push_back(x);
@@ -81,7 +67,7 @@ TEST(Trainer, ConfigIniReproducesTheRun) {
   auto r2 = run_command(train_cmd() + " --nproc-per-node 2 --config " + (a.path() / "config.ini").string() + " --out " +
                         b.path().string());
   ASSERT_EQ(r2.exit_code, 0) << r2.out << r2.err;
-  auto la = read_lines(a.path() / "metrics.jsonl"), lb = read_lines(b.path() / "metrics.jsonl");
+  auto la = read_json_lines(a.path() / "metrics.jsonl"), lb = read_json_lines(b.path() / "metrics.jsonl");
   ASSERT_EQ(la.size(), lb.size());
   for (size_t i = 0; i < la.size(); ++i) {
     if (la[i].contains("loss")) {

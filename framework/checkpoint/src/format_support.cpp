@@ -241,6 +241,16 @@ std::vector<char> read_tensor_rows(Files& files, const std::string& name, const 
   return out;
 }
 
+at::Tensor read_whole_tensor(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
+                             c10::ScalarType dtype, const std::string& where) {
+  RowDigest d;
+  d.kind = RowDigest::kind_of(entry.value("digest", ""));
+  const int64_t rows = rows_of(shape);
+  std::vector<char> bytes = read_tensor_rows(files, name, entry, shape, dtype, 0, rows, &d);
+  if (d.hex() != entry.value("digest", "")) throw Error(where + ": tensor '" + name + "' does not match its digest");
+  return bytes_to_tensor(bytes, shape, rows, dtype).reshape(shape);
+}
+
 void for_each_piece(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
                     c10::ScalarType dtype, int64_t first, int64_t count,
                     const std::function<void(SafetensorsReader&, int64_t lo, int64_t hi, int64_t piece_offset)>& f) {

@@ -95,6 +95,10 @@ std::vector<char> read_tensor_rows(Files& files, const std::string& name, const 
 void for_each_piece(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
                     c10::ScalarType dtype, int64_t first, int64_t count,
                     const std::function<void(SafetensorsReader&, int64_t lo, int64_t hi, int64_t piece_offset)>& f);
+// The whole tensor `name` (`entry` of the index, stored as `dtype` in `shape`), checked against
+// the entry's digest; a mismatch is fsdpx::Error "<where>: tensor 'NAME' does not match its digest".
+at::Tensor read_whole_tensor(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
+                             c10::ScalarType dtype, const std::string& where);
 // The same into `out` (count rows of `shape` in `dtype`).
 void read_tensor_rows_into(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
                            c10::ScalarType dtype, int64_t first, int64_t count, char* out, RowDigest* digest);

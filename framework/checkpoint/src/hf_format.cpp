@@ -109,9 +109,9 @@ namespace {
 
 struct ExportTensor {
   std::string name, hf;
-  c10::ScalarType dtype;
+  c10::ScalarType stored, dtype;  // in the checkpoint; written
   std::vector<int64_t> shape;
-  int64_t bytes = 0;
+  int64_t bytes = 0;              // written
 };
 
 // The whole tensor `name` of a checkpoint, checked against its digest.
@@ -132,19 +132,12 @@ class CheckpointTensors {
 
   at::Tensor read(const ExportTensor& t) {
     const int64_t rows = rows_of(t.shape);
-    if (files_) {
-      const json& e = index_["tensors"][t.name];
-      RowDigest d;
-      d.kind = RowDigest::kind_of(e.value("digest", ""));
-      std::vector<char> bytes = read_tensor_rows(*files_, t.name, e, t.shape, t.dtype, 0, rows, &d);
-      if (d.hex() != e.value("digest", "")) throw Error(path_ + ": tensor '" + t.name + "' does not match its digest");
-      return bytes_to_tensor(bytes, t.shape, rows, t.dtype).reshape(t.shape);
-    }
+    if (files_) return read_whole_tensor(*files_, t.name, index_["tensors"][t.name], t.shape, t.stored, path_);
     at::Tensor whole = reader_->read(t.name);
     if (digests_.contains(t.name) && digests_[t.name].is_string()) {
       RowDigest d;
       d.kind = RowDigest::kind_of(digests_[t.name].get<std::string>());
-      d.add_rows(static_cast<const char*>(whole.data_ptr()), 0, rows, row_bytes_of(t.shape, t.dtype));
+      d.add_rows(static_cast<const char*>(whole.data_ptr()), 0, rows, row_bytes_of(t.shape, t.stored));
       if (d.hex() != digests_[t.name].get<std::string>())
         throw Error(path_ + ": tensor '" + t.name + "' does not match digests.json");
     }
@@ -181,7 +174,8 @@ HfExport export_hf(const std::string& checkpoint, const std::string& out_dir, co
   std::vector<ExportTensor> tensors;
   for (const auto& t : info.tensors) {
     if (t.name.rfind(kOptimPrefix, 0) == 0) continue;
-    ExportTensor e{t.name, o.hf_name(t.name), o.dtype ? *o.dtype : dtype_from_safetensors(t.dtype), t.shape, 0};
+    const c10::ScalarType stored = dtype_from_safetensors(t.dtype);
+    ExportTensor e{t.name, o.hf_name(t.name), stored, o.dtype ? *o.dtype : stored, t.shape, 0};
     e.bytes = row_bytes_of(t.shape, e.dtype) * rows_of(t.shape);
     tensors.push_back(std::move(e));
   }
