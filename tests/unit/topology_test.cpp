@@ -65,7 +65,8 @@ const Environment kSlurm = {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "7"}, {"SLUR
 TEST(Topology, SinglProcessByDefault) {
   auto r = resolve_topology({}, {});
   EXPECT_EQ(r.source, "single process");
-  EXPECT_EQ(describe(r), "rank 0/1 local 0/1 node 0/1 master 127.0.0.1:29500 (single process)");
+  EXPECT_EQ(describe(r), "rank 0/1 local 0/1 node 0/1 master 127.0.0.1:any free port (single process)");
+  EXPECT_EQ(r.topology.master_port, 0);
 }
 
 TEST(Topology, Torchrun) {

@@ -71,10 +71,13 @@ struct ProcessGroups::Impl {
 
 std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& options) {
   quiet_c10d_logging();
-  const Topology& t = options.topology;
+  Topology t = options.topology;
+  if (t.master_port == 0 && t.world_size != 1)
+    throw Error("master port 0 (any free port) serves only a single process; " + std::to_string(t.world_size) +
+                " ranks need one port they all know (--master-port or MASTER_PORT)");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
-  const std::string master = t.master_addr + ":" + std::to_string(t.master_port);
+  std::string master = t.master_addr + ":" + std::to_string(t.master_port);
   const auto timeout = options.rendezvous_timeout;
   try {
     c10d::TCPStoreOptions o;
@@ -83,7 +86,13 @@ std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& optio
     o.numWorkers = std::nullopt;
     o.waitWorkers = false;  // we wait ourselves, to name the ranks that are missing
     o.timeout = timeout;
-    impl->store = c10::make_intrusive<c10d::TCPStore>(t.master_addr, o);
+    auto store = c10::make_intrusive<c10d::TCPStore>(t.master_addr, o);
+    impl->store = store;
+    if (t.master_port == 0) {  // the kernel's pick, bound at once
+      t.master_port = store->getPort();
+      impl->options.topology.master_port = t.master_port;
+      master = t.master_addr + ":" + std::to_string(t.master_port);
+    }
   } catch (const std::exception& e) {
     if (t.rank == 0)
       throw Error("rank 0 cannot serve the rendezvous on port " + std::to_string(t.master_port) +

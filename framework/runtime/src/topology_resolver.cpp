@@ -168,6 +168,9 @@ void resolve_master(const TopologyFlags& flags, const Environment& env, const Sl
                                       step ? parse_integer(*step, "SLURM_STEP_ID") : 0);
   } else if (r.source == "torchrun") {
     throw Error("RANK/WORLD_SIZE are set but MASTER_PORT is not; torchrun sets MASTER_ADDR and MASTER_PORT");
+  } else if (r.source == "single process") {
+    t.master_port = 0;  // a port the kernel picks when the store is served: two runs never collide
+    return;
   }
   if (t.master_port < 1 || t.master_port > 65535)
     throw Error("master port " + std::to_string(t.master_port) + " (--master-port or MASTER_PORT) must be in 1..65535");
@@ -189,7 +192,7 @@ std::string describe(const ResolvedTopology& r) {
   return "rank " + std::to_string(t.rank) + "/" + std::to_string(t.world_size) + " local " +
          std::to_string(t.local_rank) + "/" + std::to_string(t.local_world_size) + " node " +
          std::to_string(t.node_rank) + "/" + std::to_string(t.num_nodes) + " master " +
-         t.master_addr + ":" + std::to_string(t.master_port) + " (" + r.source + ")";
+         t.master_addr + ":" + (t.master_port ? std::to_string(t.master_port) : "any free port") + " (" + r.source + ")";
 }
 
 }  // namespace fsdpx

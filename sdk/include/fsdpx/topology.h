@@ -13,7 +13,7 @@ struct Topology {
   int node_rank = 0;         // index of this node
   int num_nodes = 1;
   std::string master_addr = "127.0.0.1";  // rendezvous host (rank 0's)
-  int master_port = 29500;                // rendezvous port
+  int master_port = 29500;                // rendezvous port; 0 (one process only): any free port
 };
 
 }  // namespace fsdpx
