@@ -54,12 +54,13 @@ test-sanitize: sanitize-build  ## the tests under ASan + UBSan (fsdpx's code ins
 fuzz: sanitize-build  ## run every fuzz target (libFuzzer) FUZZ_SECONDS=$(FUZZ_SECONDS) s on its seed corpus (tests/fuzz)
 	bash tests/fuzz/run.sh $(SAN_BUILD) $(FUZZ_SECONDS)
 
-bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing, fsdpx vs PyTorch FSDP2 (quick set)
+bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing, --deterministic's cost, fsdpx vs PyTorch FSDP2 (quick set)
 	$(BUILD)/bin/fsdpx-comm-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-engine-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-optim-bench --python $(PYTHON)
 	$(BUILD)/bin/fsdpx-ckpt-bench --nproc-per-node 2
 	bash benchmarks/activation_checkpointing.sh $(BUILD)
+	bash benchmarks/deterministic.sh $(BUILD)
 	$(PYTHON) benchmarks/vs_fsdp2/compare.py --fsdpx-bin $(BUILD) --python $(PYTHON) --quick
 
 clean:  ## remove the build directory (the torch venv and ccache stay)

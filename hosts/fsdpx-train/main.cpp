@@ -205,6 +205,10 @@ int main(int argc, char** argv) {
     if (auto rc = fsdpx::launch_if_requested(argc, argv, "fsdpx-train", args)) return *rc;
     Loaded l = load(args, desc);
     const po::variables_map& vm = l.config.host_values();
+    // --deterministic: ATen's unvectorised kernels compute an element alike wherever it sits in
+    // a tensor (a vectorised kernel's scalar tail may round otherwise), so a shard's elements do
+    // not depend on where the shard boundaries fall. ATen reads this once, at its first kernel.
+    if (vm.count("deterministic") && vm["deterministic"].as<bool>()) ::setenv("ATEN_CPU_CAPABILITY", "default", 1);
     auto resolved = fsdpx::resolve_topology(flags_from(vm), fsdpx::process_environment());
     if (vm.count("print-topology")) {
       const auto& t = resolved.topology;

@@ -27,6 +27,8 @@ void check_layout(const EngineConfig& c) {
       (layout.replicate_group_size > 1) != static_cast<bool>(c.comms.replicate) ||
       (c.comms.replicate && c.comms.replicate->size() != layout.replicate_group_size))
     throw Error("the engine's communicators do not match the sharding layout (a bug in the host)");
+  if (c.options.deterministic && !c.comms.world)
+    throw Error("deterministic mode sums every rank's gradients over comms.world, and the engine was given none");
   if (c.options.prefetch < 1) throw Error("prefetch must be at least 1, got " + std::to_string(c.options.prefetch));
 }
 

@@ -135,7 +135,12 @@ void ParamGroup::reduce_grads() {
   CollectiveUnit scope(label);
   const auto& comms = config->comms;
   reduce_in = pack_gradients(params, config->shard_size, total, flat_grad.options().dtype(precision.reduce));
-  if (sharded_layout()) {
+  if (config->options.deterministic) {
+    // Every rank's gradients of its one sample, gathered whole (finish_reduce adds them in order).
+    const int64_t W = comms.world->size();
+    reduce_out = at::empty({W * reduce_in.numel()}, reduce_in.options());
+    reduce_work = comms.world->all_gather(reduce_out, reduce_in);
+  } else if (sharded_layout()) {
     // Straight into the gradient shard when the dtypes agree; else through a reduce-dtype buffer.
     reduce_out = reduce_in.scalar_type() == flat_grad.scalar_type() ? flat_grad : at::empty({total}, reduce_in.options());
     reduce_work = comms.shard->reduce_scatter(reduce_out, reduce_in, ReduceOp::Avg);
@@ -151,6 +156,11 @@ void ParamGroup::finish_reduce() {
   if (!reduced) return;
   reduce_work.wait();
   reduce_in = at::Tensor();
+  if (config->options.deterministic) {
+    add_in_rank_order();
+    reduced = false;
+    return;
+  }
   if (reduce_out.defined() && !reduce_out.is_same(flat_grad)) {
     at::NoGradGuard no_grad;
     flat_grad.copy_(reduce_out);
@@ -164,6 +174,17 @@ void ParamGroup::finish_reduce() {
     replicating = true;
   }
   reduced = false;
+}
+
+// Deterministic mode: world rank r computed global sample (j * W + r) of this round, so adding
+// the ranks' contributions to this rank's rows one by one, in rank order, continues the sum over
+// global samples in their order, whatever W is. Elementwise, so any split into shards agrees.
+void ParamGroup::add_in_rank_order() {
+  at::NoGradGuard no_grad;
+  const int64_t W = config->comms.world->size(), s = config->shard_size;
+  at::Tensor all = reduce_out.view({W, s, total});
+  for (int64_t r = 0; r < W; ++r) flat_grad.add_(all[r][config->shard_rank]);
+  reduce_out = at::Tensor();
 }
 
 void ParamGroup::finish_replicate() {

@@ -57,6 +57,8 @@ struct ParamGroup {
   // Waits for reduce_grads' collective; hybrid: issues the all-reduce across replicas (async).
   void finish_reduce();
   void finish_replicate();
+  // EngineOptions::deterministic: flat_grad += each world rank's rows, in rank order.
+  void add_in_rank_order();
   // After a failed or abandoned step: waits for and drops whatever is in flight, reshards.
   void abandon(bool drop_grads);
 };

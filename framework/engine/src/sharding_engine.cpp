@@ -189,11 +189,42 @@ void ShardingEngine::backward(const at::Tensor& loss) {
 
 void ShardingEngine::set_requires_gradient_sync(bool sync) { impl_->sync = sync; }
 
+void ShardingEngine::zero_grad() {
+  at::NoGradGuard no_grad;
+  for (auto& u : impl_->units) u->group.flat_grad.zero_();
+}
+
+namespace {
+// The squared norm of the gradient shards summed over the shard group in any order and split,
+// with the same bits: each element's square (exact in double) is truncated to a multiple of
+// 2^(e - 30), where 2^e bounds the largest square over the group, and the multiples are summed
+// as integers, which is associative. Relative error below elements x 2^-30 of the largest square.
+double fixed_point_squared_norm(const std::vector<at::Tensor>& grads, Communicator* shard_group) {
+  at::Tensor peak = at::zeros({1}, at::kDouble);
+  for (const auto& g : grads) peak = peak.maximum(g.to(at::kDouble).pow(2).max().reshape({1}));
+  if (shard_group) shard_group->all_reduce(peak, ReduceOp::Max).wait();
+  const double top = peak.item<double>();
+  if (!(top > 0) || !std::isfinite(top)) return top;  // all zero, or inf/NaN: nothing to sum exactly
+  int e = 0;
+  std::frexp(top, &e);  // top < 2^e
+  at::Tensor sum = at::zeros({1}, at::kLong);
+  for (const auto& g : grads) sum += g.to(at::kDouble).pow(2).mul(std::ldexp(1.0, 30 - e)).floor().to(at::kLong).sum();
+  if (shard_group) shard_group->all_reduce(sum, ReduceOp::Sum).wait();
+  return std::ldexp(static_cast<double>(sum.item<int64_t>()), e - 30);
+}
+}  // namespace
+
 double ShardingEngine::clip_grad_norm(double max_norm) {
   Impl& e = *impl_;
   at::Tensor sq = at::zeros({1}, at::kDouble);
-  for (auto& u : e.units) sq += u->group.flat_grad.to(at::kDouble).pow(2).sum();
-  if (e.config.comms.shard) e.config.comms.shard->all_reduce(sq, ReduceOp::Sum).wait();
+  if (e.config.options.deterministic) {
+    std::vector<at::Tensor> grads;
+    for (auto& u : e.units) grads.push_back(u->group.flat_grad);
+    sq.fill_(fixed_point_squared_norm(grads, e.config.comms.shard.get()));
+  } else {
+    for (auto& u : e.units) sq += u->group.flat_grad.to(at::kDouble).pow(2).sum();
+    if (e.config.comms.shard) e.config.comms.shard->all_reduce(sq, ReduceOp::Sum).wait();
+  }
   const double norm = std::sqrt(sq.item<double>());
   const double scale = max_norm / (norm + 1e-6);
   if (scale < 1.0) {

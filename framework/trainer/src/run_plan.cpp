@@ -108,13 +108,23 @@ UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan, const Pr
 }
 
 // Adds unit `b`'s collectives per step to the plan, with CountingCommunicator's formulas.
-void add_unit_traffic(const UnitBytes& b, int64_t grad_accum, RunPlan& plan) {
+// `forwards`: forward-backward passes per step (micro-batches; deterministic: local samples).
+void add_unit_traffic(const UnitBytes& b, int64_t forwards, RunPlan& plan) {
   const int64_t S = plan.layout.shard_group_size, R = plan.layout.replicate_group_size;
   if (S > 1) {
     const int64_t gather = S * b.shard_numel * elt(b.dtypes.compute);
-    const int64_t gathers = grad_accum * (b.reshard_after_forward ? 2 : 1);
+    const int64_t gathers = forwards * (b.reshard_after_forward ? 2 : 1);
     plan.allgather_bytes += gathers * gather;
     plan.sent_bytes += gathers * (gather / S * (S - 1));
+  }
+  if (plan.deterministic) {  // per sample: every rank's whole unit gradient, gathered over the world
+    const int64_t W = plan.topology.world_size;
+    const int64_t exchange = W * S * b.shard_numel * elt(b.dtypes.reduce);
+    plan.allgather_bytes += forwards * exchange;
+    plan.sent_bytes += forwards * (exchange / W * (W - 1));
+    return;
+  }
+  if (S > 1) {
     const int64_t reduce = S * b.shard_numel * elt(b.dtypes.reduce);
     plan.reduce_scatter_bytes += reduce;
     plan.sent_bytes += reduce / S * (S - 1);
@@ -153,6 +163,7 @@ void plan_cpu(RunPlan& plan) {
 RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSettings& s, const Topology& topo) {
   RunPlan plan;
   plan.topology = topo;
+  plan.deterministic = s.deterministic;
   // Created in this order, so that the first bad option named is the same as ever.
   auto model = make<Model>(host, config);
   auto wrap = make<WrapPolicy>(host, config);
@@ -179,14 +190,17 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
       plan.peak_unit_bytes = b.unsharded_bytes;
       plan.peak_unit = b.fqn.empty() ? "(root)" : b.fqn;
     }
-    add_unit_traffic(b, s.grad_accum, plan);
+    add_unit_traffic(b, s.deterministic ? s.grad_accum * s.batch_size : s.grad_accum, plan);
     plan.units.push_back(b);
   }
   plan_cpu(plan);  // after the units: their compute dtypes decide the warning
+  if (plan.deterministic)
+    plan.threads = ThreadChoice{1, "--deterministic: CPU kernels may split their sums by thread count"};
   const int64_t S = plan.layout.shard_group_size;
-  if (s.clip_grad_norm > 0 && S > 1) {  // the squared norm's all-reduce in the shard group
-    plan.all_reduce_bytes += 8;
-    plan.sent_bytes += 2 * 8 * (S - 1) / S;
+  if (s.clip_grad_norm > 0 && S > 1) {  // the squared norm's all-reduce(s) in the shard group
+    const int64_t bytes = plan.deterministic ? 16 : 8;  // deterministic: the largest square, then the fixed-point sum
+    plan.all_reduce_bytes += bytes;
+    plan.sent_bytes += 2 * bytes * (S - 1) / S;
   }
   return plan;
 }
@@ -238,6 +252,9 @@ std::string RunPlan::text() const {
   o << "  per step   all-gather " << human_bytes(static_cast<double>(allgather_bytes)) << ", reduce-scatter "
     << human_bytes(static_cast<double>(reduce_scatter_bytes)) << ", all-reduce " << human_bytes(static_cast<double>(all_reduce_bytes))
     << "; this rank sends " << human_bytes(static_cast<double>(sent_bytes)) << " (" << sent_bytes << " B)\n";
+  if (deterministic)
+    o << "  deterministic one sample per forward, one thread per rank; per sample, every unit's whole gradient "
+         "all-gathered over the world and added in global-sample order (counted in all-gather above)\n";
   o << "  batch      " << samples_per_step << " samples";
   if (tokens_per_step != samples_per_step) o << ", " << tokens_per_step << " tokens";
   o << " per step";
@@ -274,6 +291,7 @@ json plan_json(const RunPlan& p) {
                       {"reduce", dtype_name(p.dtypes.reduce)}, {"gradient", dtype_name(p.dtypes.gradient)}}},
           {"units", units},
           {"threads_per_rank", p.threads.threads},
+          {"deterministic", p.deterministic},
           {"warnings", p.warnings}};
 }
 

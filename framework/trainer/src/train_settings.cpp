@@ -55,6 +55,9 @@ po::options_description TrainSettings::options() {
     ("eval-every", po::value<int64_t>()->default_value(0), "held-out evaluation every N steps (0: at the end only)")
     ("peak-tflops", po::value<double>()->default_value(0.0), "per-rank peak for MFU (0: measured by a short matmul probe in the compute dtype)")
     ("overlap", po::value<int>()->default_value(1), "1: gather the next unit while this one computes; 0: no overlap")
+    ("deterministic", po::bool_switch(), "bitwise-identical losses and weights at every world size and strategy for a "
+     "given seed and global batch: one sample per forward, one thread per rank, gradients summed in global-sample order "
+     "(slower; --dry-run shows the cost in bytes)")
     ("activation-checkpointing", po::value<std::string>()->default_value(""), "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")
     ("max-memory-mib", po::value<int64_t>()->default_value(0), "stop with an error when a rank's peak RSS in a step exceeds this many MiB (0: no limit)")
     ("save-every", po::value<int64_t>()->default_value(0), "checkpoint every N steps (0: at the end only); needs [checkpoint]")
@@ -116,6 +119,7 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
     throw Error("--max-memory-mib needs /proc/self/status (VmHWM) to measure memory, which this system does not provide");
   if (overlap != 0 && overlap != 1) throw Error("--overlap must be 0 or 1, got " + std::to_string(overlap));
   s.overlap = overlap == 1;
+  s.deterministic = vm["deterministic"].as<bool>();
   // The schedule's own checks (kind, warm-up within the run, floor in [0, 1]).
   LrSchedule::parse(s.lr_schedule, 1.0, s.warmup_steps, s.steps, s.min_lr_ratio);
   check_save_init(s.save_init, s.out_dir);
@@ -136,6 +140,7 @@ std::string TrainSettings::to_ini() const {
     for (size_t i = 0; i < checkpoint_layer_types.size(); ++i) o << (i ? "," : "") << checkpoint_layer_types[i];
     o << "\n";
   }
+  if (deterministic) o << "deterministic=true\n";
   if (!out_dir.empty()) o << "out=" << out_dir << "\n";
   if (!init_from.empty()) o << "init-from=" << init_from << "\n";
   return o.str();

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/isfinite.h>
@@ -149,6 +150,10 @@ class Trainer {
     if (ro_.device == DeviceKind::Cuda)
       throw Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups are "
                   "built and checked by --check-comm); use --device cpu");
+    if (s_.deterministic && at::get_cpu_capability() != "DEFAULT")
+      throw Error("--deterministic needs ATen's unvectorised CPU kernels, and this process already chose " +
+                  at::get_cpu_capability() + " ones: set ATEN_CPU_CAPABILITY=default before the first tensor operation "
+                  "(fsdpx-train does so itself)");
     plan_ = plan_run(host_, config_, s_, ro_.topology);
     check_optimizer_runs_here(plan_);
     at::set_num_threads(plan_.threads.threads);
@@ -176,10 +181,14 @@ class Trainer {
     eo.unit_precision = [precision](const std::string& unit) { return precision->spec(unit); };
     eo.seed = s_.seed;
     eo.overlap = s_.overlap;
+    eo.deterministic = s_.deterministic;
     engine_ = std::make_unique<ShardingEngine>(model_, select_units(*model_, *wrap, s_), engine_comms(eo.layout), eo);
     shards_ = engine_->shards();
     opt_->init(shards_);
-    data_->open(DataContext{rank_, world_, s_.batch_size, s_.seed});
+    // Deterministic: every rank reads the whole global batch (as one rank would) and computes
+    // the samples j * W + rank of it, so that its position is the same at every world size.
+    if (s_.deterministic) data_->open(DataContext{0, 1, s_.batch_size * world_, s_.seed});
+    else data_->open(DataContext{rank_, world_, s_.batch_size, s_.seed});
     schedule_ = LrSchedule::parse(s_.lr_schedule, opt_->base_lr(), s_.warmup_steps, s_.steps, s_.min_lr_ratio);
   }
 
@@ -201,6 +210,7 @@ class Trainer {
     } else if (R > 1) {
       comms.replicate = counted(groups_->world());
     }
+    if (s_.deterministic) comms.world = counted(groups_->world());  // it carries the gradients then
     return comms;
   }
 
@@ -336,7 +346,9 @@ class Trainer {
     const bool measured = reset_peak_rss() && before.rss >= 0;
     RankStep mine;
     const double scale = scaler_ ? scaler_->scale() : 1.0;
-    for (int64_t m = 0; m < s_.grad_accum; ++m) {
+    double ordered_loss = 0;
+    if (s_.deterministic) ordered_loss = deterministic_passes(mine, scale);
+    for (int64_t m = 0; m < s_.grad_accum && !s_.deterministic; ++m) {
       engine_->set_requires_gradient_sync(m == s_.grad_accum - 1);
       Batch b = data_->next();
       at::Tensor loss = engine_->forward([&] { return model_->loss(b) / static_cast<double>(s_.grad_accum); });
@@ -356,7 +368,8 @@ class Trainer {
     run_peak_ = std::max(run_peak_, mine.step_peak);
     mine.rss_rise = measured ? mine.step_peak - before.rss : -1;
     mine.run_peak = run_peak_;
-    const WorldStep w = gather_step(*groups_->world(), mine);
+    WorldStep w = gather_step(*groups_->world(), mine);
+    if (s_.deterministic) w.loss = ordered_loss;
     max_step_rise_ = std::max(max_step_rise_, w.max_rss_rise);
     if (s_.max_memory_mib > 0 && w.max_step_peak > s_.max_memory_mib * (int64_t{1} << 20))
       throw Error("step " + std::to_string(step + 1) + " reached a peak RSS of " + std::to_string(w.max_step_peak >> 20) +
@@ -371,6 +384,43 @@ class Trainer {
     interval_.tokens += w.tokens;
     interval_.samples += w.samples;
     return w;
+  }
+
+  // --deterministic: forward and backward one sample at a time, rank r taking samples j * W + r
+  // of each global batch; the engine adds every rank's gradients in that order. The loss of each
+  // sample carries 1 / (samples per step), and the step's loss is their sum in global order.
+  // Returns it (the same bits on every rank, at every world size).
+  double deterministic_passes(RankStep& mine, double scale) {
+    const int64_t global = s_.batch_size * world_, per_rank = s_.batch_size;
+    const double weight = 1.0 / static_cast<double>(global * s_.grad_accum);
+    at::Tensor losses = at::empty({s_.grad_accum * per_rank}, at::kDouble);
+    double* l = losses.data_ptr<double>();
+    engine_->zero_grad();
+    engine_->set_requires_gradient_sync(true);  // every sample's gradients are added at once
+    for (int64_t m = 0; m < s_.grad_accum; ++m) {
+      Batch b = data_->next();
+      if (b.samples != global)
+        throw Error("--deterministic: data '" + plan_.data + "' gave " + std::to_string(b.samples) +
+                    " samples for a global batch of " + std::to_string(global));
+      for (int64_t j = 0; j < per_rank; ++j) {
+        const int64_t i = j * world_ + rank_;
+        Batch one{b.inputs.narrow(0, i, 1), b.targets.narrow(0, i, 1), 1, b.tokens / b.samples};
+        at::Tensor loss = engine_->forward([&] { return model_->loss(one) * weight; });
+        engine_->backward(scaler_ ? loss * scale : loss);
+        l[m * per_rank + j] = loss.item<double>();
+        mine.loss_sum += l[m * per_rank + j] * static_cast<double>(world_);  // gather_step averages
+        mine.tokens += one.tokens;
+        mine.samples += 1;
+      }
+    }
+    at::Tensor all = at::empty({world_ * losses.numel()}, at::kDouble);
+    world().all_gather(all, losses).wait();
+    const double* a = all.data_ptr<double>();
+    double sum = 0;  // global sample (m, j, r) is rank r's entry m * per_rank + j
+    for (int64_t m = 0; m < s_.grad_accum; ++m)
+      for (int64_t j = 0; j < per_rank; ++j)
+        for (int r = 0; r < world_; ++r) sum += a[r * losses.numel() + m * per_rank + j];
+    return sum;
   }
 
   // The progress line or bar; at log steps also metrics.jsonl, and a new interval.

@@ -32,6 +32,12 @@ struct EngineOptions {
   // Each unit's own dtypes (the precision policy's answer for its path, "" for the root); unset:
   // `precision` for every unit. Units may differ in compute and reduce dtypes, not in storage.
   std::function<PrecisionSpec(const std::string& unit)> unit_precision;
+  // Layout-invariant sums: each backward is one sample per world rank (rank r's is global sample
+  // j * W + r of the round), and adds every rank's gradients, all-gathered over comms.world, into
+  // the gradient shards in rank order: a fixed, sequential order over global samples at any
+  // world size and strategy. Nothing is averaged (the loss carries 1 / global samples), and the
+  // shards accumulate until zero_grad(). clip_grad_norm sums in exact fixed point.
+  bool deterministic = false;
 };
 
 // The communicators the engine uses. `shard` has layout.shard_group_size ranks (nullptr when 1);
@@ -75,6 +81,9 @@ class FSDPX_API ShardingEngine {
   // Off: backward accumulates unsharded gradients locally (micro-batches of gradient
   // accumulation); the next backward with sync on reduces the sum.
   void set_requires_gradient_sync(bool sync);
+
+  // Sets every gradient shard to zero (the start of a step in deterministic mode).
+  void zero_grad();
 
   // Clips the sharded gradients so that their global L2 norm is at most max_norm, exactly as
   // clipping the unsharded gradients would. Returns the norm before clipping. Collective.

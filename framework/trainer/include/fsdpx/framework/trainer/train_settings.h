@@ -27,6 +27,9 @@ struct FSDPX_API TrainSettings {
   double peak_tflops = 0;     // per rank; 0 = measure (CPU) or unknown
   int64_t eval_every = 0;     // held-out evaluation every N steps (0: at the end only)
   bool overlap = true;
+  // Bitwise-identical losses and weights at every world size and strategy (EngineOptions::
+  // deterministic): one sample per forward, one thread per rank, sums in global-sample order.
+  bool deterministic = false;
   std::vector<std::string> checkpoint_layer_types;  // recompute these layer types' activations
   int64_t max_memory_mib = 0;  // stop when a rank's peak RSS in a step exceeds this (0: no limit)
   bool progress_bar = false;  // rank 0 draws a bar on its terminal instead of log lines

@@ -1,0 +1,136 @@
+// --deterministic through fsdpx-train: the same seed and global batch give bitwise-identical
+// losses, gradient norms, weights and optimizer state at 1, 2, 3 and 4 ranks, with full_shard,
+// shard_grad_op, no_shard and hybrid_shard; the plan counts its gradient exchange to the byte;
+// it trains the same model as the normal mode, to rounding.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_paths.h"
+
+namespace fsdpx {
+namespace {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using test::run_command;
+
+// gpt tiny, 5 steps, a global batch of 12 samples; clipping at 0.5 engages at every step (the
+// gradient norms are above 1), so the fixed-point norm is tested too.
+const std::string kRun = " --data.seq 32 --log-every 1 --clip-grad-norm 0.5 --checkpoint.name sharded ";
+
+struct Outcome {
+  std::vector<json> steps;
+  std::map<std::string, std::string> digests;  // weights and optimizer state after step 5
+  json plan;
+};
+
+Outcome train(const std::string& flags, const fs::path& out) {
+  auto r = run_command((test::bin_dir() / "fsdpx-train").string() + kRun + "--steps 5 " + flags + " --out " + out.string());
+  EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.out << r.err;
+  Outcome run;
+  if (r.exit_code != 0) return run;
+  run.steps = test::step_metrics(out);
+  run.digests = test::tensor_digests(out / "checkpoints" / "step-00000005");
+  run.plan = test::read_json(out / "plan.json");
+  return run;
+}
+
+std::vector<double> field(const Outcome& r, const char* key) {
+  std::vector<double> out;
+  for (const auto& s : r.steps) out.push_back(s.at(key).get<double>());
+  return out;
+}
+
+std::string ranks(int n, int64_t global = 12) {
+  return "--nproc-per-node " + std::to_string(n) + " --batch-size " + std::to_string(global / n);
+}
+
+TEST(Deterministic, BitwiseIdenticalAtEveryWorldSizeAndStrategy) {
+  test::TempDir dir;
+  const Outcome ref = train(ranks(1) + " --deterministic", dir.path() / "ref");
+  ASSERT_EQ(ref.steps.size(), 5u);
+  ASSERT_GT(ref.digests.size(), 0u);
+  for (double norm : field(ref, "grad_norm")) EXPECT_GT(norm, 0.5);  // clipping engaged
+  std::vector<std::string> cases;
+  for (const std::string strategy : {"full_shard", "shard_grad_op", "no_shard"})
+    for (int n : {2, 3, 4}) cases.push_back(ranks(n) + " --sharding.name " + strategy);
+  cases.push_back(ranks(4) + " --sharding.name hybrid_shard --sharding.shard_size 2");
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(cases[i]);
+    const Outcome got = train(cases[i] + " --deterministic", dir.path() / ("run" + std::to_string(i)));
+    EXPECT_EQ(field(got, "loss"), field(ref, "loss"));
+    EXPECT_EQ(field(got, "grad_norm"), field(ref, "grad_norm"));
+    EXPECT_EQ(got.digests, ref.digests);  // every parameter and every optimizer state tensor
+  }
+  std::printf("losses at 1-4 ranks, 4 strategies:");
+  for (double l : field(ref, "loss")) std::printf(" %.17g", l);
+  std::printf("\n");
+}
+
+// Micro-batches of gradient accumulation keep the order: 2 x 6 samples on 1 rank as 2 x (3 x 2)
+// on 3 ranks.
+TEST(Deterministic, GradientAccumulationKeepsTheOrder) {
+  test::TempDir dir;
+  const Outcome a = train(ranks(1, 6) + " --grad-accum 2 --deterministic", dir.path() / "a");
+  const Outcome b = train(ranks(3, 6) + " --grad-accum 2 --deterministic", dir.path() / "b");
+  ASSERT_EQ(a.steps.size(), 5u);
+  EXPECT_EQ(field(a, "loss"), field(b, "loss"));
+  EXPECT_EQ(a.digests, b.digests);
+}
+
+// 3 steps at 2 ranks, then resumed at 3 ranks with shard_grad_op up to step 5: the bits of an
+// uninterrupted run at 1 rank (the checkpoint is resharded; the data position is the global one).
+TEST(Deterministic, ResumingAtAnotherWorldSizeContinuesTheSameBits) {
+  test::TempDir dir;
+  const Outcome whole = train(ranks(1) + " --deterministic", dir.path() / "whole");
+  const fs::path split = dir.path() / "split";
+  auto r = run_command((test::bin_dir() / "fsdpx-train").string() + kRun + ranks(2) + " --deterministic --out " +
+                       split.string() + " --steps 3");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const Outcome resumed = train(ranks(3) + " --sharding.name shard_grad_op --deterministic --resume auto", split);
+  ASSERT_EQ(resumed.steps.size(), 5u);  // metrics.jsonl holds both parts
+  EXPECT_EQ(field(resumed, "loss"), field(whole, "loss"));
+  EXPECT_EQ(resumed.digests, whole.digests);
+}
+
+// The same model trains as in the normal mode, to rounding; the all-gather bytes of a step are
+// the plan's to the byte: per local sample, the units' gathers plus every unit's whole gradient
+// from every rank.
+TEST(Deterministic, SameTrainingAsTheNormalModeAndBytesAsPlanned) {
+  test::TempDir dir;
+  const Outcome normal = train(ranks(2), dir.path() / "normal");
+  const Outcome det = train(ranks(2) + " --deterministic", dir.path() / "det");
+  ASSERT_EQ(det.steps.size(), 5u);
+  ASSERT_EQ(normal.steps.size(), 5u);
+  for (size_t s = 0; s < 5; ++s) EXPECT_NEAR(field(det, "loss")[s], field(normal, "loss")[s], 1e-5) << s;
+  EXPECT_EQ(det.plan["deterministic"], true);
+  EXPECT_EQ(det.plan["threads_per_rank"], 1);
+  for (const auto& s : det.steps) {
+    EXPECT_EQ(s["allgather_bytes"], det.plan["allgather_bytes"]);
+    EXPECT_EQ(s["reduce_scatter_bytes"], 0);
+  }
+  // Formula: 6 local samples; per sample each unit gathers S x shard (twice unless it is the
+  // root) and receives W x S x shard of gradients (fp32 throughout).
+  int64_t expect = 0;
+  for (const auto& u : det.plan["units"]) {
+    const int64_t unit = 2 * u["shard_numel"].get<int64_t>() * 4;
+    expect += 6 * ((u["reshard_after_forward"].get<bool>() ? 2 : 1) * unit + 2 * unit);
+  }
+  EXPECT_EQ(det.plan["allgather_bytes"], expect);
+  std::printf("all-gather bytes per step: normal %ld (+ reduce-scatter %ld), deterministic %ld\n",
+              static_cast<long>(normal.steps[0]["allgather_bytes"].get<int64_t>()),
+              static_cast<long>(normal.steps[0]["reduce_scatter_bytes"].get<int64_t>()),
+              static_cast<long>(det.steps[0]["allgather_bytes"].get<int64_t>()));
+}
+
+TEST(Deterministic, DryRunSaysWhatItCosts) {
+  auto r = run_command((test::bin_dir() / "fsdpx-train").string() + " " + ranks(2) + " --deterministic --dry-run");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("threads    1 per rank (--deterministic"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("deterministic one sample per forward"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace fsdpx
