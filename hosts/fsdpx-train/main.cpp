@@ -168,6 +168,21 @@ bool has(const std::vector<std::string>& args, const char* flag) {
   return std::find(args.begin(), args.end(), flag) != args.end();
 }
 
+// --dry-run: the plan's text, and plan.json under --out when given.
+void print_plan(const fsdpx::RunPlan& plan, const fsdpx::TrainSettings& settings) {
+  std::cout << plan.text();
+  if (settings.out_dir.empty()) return;
+  std::filesystem::create_directories(settings.out_dir);
+  fsdpx::write_plan_json(plan, (std::filesystem::path(settings.out_dir) / "plan.json").string());
+}
+
+// --deterministic: ATen's unvectorised kernels compute an element alike wherever it sits in a
+// tensor (a vectorised kernel's scalar tail may round otherwise), so a shard's elements do not
+// depend on where the shard boundaries fall. ATen reads this once, at its first kernel.
+void choose_kernels(const po::variables_map& vm) {
+  if (vm.count("deterministic") && vm["deterministic"].as<bool>()) ::setenv("ATEN_CPU_CAPABILITY", "default", 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -192,11 +207,7 @@ int main(int argc, char** argv) {
       auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(la.nproc_per_node));
       if (!has(plain, "--dry-run")) fsdpx::check_optimizer_runs_here(plan);
       if (has(plain, "--dry-run")) {
-        std::cout << plan.text();
-        if (!settings.out_dir.empty()) {
-          std::filesystem::create_directories(settings.out_dir);
-          fsdpx::write_plan_json(plan, (std::filesystem::path(settings.out_dir) / "plan.json").string());
-        }
+        print_plan(plan, settings);
         return 0;
       }
       if (isatty(STDOUT_FILENO) || isatty(STDERR_FILENO)) ::setenv("FSDPX_PROGRESS", "1", 1);
@@ -205,10 +216,7 @@ int main(int argc, char** argv) {
     if (auto rc = fsdpx::launch_if_requested(argc, argv, "fsdpx-train", args)) return *rc;
     Loaded l = load(args, desc);
     const po::variables_map& vm = l.config.host_values();
-    // --deterministic: ATen's unvectorised kernels compute an element alike wherever it sits in
-    // a tensor (a vectorised kernel's scalar tail may round otherwise), so a shard's elements do
-    // not depend on where the shard boundaries fall. ATen reads this once, at its first kernel.
-    if (vm.count("deterministic") && vm["deterministic"].as<bool>()) ::setenv("ATEN_CPU_CAPABILITY", "default", 1);
+    choose_kernels(vm);
     auto resolved = fsdpx::resolve_topology(flags_from(vm), fsdpx::process_environment());
     if (vm.count("print-topology")) {
       const auto& t = resolved.topology;
@@ -232,13 +240,7 @@ int main(int argc, char** argv) {
     auto settings = fsdpx::TrainSettings::from(vm);
     if (vm.count("dry-run")) {
       auto plan = fsdpx::plan_run(*l.host, l.config, settings, ro.topology);
-      if (ro.topology.rank == 0) {
-        std::cout << plan.text();
-        if (!settings.out_dir.empty()) {
-          std::filesystem::create_directories(settings.out_dir);
-          fsdpx::write_plan_json(plan, (std::filesystem::path(settings.out_dir) / "plan.json").string());
-        }
-      }
+      if (ro.topology.rank == 0) print_plan(plan, settings);
       return 0;
     }
     settings.progress_bar = ro.topology.rank == 0 && (std::getenv("FSDPX_PROGRESS") ? std::string(std::getenv("FSDPX_PROGRESS")) == "1"

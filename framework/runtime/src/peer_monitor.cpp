@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <sstream>
 
 #include "diagnostics.h"
 
@@ -87,6 +88,7 @@ std::string PeerMonitor::diagnose(const std::vector<int>& ranks, const std::stri
     clause = std::string(lost.size() == 1 ? "rank " : "ranks ") + join_ints(lost) + (lost.size() == 1 ? " is" : " are") +
              (timed_out ? " hung (no heartbeat in " + std::string(secs) + " s, its connections still open)"
                         : " gone (no heartbeat in " + std::string(secs) + " s)");
+    if (!store_lost) clause += whereabouts(lost);
   }
   std::string records;
   try {
@@ -99,6 +101,32 @@ std::string PeerMonitor::diagnose(const std::vector<int>& ranks, const std::stri
   if (lost.empty() && !store_lost && (records.empty() || records.find(kRanksAgree) != std::string::npos))
     clause += ", so it was a timeout or a network fault";
   return records.empty() ? clause : clause + "; " + records;
+}
+
+// " (node 1, host n1: ranks 2 pid 71, 3 pid 72; ...)" from the ranks' join records ("host pid
+// node"). Empty if the records cannot be read.
+std::string PeerMonitor::whereabouts(const std::vector<int>& ranks) const {
+  std::map<std::pair<int, std::string>, std::vector<std::string>> by_node;  // (node, host) -> "rank r (pid p)"
+  try {
+    for (int r : ranks) {
+      const std::vector<uint8_t> v = store_->get("fsdpx/join/" + std::to_string(r));
+      std::istringstream in(std::string(v.begin(), v.end()));
+      std::string host;
+      long pid = 0;
+      int node = 0;
+      if (!(in >> host >> pid >> node)) return "";
+      by_node[{node, host}].push_back(std::to_string(r) + " pid " + std::to_string(pid));
+    }
+  } catch (const std::exception&) {
+    return "";
+  }
+  std::string out;
+  for (const auto& [where, rs] : by_node) {
+    out += std::string(out.empty() ? " (" : "; ") + "node " + std::to_string(where.first) + ", host " + where.second + ": rank";
+    out += rs.size() == 1 ? " " : "s ";
+    for (size_t i = 0; i < rs.size(); ++i) out += (i ? ", " : "") + rs[i];
+  }
+  return out.empty() ? "" : out + ")";
 }
 
 void PeerMonitor::publish(size_t last) const {

@@ -54,6 +54,7 @@ class PeerMonitor {
   std::string compare_records(const std::vector<int>& ranks, const std::string& group) const;
   // What the first rank to diagnose found (within 3 s), for the others' messages.
   std::string wait_for_report() const;
+  std::string whereabouts(const std::vector<int>& ranks) const;
   // "rank R failed: MESSAGE" for a failure another rank posted, else "".
   std::string peer_failure() const;
   int rank_;
