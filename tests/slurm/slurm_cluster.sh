@@ -13,7 +13,20 @@
 # clusters can run side by side and nothing in /etc is read or edited. The one system-wide
 # effect is installing the Debian packages when they are missing (that needs root).
 #
+# With FSDPX_SLURM_NODES=N (N >= 2), the cluster has N nodes fsdpx-n0..: each slurmd runs in
+# a network namespace and a UTS namespace of its own (host name fsdpx-nI, address 10.77.0.I+1),
+# and slurmctld in a head namespace (fsdpx-head, 10.77.0.254) whose bridge joins the nodes' veth
+# pairs. The namespaces, their addresses and their /etc/netns/NS/hosts files are this cluster's
+# own; the host's networks are never touched, and stop removes all of it. Clients then run in the
+# head namespace:
+#   tests/slurm/slurm_cluster.sh exec WORKDIR sbatch ...      # any client command
+#   tests/slurm/slurm_cluster.sh node-down WORKDIR I          # SIGKILL every process of node I
+#   tests/slurm/slurm_cluster.sh node-up WORKDIR I            # its slurmd again, until it is idle
+#   tests/slurm/slurm_cluster.sh counters WORKDIR I           # "RX_BYTES TX_BYTES" of node I's eth0
+#   tests/slurm/slurm_cluster.sh procs WORKDIR I              # "PID COMMAND" of node I's processes
+#
 # Environment knobs (all optional; not named SLURM_* because those are cleared, see below):
+#   FSDPX_SLURM_NODES          nodes (default 1: no namespaces, the host's loopback)
 #   FSDPX_SLURM_CPUS           CPUs to declare for the node (default: max(nproc, 8)). More than
 #                              the machine has is deliberate: `srun -n 4` must work on 2 cores.
 #   FSDPX_SLURM_START_TIMEOUT  seconds to wait for the node to become idle (default 60)
@@ -26,20 +39,30 @@ readonly PROG=${0##*/}
 
 log() { printf '%s: %s\n' "$PROG" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
-usage() { printf 'usage: %s {start|stop|status} WORKDIR\n' "$PROG" >&2; exit 2; }
+usage() {
+  printf 'usage: %s {start|stop|status} WORKDIR | exec WORKDIR CMD... | {node-down|node-up|counters|procs} WORKDIR I\n' "$PROG" >&2
+  exit 2
+}
 
 [[ $START_TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "FSDPX_SLURM_START_TIMEOUT must be a positive integer"
 [[ -z ${FSDPX_SLURM_CPUS:-} || ${FSDPX_SLURM_CPUS:-} =~ ^[1-9][0-9]*$ ]] ||
   die "FSDPX_SLURM_CPUS must be a positive integer"
-[[ $# -eq 2 ]] || usage
+[[ -z ${FSDPX_SLURM_NODES:-} || ${FSDPX_SLURM_NODES:-} =~ ^[1-9]$ ]] ||
+  die "FSDPX_SLURM_NODES must be a number of nodes from 1 to 9"
+[[ $# -ge 2 ]] || usage
 readonly CMD=$1
+case $CMD in
+  start | stop | status) [[ $# -eq 2 ]] || usage ;;
+  exec) [[ $# -ge 3 ]] || usage ;;
+  node-down | node-up | counters | procs) [[ $# -eq 3 && $3 =~ ^[0-9]$ ]] || usage ;;
+  *) usage ;;
+esac
 [[ -n $2 ]] || usage
 if [[ ! -d $2 ]]; then
   case $CMD in
     start) mkdir -p -- "$2" || die "cannot create WORKDIR $2" ;;
     stop) log "$2 does not exist; nothing to stop"; exit 0 ;;
-    status) log "$2 does not exist; no cluster"; exit 1 ;;
-    *) usage ;;
+    *) log "$2 does not exist; no cluster"; exit 1 ;;
   esac
 fi
 WORKDIR=$(cd -- "$2" && pwd -P)
@@ -48,6 +71,11 @@ readonly WORKDIR
 readonly CONF=$WORKDIR/slurm.conf
 readonly PIDDIR=$WORKDIR/pids
 readonly LOGDIR=$WORKDIR/log
+# The node count of a running cluster is the one it was started with.
+if [[ $CMD != start && -r $WORKDIR/nodes ]]; then NODES=$(<"$WORKDIR/nodes"); else NODES=${FSDPX_SLURM_NODES:-1}; fi
+# Namespace names unique to this WORKDIR, so that clusters side by side do not meet.
+NETNS=fsdpx$(printf '%s' "$WORKDIR" | md5sum | cut -c1-8)
+readonly NETNS
 
 # Clients talk to *this* cluster only. An outer Slurm allocation (CI running on a real cluster)
 # would otherwise leak SLURM_JOB_ID etc. into our srun, which would then try to join that job.
@@ -129,7 +157,7 @@ wait_exit() {
 show_logs() {
   local f
   for f in "$LOGDIR"/munged.out "$LOGDIR"/slurmctld.log \
-           "$LOGDIR"/slurmctld.out "$LOGDIR"/slurmd.log "$LOGDIR"/slurmd.out; do
+           "$LOGDIR"/slurmctld.out "$LOGDIR"/slurmd*.log "$LOGDIR"/slurmd*.out; do
     [[ -s $f ]] || continue
     printf -- '----- tail %s -----\n' "$f" >&2
     tail -n 25 -- "$f" >&2 || true
@@ -187,6 +215,120 @@ ensure_packages() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# namespaces (FSDPX_SLURM_NODES >= 2)
+
+multi() { ((NODES > 1)); }
+head_ns() { printf '%s-head\n' "$NETNS"; }
+node_ns() { printf '%s-n%s\n' "$NETNS" "$1"; }
+node_addr() { printf '10.77.0.%s\n' $(($1 + 1)); }
+readonly HEAD_ADDR=10.77.0.254
+
+# The command prefix that runs a command in network namespace $1 with host name $2, in the array
+# NS_CMD: a UTS namespace of its own, and a private mount namespace where the cluster's hosts file
+# is bound over /etc/hosts. Not `ip netns exec`: it remounts /sys, and slurmd then finds no
+# /sys/fs/cgroup. nsenter, unshare and the `exec` below all replace the process, so a daemon
+# started this way keeps the pid launch() recorded.
+ns_cmd() {
+  NS_CMD=(nsenter "--net=/run/netns/$1" unshare --uts --mount --propagation private --
+          bash -c 'hostname "$0" && mount --bind "$1" /etc/hosts && exec "${@:2}"' "$2" "/etc/netns/$1/hosts")
+}
+in_ns() {
+  ns_cmd "$1" "$2"; shift 2
+  "${NS_CMD[@]}" "$@"
+}
+
+# A Slurm client command (squeue, sbatch, ...) under a time limit of $1 seconds (0: none): from
+# the head namespace when there are several nodes.
+client() {
+  local secs=$1; shift
+  local prefix=()
+  if ((secs > 0)); then prefix=(timeout "$secs"); fi
+  if multi; then
+    ns_cmd "$(head_ns)" fsdpx-head
+    prefix+=("${NS_CMD[@]}")
+  fi
+  "${prefix[@]}" "$@"
+}
+
+# Every process in namespace $1, SIGKILLed (the node's slurmd, slurmstepd and tasks).
+kill_ns_processes() {
+  local pids
+  pids=$(ip netns pids "$1" 2>/dev/null | tr '\n' ' ') || pids=""
+  if [[ -n ${pids// /} ]]; then
+    log "killing the processes of namespace $1: $pids"
+    # shellcheck disable=SC2086 # one pid per word
+    kill -KILL $pids 2>/dev/null || true
+    local p
+    for p in $pids; do wait_exit "$p" 5 || log "WARNING: pid $p of $1 survived SIGKILL"; done
+  fi
+}
+
+netns_down() {
+  local ns i
+  for ((i = NODES - 1; i >= -1; i--)); do
+    if ((i < 0)); then ns=$(head_ns); else ns=$(node_ns "$i"); fi
+    if ip netns list 2>/dev/null | grep -q "^$ns\b"; then
+      kill_ns_processes "$ns"
+      ip netns delete "$ns" 2>/dev/null || log "WARNING: could not delete namespace $ns"
+    fi
+    rm -rf -- "/etc/netns/$ns"
+  done
+}
+
+# /etc/netns/NS/hosts (where `ip netns exec` looks too), bound over /etc/hosts by ns_cmd: every
+# node's name resolves to its namespace address in all of them, and nowhere else.
+write_hosts() {
+  local ns=$1 i
+  mkdir -p -- "/etc/netns/$ns"
+  {
+    printf '127.0.0.1 localhost\n%s fsdpx-head\n' "$HEAD_ADDR"
+    for ((i = 0; i < NODES; i++)); do printf '%s fsdpx-n%s\n' "$(node_addr "$i")" "$i"; done
+  } >"/etc/netns/$ns/hosts"
+}
+
+# The head namespace holds a bridge; each node's namespace is joined to it by a veth pair whose
+# node end is eth0 (its counters are the node's traffic).
+netns_up() {
+  command -v ip >/dev/null || die "ip (iproute2) not found: the multi-node cluster needs it"
+  command -v nsenter >/dev/null || die "nsenter (util-linux) not found: the multi-node cluster needs it"
+  local err head i ns
+  head=$(head_ns)
+  err=$(ip netns add "$head" 2>&1) ||
+    fail "the kernel refuses a network namespace ('ip netns add $head': $err); the multi-node cluster needs root and CONFIG_NET_NS"
+  ip -n "$head" link set lo up
+  ip -n "$head" link add br0 type bridge
+  ip -n "$head" addr add "$HEAD_ADDR/24" dev br0
+  ip -n "$head" link set br0 up
+  write_hosts "$head"
+  for ((i = 0; i < NODES; i++)); do
+    ns=$(node_ns "$i")
+    ip netns add "$ns" || fail "cannot create namespace $ns"
+    ip -n "$ns" link set lo up
+    ip -n "$head" link add "v$i" type veth peer name eth0 netns "$ns" || fail "cannot create the veth pair of node $i"
+    ip -n "$head" link set "v$i" master br0 up
+    ip -n "$ns" addr add "$(node_addr "$i")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    write_hosts "$ns"
+  done
+  in_ns "$(node_ns 0)" fsdpx-n0 getent hosts fsdpx-head >/dev/null ||
+    fail "names do not resolve inside the namespaces (/etc/netns/NS/hosts bound over /etc/hosts)"
+}
+
+launch_slurmd() {
+  if multi; then
+    ns_cmd "$(node_ns "$1")" "fsdpx-n$1"
+    launch "slurmd-n$1" "${NS_CMD[@]}" slurmd -D -f "$CONF" -N "fsdpx-n$1"
+  else
+    launch slurmd slurmd -D -f "$CONF"
+  fi
+}
+
+slurmd_names() {
+  local i
+  if multi; then for ((i = 0; i < NODES; i++)); do printf 'slurmd-n%s\n' "$i"; done; else echo slurmd; fi
+}
+
+# ---------------------------------------------------------------------------------------------
 # configuration
 
 # True if something accepts connections on the port (all our daemons listen on 0.0.0.0,
@@ -224,17 +366,33 @@ setup_rundir() {
 }
 
 write_config() {
-  local node=$1 cpus mem_mb
+  local node=$1 cpus mem_mb ctld_host node_lines timeouts i
   cpus=${FSDPX_SLURM_CPUS:-$(nproc)}
   ((cpus >= 8)) || [[ -n ${FSDPX_SLURM_CPUS:-} ]] || cpus=8
   # Declared so that --mem requests can be satisfied; 90% of the machine leaves room for us.
-  mem_mb=$(awk '/^MemTotal:/ { printf "%d", $2 / 1024 * 0.9 }' /proc/meminfo)
+  mem_mb=$(awk -v n="$NODES" '/^MemTotal:/ { printf "%d", $2 / 1024 * 0.9 / n }' /proc/meminfo)
+  if multi; then
+    ctld_host="fsdpx-head($HEAD_ADDR)"
+    node_lines=""
+    for ((i = 0; i < NODES; i++)); do
+      node_lines+="NodeName=fsdpx-n$i NodeAddr=$(node_addr "$i") NodeHostname=fsdpx-n$i CPUs=$cpus Sockets=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem_mb State=UNKNOWN"$'\n'
+    done
+    node_lines+="PartitionName=debug Nodes=fsdpx-n[0-$((NODES - 1))] Default=YES MaxTime=INFINITE State=UP"
+    # A lost node is noticed within 10 s; only jobs submitted with --requeue are requeued then,
+    # and a requeued job may start again 10 s later (cred_expire, 120 s by default).
+    timeouts="SlurmdTimeout=10"$'\n'"JobRequeue=0"
+  else
+    ctld_host="$node(127.0.0.1)"
+    node_lines="NodeName=$node NodeAddr=127.0.0.1 NodeHostname=$node CPUs=$cpus Sockets=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem_mb State=UNKNOWN"$'\n'
+    node_lines+="PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP"
+    timeouts="SlurmdTimeout=60"
+  fi
 
   cat >"$CONF" <<EOF
 # Generated by $PROG for a throw-away test cluster; edits are lost on the next start.
 ClusterName=fsdpx-test
 # NodeAddr/ControlAddr 127.0.0.1: works even if the host name does not resolve.
-SlurmctldHost=$node(127.0.0.1)
+SlurmctldHost=$ctld_host
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
 SlurmUser=root
@@ -243,14 +401,14 @@ SlurmdUser=root
 # Our own munged (see start): both authentication and job credentials go through its socket.
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$RUNDIR/munge/munge.socket
+AuthInfo=socket=$RUNDIR/munge/munge.socket$(multi && echo ",cred_expire=10")
 
 StateSaveLocation=$RUNDIR/state
-SlurmdSpoolDir=$RUNDIR/spool
+SlurmdSpoolDir=$RUNDIR/spool/%n
 SlurmctldPidFile=$RUNDIR/pids/slurmctld.own.pid
-SlurmdPidFile=$RUNDIR/pids/slurmd.own.pid
+SlurmdPidFile=$RUNDIR/pids/slurmd-%n.own.pid
 SlurmctldLogFile=$RUNDIR/log/slurmctld.log
-SlurmdLogFile=$RUNDIR/log/slurmd.log
+SlurmdLogFile=$RUNDIR/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 
@@ -279,10 +437,9 @@ KillWait=5
 InactiveLimit=0
 MinJobAge=30
 SlurmctldTimeout=30
-SlurmdTimeout=60
+$timeouts
 
-NodeName=$node NodeAddr=127.0.0.1 NodeHostname=$node CPUs=$cpus Sockets=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem_mb State=UNKNOWN
-PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
+$node_lines
 EOF
 }
 
@@ -290,8 +447,8 @@ EOF
 # commands
 
 do_status() {
-  local d pid any=0
-  for d in munged slurmctld slurmd; do
+  local d pid any=0 all=1
+  for d in munged slurmctld $(slurmd_names); do
     if pid=$(pid_of "$d"); then
       log "$d running (pid $pid)"; any=1
     else
@@ -299,8 +456,9 @@ do_status() {
     fi
   done
   ((any)) || return 1
-  if is_running slurmctld; then timeout 15 sinfo -N -l >&2 || true; fi
-  is_running munged && is_running slurmctld && is_running slurmd
+  if is_running slurmctld; then client 15 sinfo -N -l >&2 || true; fi
+  for d in munged slurmctld $(slurmd_names); do is_running "$d" || all=0; done
+  ((all))
 }
 
 # SIGTERM to the given daemons, then wait for all of them; SIGKILL for those that linger.
@@ -363,22 +521,24 @@ do_stop() {
   # by design, so killing the daemons alone would leave the job's processes behind.
   if is_running slurmctld && is_running munged; then
     local jobs
-    jobs=$(timeout 15 squeue -h -o %i 2>/dev/null) || jobs=""
+    jobs=$(client 15 squeue -h -o %i 2>/dev/null) || jobs=""
     if [[ -n $jobs ]]; then
       # shellcheck disable=SC2086 # one job id per word
-      timeout 15 scancel --quiet $jobs 2>/dev/null || true
+      client 15 scancel --quiet $jobs 2>/dev/null || true
       local i
       for ((i = 0; i < 40; i++)); do
-        [[ -z $(timeout 5 squeue -h -t running,completing -o %i 2>/dev/null) ]] && break
+        [[ -z $(client 5 squeue -h -t running,completing -o %i 2>/dev/null) ]] && break
         sleep 0.25
       done
     fi
   fi
-  # Each daemon takes 1-2 s to shut down, so both slurm daemons go at once; munged last, as
+  # Each daemon takes 1-2 s to shut down, so the slurm daemons go at once; munged last, as
   # they may still need it while shutting down.
-  stop_daemons slurmd slurmctld
+  # shellcheck disable=SC2046 # one name per word
+  stop_daemons $(slurmd_names) slurmctld
   stop_daemons munged
   kill_leftover_steps
+  if multi; then netns_down; fi
   if [[ -r $WORKDIR/rundir-link ]]; then
     local link
     if read_line link "$WORKDIR/rundir-link" && [[ -L $link ]]; then rm -f -- "$link"; fi
@@ -392,15 +552,33 @@ print_env() {
   printf 'export SLURM_CONF=%q\n' "$CONF" >&3
 }
 
+# Waits until node $1 is idle; fails with its state otherwise.
+wait_idle() {
+  local node=$1 daemon=$2 state="" deadline=$((SECONDS + START_TIMEOUT))
+  while ((SECONDS < deadline)); do
+    launched_alive slurmctld || fail "slurmctld exited"
+    launched_alive "$daemon" || fail "$daemon exited during startup"
+    state=$(client 5 sinfo -h -N -n "$node" -o %T 2>/dev/null) || state=""
+    state=${state%%$'\n'*}
+    [[ $state == idle ]] && return 0
+    sleep 0.5
+  done
+  client 10 scontrol show node "$node" >&2 || true
+  fail "node $node not idle after ${START_TIMEOUT} s (state: '${state:-no answer from slurmctld}')"
+}
+
 do_start() {
-  local t0=$SECONDS
-  if is_running munged && is_running slurmctld && is_running slurmd; then
+  local t0=$SECONDS want=$NODES
+  if [[ -r $WORKDIR/nodes ]]; then NODES=$(<"$WORKDIR/nodes"); fi  # what runs now, if anything
+  if ((NODES == want)) && do_status 2>/dev/null; then
     log "cluster in $WORKDIR is already running"
     print_env
     return 0
   fi
   # Half a cluster (crash, killed test) is not worth repairing: start from scratch.
   do_stop 2>/dev/null || true
+  NODES=$want
+  printf '%s\n' "$NODES" >"$WORKDIR/nodes"
 
   ensure_packages
   local b
@@ -419,13 +597,23 @@ do_start() {
 
   rm -rf -- "$WORKDIR/state" "$WORKDIR/spool" "$WORKDIR/munge" "$LOGDIR" "$PIDDIR"
   mkdir -p -- "$WORKDIR/state" "$WORKDIR/spool" "$WORKDIR/munge" "$LOGDIR" "$PIDDIR"
+  local i
+  if multi; then
+    for ((i = 0; i < NODES; i++)); do mkdir -p -- "$WORKDIR/spool/fsdpx-n$i"; done
+  else
+    mkdir -p -- "$WORKDIR/spool/$node"
+  fi
   # munged refuses a key in a directory others can write to, and warns unless all users can
   # reach its socket (jobs may run as non-root users).
   chmod 755 -- "$WORKDIR/munge"
   setup_rundir
   pick_ports
   write_config "$node"
-  log "config $CONF (node $node, slurmctld port $CTLD_PORT, slurmd port $SLURMD_PORT)"
+  if multi; then
+    log "config $CONF ($NODES nodes fsdpx-n0.. in namespaces $NETNS-*, slurmctld port $CTLD_PORT, slurmd port $SLURMD_PORT)"
+  else
+    log "config $CONF (node $node, slurmctld port $CTLD_PORT, slurmd port $SLURMD_PORT)"
+  fi
 
   # --- munge: a private key and daemon, so neither /etc/munge/munge.key nor /run/munge is
   # needed, and a system munged, if any, is left alone. In --foreground it logs to stderr, i.e.
@@ -451,31 +639,32 @@ do_start() {
   ((ok)) || fail "munged did not answer on $mdir/munge.socket within 10 s"
 
   # --- slurm daemons, in the foreground mode so that the pid we record is the daemon's.
-  launch slurmctld slurmctld -D -f "$CONF"
-  launch slurmd slurmd -D -f "$CONF"
-
-  # --- wait for the node to register and become idle
-  local state=""
-  local deadline=$((SECONDS + START_TIMEOUT))
-  while ((SECONDS < deadline)); do
-    launched_alive slurmctld || fail "slurmctld exited during startup"
-    launched_alive slurmd || fail "slurmd exited during startup"
-    state=$(timeout 5 sinfo -h -N -n "$node" -o %T 2>/dev/null) || state=""
-    state=${state%%$'\n'*}
-    [[ $state == idle ]] && break
-    sleep 0.5
-  done
-  if [[ $state != idle ]]; then
-    timeout 10 scontrol show node "$node" >&2 || true
-    fail "node $node not idle after ${START_TIMEOUT} s (state: '${state:-no answer from slurmctld}')"
+  if multi; then
+    netns_up
+    ns_cmd "$(head_ns)" fsdpx-head
+    launch slurmctld "${NS_CMD[@]}" slurmctld -D -f "$CONF"
+    for ((i = 0; i < NODES; i++)); do launch_slurmd "$i"; done
+    for ((i = 0; i < NODES; i++)); do wait_idle "fsdpx-n$i" "slurmd-n$i"; done
+  else
+    launch slurmctld slurmctld -D -f "$CONF"
+    launch_slurmd
+    wait_idle "$node" slurmd
   fi
 
-  # --- a real job step proves munge credentials, slurmd<->srun I/O and the spool dir work.
-  local out
-  out=$(timeout 60 srun -n 2 -t 1 hostname 2>&1) ||
-    fail "smoke test 'srun -n 2 hostname' failed: $(tr '\n' ' ' <<<"$out")"
-  [[ $(grep -c . <<<"$out") -eq 2 ]] ||
-    fail "smoke test 'srun -n 2 hostname' printed unexpected output: $(tr '\n' ' ' <<<"$out")"
+  # --- a real job step proves munge credentials, slurmd<->srun I/O and the spool dir work
+  # (on every node: one task each).
+  local out got want smoke=(-n 2)
+  if multi; then smoke=(-N "$NODES" -n "$NODES"); fi
+  out=$(client 60 srun "${smoke[@]}" -t 1 hostname 2>&1) ||
+    fail "smoke test 'srun ${smoke[*]} hostname' failed: $(tr '\n' ' ' <<<"$out")"
+  if multi; then  # each task on its own node, under that node's host name
+    got=$(sort <<<"$out" | tr '\n' ' ')
+    want=$(for ((i = 0; i < NODES; i++)); do printf 'fsdpx-n%s ' "$i"; done)
+  else
+    got=$(grep -c . <<<"$out") want=2
+  fi
+  [[ $got == "$want" ]] ||
+    fail "smoke test 'srun ${smoke[*]} hostname' printed '$(tr '\n' ' ' <<<"$out")', expected $want"
 
   log "cluster up in $((SECONDS - t0)) s: export SLURM_CONF=$CONF"
   print_env
@@ -501,5 +690,30 @@ case $CMD in
   status)
     if do_status; then exit 0; else exit 1; fi
     ;;
-  *) usage ;;
+  exec)
+    shift 2
+    client 0 "$@"
+    ;;
+  node-down | node-up | counters | procs)
+    multi || die "$CMD needs a cluster of several nodes (FSDPX_SLURM_NODES at start)"
+    (($3 < NODES)) || die "node $3 does not exist: the cluster has nodes 0-$((NODES - 1))"
+    case $CMD in
+      node-down) kill_ns_processes "$(node_ns "$3")"; rm -f "$PIDDIR/slurmd-n$3.pid" ;;
+      node-up)
+        exec 9>"$WORKDIR/.lock"
+        flock -w 180 9 || die "another $PROG holds $WORKDIR/.lock"
+        launch_slurmd "$3"
+        wait_idle "fsdpx-n$3" "slurmd-n$3"
+        ;;
+      procs)
+        for p in $(ip netns pids "$(node_ns "$3")"); do
+          if read_line comm "/proc/$p/comm"; then printf '%s %s\n' "$p" "$comm"; fi
+        done
+        ;;
+      counters)
+        ip netns exec "$(node_ns "$3")" cat /sys/class/net/eth0/statistics/rx_bytes /sys/class/net/eth0/statistics/tx_bytes |
+          tr '\n' ' ' | sed 's/ $/\n/'
+        ;;
+    esac
+    ;;
 esac
