@@ -20,11 +20,14 @@ import json, sys
 def figures(d):
     lines = [json.loads(l) for l in open(d + "/metrics.jsonl") if '"step_time_s"' in l]
     t = sum(l["step_time_s"] for l in lines[1:]) / (len(lines) - 1)
-    return t, lines[-1]["allgather_bytes"], lines[-1]["sent_bytes"], lines[-1]["loss"]
+    last = lines[-1]
+    moved = (last["allgather_bytes"], last["reduce_scatter_bytes"], last.get("all_to_all_bytes", 0))
+    return t, moved, last["sent_bytes"], last["loss"]
 n, d = figures(sys.argv[1]), figures(sys.argv[2])
 for name, f in (("normal", n), ("deterministic", d)):
-    print(f"gpt {sys.argv[3]:5} {name:13}: {f[0]:.3f} s/step, all-gather {f[1]/2**20:.2f} MiB/step, "
-          f"sends {f[2]/2**20:.2f} MiB/step, last loss {f[3]:.6f}")
+    ag, rs, a2a = (b / 2**20 for b in f[1])
+    print(f"gpt {sys.argv[3]:5} {name:13}: {f[0]:.3f} s/step; MiB/step: all-gather {ag:.2f}, reduce-scatter {rs:.2f}, "
+          f"all-to-all {a2a:.2f}; sends {f[2]/2**20:.2f} MiB/step; last loss {f[3]:.6f}")
 print(f"gpt {sys.argv[3]:5} deterministic/normal: step time x{d[0]/n[0]:.2f}, bytes sent x{d[2]/n[2]:.2f}")
 PY
 done

@@ -1,7 +1,7 @@
 // --deterministic through fsdpx-train: the same seed and global batch give bitwise-identical
-// losses, gradient norms, weights and optimizer state at 1, 2, 3 and 4 ranks, with full_shard,
-// shard_grad_op, no_shard and hybrid_shard; the plan counts its gradient exchange to the byte;
-// it trains the same model as the normal mode, to rounding.
+// losses, gradient norms, held-out losses, weights and optimizer state at 1, 2, 3 and 4 ranks,
+// with full_shard, shard_grad_op, no_shard and hybrid_shard; the plan counts its gradient
+// exchange to the byte; it trains the same model as the normal mode, to rounding.
 #include <string>
 #include <vector>
 
@@ -22,6 +22,7 @@ const std::string kRun = " --data.seq 32 --log-every 1 --clip-grad-norm 0.5 --ch
 
 struct Outcome {
   std::vector<json> steps;
+  json eval;  // the held-out evaluation at the end
   std::map<std::string, std::string> digests;  // weights and optimizer state after step 5
   json plan;
 };
@@ -32,6 +33,8 @@ Outcome train(const std::string& flags, const fs::path& out) {
   Outcome run;
   if (r.exit_code != 0) return run;
   run.steps = test::step_metrics(out);
+  for (const auto& m : test::read_json_lines(out / "metrics.jsonl"))
+    if (m.contains("eval_loss")) run.eval = m;
   run.digests = test::tensor_digests(out / "checkpoints" / "step-00000005");
   run.plan = test::read_json(out / "plan.json");
   return run;
@@ -63,7 +66,9 @@ TEST(Deterministic, BitwiseIdenticalAtEveryWorldSizeAndStrategy) {
     EXPECT_EQ(field(got, "loss"), field(ref, "loss"));
     EXPECT_EQ(field(got, "grad_norm"), field(ref, "grad_norm"));
     EXPECT_EQ(got.digests, ref.digests);  // every parameter and every optimizer state tensor
+    EXPECT_EQ(got.eval, ref.eval);        // the held-out loss too
   }
+  EXPECT_TRUE(ref.eval.contains("eval_loss")) << ref.eval;
   std::printf("losses at 1-4 ranks, 4 strategies:");
   for (double l : field(ref, "loss")) std::printf(" %.17g", l);
   std::printf("\n");
@@ -109,20 +114,24 @@ TEST(Deterministic, SameTrainingAsTheNormalModeAndBytesAsPlanned) {
   EXPECT_EQ(det.plan["threads_per_rank"], 1);
   for (const auto& s : det.steps) {
     EXPECT_EQ(s["allgather_bytes"], det.plan["allgather_bytes"]);
+    EXPECT_EQ(s["all_to_all_bytes"], det.plan["all_to_all_bytes"]);
     EXPECT_EQ(s["reduce_scatter_bytes"], 0);
   }
   // Formula: 6 local samples; per sample each unit gathers S x shard (twice unless it is the
-  // root) and receives W x S x shard of gradients (fp32 throughout).
-  int64_t expect = 0;
+  // root), and sends W x shard of gradients in one all-to-all (fp32 throughout; S = W = 2).
+  int64_t gathers = 0, exchange = 0;
   for (const auto& u : det.plan["units"]) {
     const int64_t unit = 2 * u["shard_numel"].get<int64_t>() * 4;
-    expect += 6 * ((u["reshard_after_forward"].get<bool>() ? 2 : 1) * unit + 2 * unit);
+    gathers += 6 * (u["reshard_after_forward"].get<bool>() ? 2 : 1) * unit;
+    exchange += 6 * unit;
   }
-  EXPECT_EQ(det.plan["allgather_bytes"], expect);
-  std::printf("all-gather bytes per step: normal %ld (+ reduce-scatter %ld), deterministic %ld\n",
+  EXPECT_EQ(det.plan["allgather_bytes"], gathers);
+  EXPECT_EQ(det.plan["all_to_all_bytes"], exchange);
+  std::printf("bytes per step: normal all-gather %ld + reduce-scatter %ld; deterministic all-gather %ld + all-to-all %ld\n",
               static_cast<long>(normal.steps[0]["allgather_bytes"].get<int64_t>()),
               static_cast<long>(normal.steps[0]["reduce_scatter_bytes"].get<int64_t>()),
-              static_cast<long>(det.steps[0]["allgather_bytes"].get<int64_t>()));
+              static_cast<long>(det.steps[0]["allgather_bytes"].get<int64_t>()),
+              static_cast<long>(det.steps[0]["all_to_all_bytes"].get<int64_t>()));
 }
 
 TEST(Deterministic, DryRunSaysWhatItCosts) {

@@ -133,6 +133,7 @@ TEST(Runtime, CountingWrapperRecordsBytes) {
     const std::string& name() const override { return n; }
     Work all_gather(at::Tensor, at::Tensor) override { return Work(); }
     Work reduce_scatter(at::Tensor, at::Tensor, ReduceOp) override { return Work(); }
+    Work all_to_all(at::Tensor, at::Tensor) override { return Work(); }
     Work all_reduce(at::Tensor, ReduceOp) override { return Work(); }
     Work broadcast(at::Tensor, int) override { return Work(); }
     Work barrier() override { return Work(); }
@@ -143,13 +144,15 @@ TEST(Runtime, CountingWrapperRecordsBytes) {
   c.reduce_scatter(at::zeros({100}, at::kBFloat16), at::zeros({400}, at::kBFloat16), ReduceOp::Sum);  // 800 B
   c.all_reduce(at::zeros({100}), ReduceOp::Avg);                          // 400 B
   c.broadcast(at::zeros({10}), 0);
+  c.all_to_all(at::zeros({200}), at::zeros({200}));                       // 800 B
   auto s = c.stats();
   EXPECT_EQ(s[Collective::AllGather].payload_bytes, 1600);
   EXPECT_EQ(s[Collective::AllGather].sent_bytes, 1200);      // 3/4 of it
   EXPECT_EQ(s[Collective::ReduceScatter].sent_bytes, 600);
   EXPECT_EQ(s[Collective::AllReduce].sent_bytes, 600);       // 2 x 3/4
   EXPECT_EQ(s[Collective::Broadcast].sent_bytes, 40);        // the root sends it
-  EXPECT_EQ(s.sent_bytes(), 1200 + 600 + 600 + 40);
+  EXPECT_EQ(s[Collective::AllToAll].sent_bytes, 600);        // the 3 chunks for the others
+  EXPECT_EQ(s.sent_bytes(), 1200 + 600 + 600 + 40 + 600);
   c.reset();
   EXPECT_EQ(c.stats().sent_bytes(), 0);
 }

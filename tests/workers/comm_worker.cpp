@@ -83,6 +83,12 @@ void collectives(Communicator& c) {
         expect_equal(t, want.to(dtype), std::string("all_reduce ") +
                      (op == ReduceOp::Sum ? "sum" : op == ReduceOp::Avg ? "avg" : "max") + at_);
       }
+      // all_to_all: chunk k of rank k's input comes to every rank k, in rank order.
+      at::Tensor mixed = at::empty({w * n}, dtype);
+      c.all_to_all(mixed, values(r, w * n, dtype)).wait();
+      std::vector<at::Tensor> chunks;
+      for (int k = 0; k < w; ++k) chunks.push_back(values(k, n, dtype, r * n));
+      expect_equal(mixed, at::cat(chunks), "all_to_all" + at_);
       // broadcast from the last rank.
       at::Tensor b = values(r, n, dtype);
       c.broadcast(b, w - 1).wait();

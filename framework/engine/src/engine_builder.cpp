@@ -29,6 +29,10 @@ void check_layout(const EngineConfig& c) {
     throw Error("the engine's communicators do not match the sharding layout (a bug in the host)");
   if (c.options.deterministic && !c.comms.world)
     throw Error("deterministic mode sums every rank's gradients over comms.world, and the engine was given none");
+  if (c.options.deterministic && c.comms.shard && c.comms.world->rank() % c.comms.shard->size() != c.comms.shard->rank())
+    throw Error("deterministic mode needs shard groups of consecutive world ranks (world rank r at shard rank r % " +
+                std::to_string(c.comms.shard->size()) + "), as ProcessGroups::hybrid makes them; world rank " +
+                std::to_string(c.comms.world->rank()) + " is shard rank " + std::to_string(c.comms.shard->rank()));
   if (c.options.prefetch < 1) throw Error("prefetch must be at least 1, got " + std::to_string(c.options.prefetch));
 }
 

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -136,10 +137,13 @@ void ParamGroup::reduce_grads() {
   const auto& comms = config->comms;
   reduce_in = pack_gradients(params, config->shard_size, total, flat_grad.options().dtype(precision.reduce));
   if (config->options.deterministic) {
-    // Every rank's gradients of its one sample, gathered whole (finish_reduce adds them in order).
-    const int64_t W = comms.world->size();
-    reduce_out = at::empty({W * reduce_in.numel()}, reduce_in.options());
-    reduce_work = comms.world->all_gather(reduce_out, reduce_in);
+    // Every world rank gets every rank's gradient rows of its own shard, for this rank's one
+    // sample (finish_reduce adds them in order). World rank r holds shard r % S (shard groups
+    // are runs of consecutive ranks: checked at construction).
+    const int64_t W = comms.world->size(), S = config->shard_size;
+    if (S != W) reduce_in = reduce_in.view({S, total}).index_select(0, at::arange(W, at::kLong).remainder(S)).reshape({-1});
+    reduce_out = at::empty({W * total}, reduce_in.options());
+    reduce_work = comms.world->all_to_all(reduce_out, reduce_in);
   } else if (sharded_layout()) {
     // Straight into the gradient shard when the dtypes agree; else through a reduce-dtype buffer.
     reduce_out = reduce_in.scalar_type() == flat_grad.scalar_type() ? flat_grad : at::empty({total}, reduce_in.options());
@@ -181,9 +185,9 @@ void ParamGroup::finish_reduce() {
 // global samples in their order, whatever W is. Elementwise, so any split into shards agrees.
 void ParamGroup::add_in_rank_order() {
   at::NoGradGuard no_grad;
-  const int64_t W = config->comms.world->size(), s = config->shard_size;
-  at::Tensor all = reduce_out.view({W, s, total});
-  for (int64_t r = 0; r < W; ++r) flat_grad.add_(all[r][config->shard_rank]);
+  const int64_t W = config->comms.world->size();
+  at::Tensor all = reduce_out.view({W, total});
+  for (int64_t r = 0; r < W; ++r) flat_grad.add_(all[r]);
   reduce_out = at::Tensor();
 }
 

@@ -79,6 +79,16 @@ Work BackendCommunicator::reduce_scatter_by_all_to_all(uint64_t id, at::Tensor o
                [received, output, op, n]() mutable { reduce_slices(received, output, op, n); });
 }
 
+Work BackendCommunicator::all_to_all(at::Tensor output, at::Tensor input) {
+  check_pair("all_to_all", output, input, output.numel() == input.numel() && input.numel() % size() == 0,
+             "output and input must have the same elements, a multiple of size()");
+  const uint64_t id = begin("all_to_all", input.scalar_type(), input.numel(), input.device());
+  std::vector<int64_t> even;
+  c10d::AllToAllOptions opts;
+  opts.timeout = timeout_;
+  return issue("all_to_all", id, [&] { return backend_->alltoall_base(output, input, even, even, opts); });
+}
+
 Work BackendCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   check_one("all_reduce", tensor);
   check_average("all_reduce", tensor, op);

@@ -33,6 +33,7 @@ class BackendCommunicator final : public Communicator, public std::enable_shared
 
   Work all_gather(at::Tensor output, at::Tensor input) override;
   Work reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) override;
+  Work all_to_all(at::Tensor output, at::Tensor input) override;
   Work all_reduce(at::Tensor tensor, ReduceOp op) override;
   Work broadcast(at::Tensor tensor, int root) override;
   Work barrier() override;

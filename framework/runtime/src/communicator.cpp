@@ -9,6 +9,7 @@ const char* collective_name(Collective c) {
     case Collective::AllReduce: return "all_reduce";
     case Collective::Broadcast: return "broadcast";
     case Collective::Barrier: return "barrier";
+    case Collective::AllToAll: return "all_to_all";
   }
   return "collective";
 }
@@ -70,6 +71,13 @@ Work CountingCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   const int64_t n = size(), payload = bytes(tensor);
   Work w = inner_->all_reduce(std::move(tensor), op);
   count(Collective::AllReduce, payload, 2 * payload * (n - 1) / n);
+  return w;
+}
+
+Work CountingCommunicator::all_to_all(at::Tensor output, at::Tensor input) {
+  const int64_t n = size(), payload = bytes(input);
+  Work w = inner_->all_to_all(std::move(output), std::move(input));
+  count(Collective::AllToAll, payload, payload / n * (n - 1));
   return w;
 }
 

@@ -71,13 +71,14 @@ void CommCounters::add(std::shared_ptr<CountingCommunicator> c) {
 }
 
 CommTotals CommCounters::totals() const {
-  CommTotals v{0, 0, 0, 0};
+  CommTotals v{};
   for (const auto& c : counters_) {
     const CommStats s = c->stats();
     v[0] += s[Collective::AllGather].payload_bytes;
     v[1] += s[Collective::ReduceScatter].payload_bytes;
     v[2] += s[Collective::AllReduce].payload_bytes;
     v[3] += s.sent_bytes();
+    v[4] += s[Collective::AllToAll].payload_bytes;
   }
   return v;
 }

@@ -43,8 +43,8 @@ struct WorldStep {
 WorldStep gather_step(Communicator& world, const RankStep& mine);
 
 // Bytes moved, summed over the counted communicators: all-gather, reduce-scatter, all-reduce
-// payloads, and what this rank sent.
-using CommTotals = std::array<int64_t, 4>;
+// payloads, what this rank sent, and the all-to-all payload.
+using CommTotals = std::array<int64_t, 5>;
 class CommCounters {
  public:
   void add(std::shared_ptr<CountingCommunicator> c);

@@ -117,10 +117,10 @@ void add_unit_traffic(const UnitBytes& b, int64_t forwards, RunPlan& plan) {
     plan.allgather_bytes += gathers * gather;
     plan.sent_bytes += gathers * (gather / S * (S - 1));
   }
-  if (plan.deterministic) {  // per sample: every rank's whole unit gradient, gathered over the world
+  if (plan.deterministic) {  // per sample: every world rank's rows of each shard, one all-to-all
     const int64_t W = plan.topology.world_size;
-    const int64_t exchange = W * S * b.shard_numel * elt(b.dtypes.reduce);
-    plan.allgather_bytes += forwards * exchange;
+    const int64_t exchange = W * b.shard_numel * elt(b.dtypes.reduce);
+    plan.all_to_all_bytes += forwards * exchange;
     plan.sent_bytes += forwards * (exchange / W * (W - 1));
     return;
   }
@@ -253,8 +253,9 @@ std::string RunPlan::text() const {
     << human_bytes(static_cast<double>(reduce_scatter_bytes)) << ", all-reduce " << human_bytes(static_cast<double>(all_reduce_bytes))
     << "; this rank sends " << human_bytes(static_cast<double>(sent_bytes)) << " (" << sent_bytes << " B)\n";
   if (deterministic)
-    o << "  deterministic one sample per forward, one thread per rank; per sample, every unit's whole gradient "
-         "all-gathered over the world and added in global-sample order (counted in all-gather above)\n";
+    o << "  deterministic one sample per forward, one thread per rank; per sample, every rank's rows of each "
+         "shard sent by one all-to-all over the world and added in global-sample order: "
+      << human_bytes(static_cast<double>(all_to_all_bytes)) << " (" << all_to_all_bytes << " B) per step\n";
   o << "  batch      " << samples_per_step << " samples";
   if (tokens_per_step != samples_per_step) o << ", " << tokens_per_step << " tokens";
   o << " per step";
@@ -286,6 +287,7 @@ json plan_json(const RunPlan& p) {
           {"allgather_bytes", p.allgather_bytes},
           {"reduce_scatter_bytes", p.reduce_scatter_bytes},
           {"all_reduce_bytes", p.all_reduce_bytes},
+          {"all_to_all_bytes", p.all_to_all_bytes},
           {"sent_bytes", p.sent_bytes},
           {"dtypes", {{"storage", dtype_name(p.dtypes.storage)}, {"compute", dtype_name(p.dtypes.compute)},
                       {"reduce", dtype_name(p.dtypes.reduce)}, {"gradient", dtype_name(p.dtypes.gradient)}}},

@@ -92,6 +92,47 @@ json evaluate_heldout(ShardingEngine& engine, Evaluable* evaluable, HeldOutData*
   return e;
 }
 
+// --deterministic's held-out evaluation: one sample per forward, rank r taking samples r, r + W,
+// ...; every rank's sums gathered and added in sample order, so the figures have the same bits
+// at every world size. Returns what evaluate_heldout returns.
+json evaluate_heldout_in_order(ShardingEngine& engine, Evaluable* evaluable, HeldOutData* heldout, Communicator& world,
+                               int64_t step) {
+  if (!evaluable || !heldout || heldout->num_heldout() == 0) return json();
+  at::NoGradGuard no_grad;
+  const int rank = world.rank(), W = world.size();
+  const int64_t n = heldout->num_heldout(), per_rank = (n + W - 1) / W;
+  at::Tensor mine = at::zeros({per_rank, 3}, at::kDouble);  // loss sum, correct, samples
+  double* m = mine.data_ptr<double>();
+  for (int64_t j = 0; j < per_rank; ++j) {
+    const int64_t i = j * W + rank;
+    Batch b = heldout->heldout(i < n ? i : 0, 1);  // past the end: a forward all ranks run, not counted
+    EvalSums r;
+    engine.forward([&] {
+      r = evaluable->evaluate(b);
+      return at::zeros({}, at::kFloat);
+    });
+    if (i >= n) continue;
+    m[3 * j] = r.loss_sum;
+    m[3 * j + 1] = r.correct;
+    m[3 * j + 2] = static_cast<double>(r.samples);
+  }
+  at::Tensor all = at::empty({W * per_rank * 3}, at::kDouble);
+  world.all_gather(all, mine.reshape({-1})).wait();
+  const double* a = all.data_ptr<double>();
+  double sums[3] = {0, 0, 0};
+  bool has_accuracy = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const double* f = a + (i % W) * per_rank * 3 + (i / W) * 3;
+    sums[0] += f[0];
+    sums[1] += std::max(0.0, f[1]);
+    sums[2] += f[2];
+    has_accuracy = has_accuracy && f[1] >= 0;
+  }
+  json e{{"step", step}, {"eval_loss", sums[0] / sums[2]}, {"eval_samples", static_cast<int64_t>(sums[2])}};
+  if (has_accuracy) e["eval_accuracy"] = sums[1] / sums[2];
+  return e;
+}
+
 std::string eval_line(const json& e) {
   char l[160];
   std::snprintf(l, sizeof l, "eval at step %ld: held-out loss %.4f", static_cast<long>(e["step"].get<int64_t>()),
@@ -109,7 +150,7 @@ std::string eval_line(const json& e) {
 struct Interval {
   Clock::time_point start = Clock::now();
   int64_t steps = 0, tokens = 0, samples = 0;
-  CommTotals comm_start{0, 0, 0, 0};
+  CommTotals comm_start{};
 };
 
 class Trainer {
@@ -363,7 +404,7 @@ class Trainer {
       opt_->step(lr_);
     }
     const CommTotals comm_after = counters_.totals();
-    for (int k = 0; k < 4; ++k) step_comm_[k] = comm_after[k] - comm_before[k];
+    for (size_t k = 0; k < step_comm_.size(); ++k) step_comm_[k] = comm_after[k] - comm_before[k];
     mine.step_peak = proc_memory().hwm;
     run_peak_ = std::max(run_peak_, mine.step_peak);
     mine.rss_rise = measured ? mine.step_peak - before.rss : -1;
@@ -467,6 +508,7 @@ class Trainer {
            {"allgather_bytes", (now[0] - c0[0]) / interval_.steps},
            {"reduce_scatter_bytes", (now[1] - c0[1]) / interval_.steps},
            {"all_reduce_bytes", (now[2] - c0[2]) / interval_.steps},
+           {"all_to_all_bytes", (now[4] - c0[4]) / interval_.steps},
            {"sent_bytes", (now[3] - c0[3]) / interval_.steps}};
     if (plan_.flops_per_token > 0) {
       const double tflops = plan_.flops_per_token * static_cast<double>(interval_.tokens) / secs / 1e12;
@@ -482,8 +524,10 @@ class Trainer {
   }
 
   void evaluate(int64_t step) {
-    last_eval_ = evaluate_heldout(*engine_, dynamic_cast<Evaluable*>(model_.get()), dynamic_cast<HeldOutData*>(data_.get()),
-                                  *groups_->world(), s_.batch_size, step);
+    auto* evaluable = dynamic_cast<Evaluable*>(model_.get());
+    auto* heldout = dynamic_cast<HeldOutData*>(data_.get());
+    last_eval_ = s_.deterministic ? evaluate_heldout_in_order(*engine_, evaluable, heldout, world(), step)
+                                  : evaluate_heldout(*engine_, evaluable, heldout, world(), s_.batch_size, step);
     if (last_eval_.is_null()) return;
     on_rank_zero(world(), [&] {
       out_->line(eval_line(last_eval_));
@@ -565,7 +609,8 @@ class Trainer {
                    {"ranks", ranks},
                    {"last_step_comm",
                     {{"allgather_bytes", step_comm_[0]}, {"reduce_scatter_bytes", step_comm_[1]},
-                     {"all_reduce_bytes", step_comm_[2]}, {"sent_bytes", step_comm_[3]}}},
+                     {"all_reduce_bytes", step_comm_[2]}, {"all_to_all_bytes", step_comm_[4]},
+                     {"sent_bytes", step_comm_[3]}}},
                    {"plan", plan_json(plan_)},
                    {"peak_tflops_per_rank", peak_},
                    {"max_step_rss_rise_bytes", max_step_rise_},
@@ -643,7 +688,7 @@ class Trainer {
   double lr_ = 0, grad_norm_ = -1;
   double first_loss_ = std::nan(""), last_loss_ = std::nan("");
   int64_t run_peak_ = 0, max_step_rise_ = 0;
-  CommTotals step_comm_{0, 0, 0, 0};
+  CommTotals step_comm_{};
   json last_eval_;
   std::string last_checkpoint_;
 };

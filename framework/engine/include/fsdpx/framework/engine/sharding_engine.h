@@ -33,9 +33,9 @@ struct EngineOptions {
   // `precision` for every unit. Units may differ in compute and reduce dtypes, not in storage.
   std::function<PrecisionSpec(const std::string& unit)> unit_precision;
   // Layout-invariant sums: each backward is one sample per world rank (rank r's is global sample
-  // j * W + r of the round), and adds every rank's gradients, all-gathered over comms.world, into
-  // the gradient shards in rank order: a fixed, sequential order over global samples at any
-  // world size and strategy. Nothing is averaged (the loss carries 1 / global samples), and the
+  // j * W + r of the round), and adds every rank's gradient rows of this rank's shard, sent by one
+  // all-to-all over comms.world, into the gradient shard in rank order: a fixed, sequential order
+  // over global samples at any world size and strategy. Nothing is averaged (the loss carries 1 / global samples), and the
   // shards accumulate until zero_grad(). clip_grad_norm sums in exact fixed point.
   bool deterministic = false;
 };

@@ -14,8 +14,8 @@
 
 namespace fsdpx {
 
-enum class Collective { AllGather = 0, ReduceScatter, AllReduce, Broadcast, Barrier };
-constexpr int kNumCollectives = 5;
+enum class Collective { AllGather = 0, ReduceScatter, AllReduce, Broadcast, Barrier, AllToAll };
+constexpr int kNumCollectives = 6;
 FSDPX_API const char* collective_name(Collective c);  // "all_gather", ...
 
 enum class ReduceOp { Sum, Avg, Max };
@@ -58,6 +58,9 @@ class FSDPX_API Communicator {
   virtual Work reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) = 0;
   // tensor := op over ranks of tensor.
   virtual Work all_reduce(at::Tensor tensor, ReduceOp op) = 0;
+  // input and output hold size() equal chunks: chunk r of input goes to rank r, and chunk r of
+  // output comes from rank r. Equivalent to torch.distributed.all_to_all_single.
+  virtual Work all_to_all(at::Tensor output, at::Tensor input) = 0;
   // tensor := root's tensor.
   virtual Work broadcast(at::Tensor tensor, int root) = 0;
   virtual Work barrier() = 0;
@@ -66,10 +69,12 @@ class FSDPX_API Communicator {
 // What a CountingCommunicator saw, per collective.
 struct CollectiveCounts {
   int64_t calls = 0;
-  // The logical tensor: all-gather output, reduce-scatter input, all-reduce and broadcast tensor.
+  // The logical tensor: all-gather output, reduce-scatter and all-to-all input, all-reduce and
+  // broadcast tensor.
   int64_t payload_bytes = 0;
-  // What this rank sends under the ring algorithm: (n-1)/n of the payload for all-gather and
-  // reduce-scatter, 2(n-1)/n for all-reduce, the payload for a broadcast root, 0 otherwise.
+  // What this rank sends under the ring algorithm: (n-1)/n of the payload for all-gather,
+  // reduce-scatter and all-to-all, 2(n-1)/n for all-reduce, the payload for a broadcast root, 0
+  // otherwise.
   // This is the quantity FSDP's communication formulas (3 psi, 2 psi) are stated in.
   int64_t sent_bytes = 0;
 };
@@ -97,6 +102,7 @@ class FSDPX_API CountingCommunicator final : public Communicator {
   Work all_gather(at::Tensor output, at::Tensor input) override;
   Work reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) override;
   Work all_reduce(at::Tensor tensor, ReduceOp op) override;
+  Work all_to_all(at::Tensor output, at::Tensor input) override;
   Work broadcast(at::Tensor tensor, int root) override;
   Work barrier() override;
 

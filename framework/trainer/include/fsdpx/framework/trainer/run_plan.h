@@ -43,6 +43,7 @@ struct FSDPX_API RunPlan {
   // Per step (grad_accum micro-batches), per rank: payload of each collective, and what this
   // rank sends under the ring algorithm.
   int64_t allgather_bytes = 0, reduce_scatter_bytes = 0, all_reduce_bytes = 0, sent_bytes = 0;
+  int64_t all_to_all_bytes = 0;  // --deterministic's gradient exchange
   int64_t samples_per_step = 0, tokens_per_step = 0;
   double flops_per_token = 0;
   bool optimizer_runs_on_cpu = true;  // fsdpx/capabilities.h
