@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # --deterministic against the normal mode, side by side on 2 CPU ranks: step time (steps 2-N),
-# all-gather bytes and bytes sent per step, for gpt tiny and gpt small at seq 64 and 8 samples
-# per rank. Usage: benchmarks/deterministic.sh [BUILD] [STEPS]
+# all-gather, reduce-scatter and all-to-all bytes, and bytes sent per step, for gpt tiny and gpt
+# small at seq 64 and 8 samples per rank. Usage: benchmarks/deterministic.sh [BUILD] [STEPS]
 set -euo pipefail
 BUILD=${1:-build}
 STEPS=${2:-6}

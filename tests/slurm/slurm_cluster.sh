@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# A throw-away single-node Slurm cluster on loopback, for tests and CI.
+# A throw-away Slurm cluster for tests and CI: one node on loopback, or several in network
+# namespaces (FSDPX_SLURM_NODES, below).
 #
 #   eval "$(tests/slurm/slurm_cluster.sh start WORKDIR)"   # prints: export SLURM_CONF=...
 #   srun -n 4 hostname
@@ -10,8 +11,9 @@
 #
 # Everything the cluster writes (slurm.conf, its own munge key and socket, controller state,
 # spool, logs, pid files) lives under WORKDIR, and the ports are probed per start, so several
-# clusters can run side by side and nothing in /etc is read or edited. The one system-wide
-# effect is installing the Debian packages when they are missing (that needs root).
+# clusters can run side by side and nothing in /etc is read or edited (with several nodes: the
+# cluster's own /etc/netns/NS/hosts files, removed by stop). The one lasting system-wide effect
+# is installing the Debian packages when they are missing (that needs root).
 #
 # With FSDPX_SLURM_NODES=N (N >= 2), the cluster has N nodes fsdpx-n0..: each slurmd runs in
 # a network namespace and a UTS namespace of its own (host name fsdpx-nI, address 10.77.0.I+1),
@@ -83,6 +85,7 @@ for var in $(compgen -e); do
   if [[ $var == SLURM_* ]]; then unset "$var"; fi
 done
 export SLURM_CONF=$CONF
+export PATH=$PATH:/usr/sbin:/sbin  # slurmd, ip: root's tools, also for a caller with a user's PATH
 
 # ---------------------------------------------------------------------------------------------
 # process helpers
@@ -267,12 +270,13 @@ netns_down() {
   local ns i
   for ((i = NODES - 1; i >= -1; i--)); do
     if ((i < 0)); then ns=$(head_ns); else ns=$(node_ns "$i"); fi
-    if ip netns list 2>/dev/null | grep -q "^$ns\b"; then
+    if [[ -e /run/netns/$ns ]]; then
       kill_ns_processes "$ns"
       ip netns delete "$ns" 2>/dev/null || log "WARNING: could not delete namespace $ns"
     fi
     rm -rf -- "/etc/netns/$ns"
   done
+  rmdir /etc/netns 2>/dev/null || true  # only if empty: another user's entries stay
 }
 
 # /etc/netns/NS/hosts (where `ip netns exec` looks too), bound over /etc/hosts by ns_cmd: every
@@ -288,6 +292,12 @@ write_hosts() {
 
 # The head namespace holds a bridge; each node's namespace is joined to it by a veth pair whose
 # node end is eth0 (its counters are the node's traffic).
+# An `ip` command of netns_up; on failure, the cluster is torn down with the command named.
+net() {
+  local err
+  err=$(ip "$@" 2>&1) || fail "'ip $*' failed: $err"
+}
+
 netns_up() {
   command -v ip >/dev/null || die "ip (iproute2) not found: the multi-node cluster needs it"
   command -v nsenter >/dev/null || die "nsenter (util-linux) not found: the multi-node cluster needs it"
@@ -295,19 +305,19 @@ netns_up() {
   head=$(head_ns)
   err=$(ip netns add "$head" 2>&1) ||
     fail "the kernel refuses a network namespace ('ip netns add $head': $err); the multi-node cluster needs root and CONFIG_NET_NS"
-  ip -n "$head" link set lo up
-  ip -n "$head" link add br0 type bridge
-  ip -n "$head" addr add "$HEAD_ADDR/24" dev br0
-  ip -n "$head" link set br0 up
+  net -n "$head" link set lo up
+  net -n "$head" link add br0 type bridge
+  net -n "$head" addr add "$HEAD_ADDR/24" dev br0
+  net -n "$head" link set br0 up
   write_hosts "$head"
   for ((i = 0; i < NODES; i++)); do
     ns=$(node_ns "$i")
-    ip netns add "$ns" || fail "cannot create namespace $ns"
-    ip -n "$ns" link set lo up
-    ip -n "$head" link add "v$i" type veth peer name eth0 netns "$ns" || fail "cannot create the veth pair of node $i"
-    ip -n "$head" link set "v$i" master br0 up
-    ip -n "$ns" addr add "$(node_addr "$i")/24" dev eth0
-    ip -n "$ns" link set eth0 up
+    net netns add "$ns"
+    net -n "$ns" link set lo up
+    net -n "$head" link add "v$i" type veth peer name eth0 netns "$ns"
+    net -n "$head" link set "v$i" master br0 up
+    net -n "$ns" addr add "$(node_addr "$i")/24" dev eth0
+    net -n "$ns" link set eth0 up
     write_hosts "$ns"
   done
   in_ns "$(node_ns 0)" fsdpx-n0 getent hosts fsdpx-head >/dev/null ||
@@ -583,10 +593,8 @@ do_start() {
   ensure_packages
   local b
   for b in munged munge unmunge slurmctld slurmd srun sinfo scontrol squeue scancel; do
-    command -v "$b" >/dev/null || PATH=$PATH:/usr/sbin:/sbin command -v "$b" >/dev/null ||
-      die "$b not found although its package is installed"
+    command -v "$b" >/dev/null || die "$b not found although its package is installed"
   done
-  export PATH=$PATH:/usr/sbin:/sbin
 
   local node
   node=$(hostname -s 2>/dev/null || hostname)

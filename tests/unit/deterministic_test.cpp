@@ -67,6 +67,9 @@ TEST(Deterministic, BitwiseIdenticalAtEveryWorldSizeAndStrategy) {
     EXPECT_EQ(field(got, "grad_norm"), field(ref, "grad_norm"));
     EXPECT_EQ(got.digests, ref.digests);  // every parameter and every optimizer state tensor
     EXPECT_EQ(got.eval, ref.eval);        // the held-out loss too
+    for (const auto& step : got.steps)    // and the plan's bytes, measured, for every strategy
+      for (const char* k : {"allgather_bytes", "all_to_all_bytes", "reduce_scatter_bytes", "all_reduce_bytes"})
+        EXPECT_EQ(step[k], got.plan[k]) << k;
   }
   EXPECT_TRUE(ref.eval.contains("eval_loss")) << ref.eval;
   std::printf("losses at 1-4 ranks, 4 strategies:");
@@ -100,9 +103,9 @@ TEST(Deterministic, ResumingAtAnotherWorldSizeContinuesTheSameBits) {
   EXPECT_EQ(resumed.digests, whole.digests);
 }
 
-// The same model trains as in the normal mode, to rounding; the all-gather bytes of a step are
-// the plan's to the byte: per local sample, the units' gathers plus every unit's whole gradient
-// from every rank.
+// The same model trains as in the normal mode, to rounding; the all-gather and all-to-all bytes of
+// a step are the plan's to the byte: per local sample, the units' gathers and one exchange of
+// every rank's gradient rows of each shard.
 TEST(Deterministic, SameTrainingAsTheNormalModeAndBytesAsPlanned) {
   test::TempDir dir;
   const Outcome normal = train(ranks(2), dir.path() / "normal");

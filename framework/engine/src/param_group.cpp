@@ -139,11 +139,16 @@ void ParamGroup::reduce_grads() {
   if (config->options.deterministic) {
     // Every world rank gets every rank's gradient rows of its own shard, for this rank's one
     // sample (finish_reduce adds them in order). World rank r holds shard r % S (shard groups
-    // are runs of consecutive ranks: checked at construction).
+    // are runs of consecutive ranks: checked at construction). Unsharded, every rank needs all
+    // of it: an all-gather, which sends as much without W copies to send from.
     const int64_t W = comms.world->size(), S = config->shard_size;
-    if (S != W) reduce_in = reduce_in.view({S, total}).index_select(0, at::arange(W, at::kLong).remainder(S)).reshape({-1});
     reduce_out = at::empty({W * total}, reduce_in.options());
-    reduce_work = comms.world->all_to_all(reduce_out, reduce_in);
+    if (S == 1) {
+      reduce_work = comms.world->all_gather(reduce_out, reduce_in);
+    } else {
+      if (S != W) reduce_in = reduce_in.view({S, total}).index_select(0, at::arange(W, at::kLong).remainder(S)).reshape({-1});
+      reduce_work = comms.world->all_to_all(reduce_out, reduce_in);
+    }
   } else if (sharded_layout()) {
     // Straight into the gradient shard when the dtypes agree; else through a reduce-dtype buffer.
     reduce_out = reduce_in.scalar_type() == flat_grad.scalar_type() ? flat_grad : at::empty({total}, reduce_in.options());

@@ -198,17 +198,22 @@ namespace {
 // The squared norm of the gradient shards summed over the shard group in any order and split,
 // with the same bits: each element's square (exact in double) is truncated to a multiple of
 // 2^(e - 30), where 2^e bounds the largest square over the group, and the multiples are summed
-// as integers, which is associative. Relative error below elements x 2^-30 of the largest square.
+// as integers, which is associative: the same bits in any order, within elements x 2^-30 of the
+// largest square of the exact sum.
 double fixed_point_squared_norm(const std::vector<at::Tensor>& grads, Communicator* shard_group) {
   at::Tensor peak = at::zeros({1}, at::kDouble);
-  for (const auto& g : grads) peak = peak.maximum(g.to(at::kDouble).pow(2).max().reshape({1}));
+  for (const auto& g : grads)
+    if (g.numel() > 0) peak = peak.maximum(g.to(at::kDouble).pow(2).max().reshape({1}));
   if (shard_group) shard_group->all_reduce(peak, ReduceOp::Max).wait();
   const double top = peak.item<double>();
   if (!(top > 0) || !std::isfinite(top)) return top;  // all zero, or inf/NaN: nothing to sum exactly
   int e = 0;
   std::frexp(top, &e);  // top < 2^e
+  // 2^(30 - e) in two factors: one would overflow a double for squares below 2^-993.
+  const double half = std::ldexp(1.0, (30 - e) / 2), rest = std::ldexp(1.0, 30 - e - (30 - e) / 2);
   at::Tensor sum = at::zeros({1}, at::kLong);
-  for (const auto& g : grads) sum += g.to(at::kDouble).pow(2).mul(std::ldexp(1.0, 30 - e)).floor().to(at::kLong).sum();
+  for (const auto& g : grads)
+    if (g.numel() > 0) sum += g.to(at::kDouble).pow(2).mul(half).mul(rest).floor().to(at::kLong).sum();
   if (shard_group) shard_group->all_reduce(sum, ReduceOp::Sum).wait();
   return std::ldexp(static_cast<double>(sum.item<int64_t>()), e - 30);
 }

@@ -106,7 +106,7 @@ std::string PeerMonitor::diagnose(const std::vector<int>& ranks, const std::stri
 // " (node 1, host n1: ranks 2 pid 71, 3 pid 72; ...)" from the ranks' join records ("host pid
 // node"). Empty if the records cannot be read.
 std::string PeerMonitor::whereabouts(const std::vector<int>& ranks) const {
-  std::map<std::pair<int, std::string>, std::vector<std::string>> by_node;  // (node, host) -> "rank r (pid p)"
+  std::map<std::pair<int, std::string>, std::vector<std::string>> by_node;  // (node, host) -> "r pid p"
   try {
     for (int r : ranks) {
       const std::vector<uint8_t> v = store_->get("fsdpx/join/" + std::to_string(r));

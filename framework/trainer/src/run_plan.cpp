@@ -118,9 +118,9 @@ void add_unit_traffic(const UnitBytes& b, int64_t forwards, RunPlan& plan) {
     plan.sent_bytes += gathers * (gather / S * (S - 1));
   }
   if (plan.deterministic) {  // per sample: every world rank's rows of each shard, one all-to-all
-    const int64_t W = plan.topology.world_size;
+    const int64_t W = plan.topology.world_size;  // (unsharded: all of it, one all-gather)
     const int64_t exchange = W * b.shard_numel * elt(b.dtypes.reduce);
-    plan.all_to_all_bytes += forwards * exchange;
+    (S == 1 ? plan.allgather_bytes : plan.all_to_all_bytes) += forwards * exchange;
     plan.sent_bytes += forwards * (exchange / W * (W - 1));
     return;
   }

@@ -34,8 +34,8 @@ struct EngineOptions {
   std::function<PrecisionSpec(const std::string& unit)> unit_precision;
   // Layout-invariant sums: each backward is one sample per world rank (rank r's is global sample
   // j * W + r of the round), and adds every rank's gradient rows of this rank's shard, sent by one
-  // all-to-all over comms.world, into the gradient shard in rank order: a fixed, sequential order
-  // over global samples at any world size and strategy. Nothing is averaged (the loss carries 1 / global samples), and the
+  // all-to-all over comms.world (unsharded: one all-gather), into the gradient shard in rank
+  // order: a fixed, sequential order over global samples at any world size and strategy. Nothing is averaged (the loss carries 1 / global samples), and the
   // shards accumulate until zero_grad(). clip_grad_norm sums in exact fixed point.
   bool deterministic = false;
 };

@@ -48,7 +48,7 @@ struct FSDPX_API RunPlan {
   double flops_per_token = 0;
   bool optimizer_runs_on_cpu = true;  // fsdpx/capabilities.h
   ThreadChoice threads;               // intra-op threads per rank, and why
-  bool deterministic = false;         // --deterministic: the gradient exchange below is its own
+  bool deterministic = false;         // --deterministic: its gradient exchange is all_to_all_bytes
   std::vector<std::string> warnings;  // what will make the run slow (printed by the plan and the run)
 
   std::string text() const;  // the dry-run report
