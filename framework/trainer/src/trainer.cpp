@@ -50,6 +50,13 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// {"step", "eval_loss", "eval_samples"[, "eval_accuracy"]} from the world's sums.
+json eval_record(int64_t step, double loss_sum, double correct, double samples, bool has_accuracy) {
+  json e{{"step", step}, {"eval_loss", loss_sum / samples}, {"eval_samples", static_cast<int64_t>(samples)}};
+  if (has_accuracy) e["eval_accuracy"] = correct / samples;
+  return e;
+}
+
 // Held-out evaluation over every rank: each rank evaluates its share of the held-out samples in
 // chunks, all ranks running the same number of forwards (the units' gathers are collective).
 // Returns {"step", "eval_loss", "eval_samples"[, "eval_accuracy"]}, or null when the model or the
@@ -87,9 +94,7 @@ json evaluate_heldout(ShardingEngine& engine, Evaluable* evaluable, HeldOutData*
   t[2] = sums[2];
   t[3] = has_accuracy ? 0.0 : 1.0;
   world.all_reduce(t, ReduceOp::Sum).wait();
-  json e{{"step", step}, {"eval_loss", t[0].item<double>() / t[2].item<double>()}, {"eval_samples", t[2].item<int64_t>()}};
-  if (t[3].item<double>() == 0) e["eval_accuracy"] = t[1].item<double>() / t[2].item<double>();
-  return e;
+  return eval_record(step, t[0].item<double>(), t[1].item<double>(), t[2].item<double>(), t[3].item<double>() == 0);
 }
 
 // --deterministic's held-out evaluation: one sample per forward, rank r taking samples r, r + W,
@@ -128,9 +133,7 @@ json evaluate_heldout_in_order(ShardingEngine& engine, Evaluable* evaluable, Hel
     sums[2] += f[2];
     has_accuracy = has_accuracy && f[1] >= 0;
   }
-  json e{{"step", step}, {"eval_loss", sums[0] / sums[2]}, {"eval_samples", static_cast<int64_t>(sums[2])}};
-  if (has_accuracy) e["eval_accuracy"] = sums[1] / sums[2];
-  return e;
+  return eval_record(step, sums[0], sums[1], sums[2], has_accuracy);
 }
 
 std::string eval_line(const json& e) {
@@ -448,8 +451,7 @@ class Trainer {
         Batch one{b.inputs.narrow(0, i, 1), b.targets.narrow(0, i, 1), 1, b.tokens / b.samples};
         at::Tensor loss = engine_->forward([&] { return model_->loss(one) * weight; });
         engine_->backward(scaler_ ? loss * scale : loss);
-        l[m * per_rank + j] = loss.item<double>();
-        mine.loss_sum += l[m * per_rank + j] * static_cast<double>(world_);  // gather_step averages
+        l[m * per_rank + j] = loss.item<double>();  // the step's loss is their ordered sum, below
         mine.tokens += one.tokens;
         mine.samples += 1;
       }
