@@ -153,17 +153,42 @@ run_job "$src/hosts/slurm/fsdpx.sbatch" "${det[@]}" --batch-size 3 --resume auto
 say "resumed on 2 nodes: 30 losses bit-identical to an uninterrupted run"
 
 # 4. Requeue: the node of the batch script dies; Slurm requeues the job, which resumes by itself.
-job=$(submit --requeue --open-mode=append "$src/hosts/slurm/fsdpx.sbatch" "${det[@]}" --batch-size 3 --resume auto \
-        --out "$work/requeued") || fail "sbatch --requeue"
-wait_checkpoint "$work/requeued" 8
-"$cluster" node-down "$work/cluster" 0 || fail "node-down 0"
-state=$(wait_state "$job" 90 'PENDING|REQUEUED|REQUEUE_HOLD') ||
-  fail "Slurm did not requeue the job within 90 s of node 0's death (state $state)"
-say "node 0 killed: Slurm requeued the job ($state)"
-"$cluster" node-up "$work/cluster" 0 || fail "node-up 0"
-state=$(wait_state "$job" 300 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL') || fail "the requeued job did not end in 300 s"
-cat "fsdpx-$job.out"
-[[ $state == COMPLETED ]] || fail "the requeued job ended $state"
+# Slurm's log lines about job $1 (slurmctld and both slurmds) and any OOM kill, for a failure.
+slurm_story() {
+  local f
+  for f in "$work"/cluster/log/slurmctld.log "$work"/cluster/log/slurmd-fsdpx-n*.log; do
+    echo "--- $(basename "$f") (job $1)"
+    grep -E "JobId=$1[^0-9]|job $1[^0-9]|StepId=$1\.|job0*$1/|\[$1\.|responding|returned to service|started on|abort|kill" "$f" | tail -40 || true
+  done
+  echo "--- kernel OOM kills"
+  dmesg 2>/dev/null | grep -iE "out of memory|killed process" | tail -5 || true
+}
+requeue_run() {  # sets job and state: a --requeue job whose batch node (0) was killed, at its end
+  rm -rf "$work/requeued"
+  job=$(submit --requeue --open-mode=append "$src/hosts/slurm/fsdpx.sbatch" "${det[@]}" --batch-size 3 --resume auto \
+          --out "$work/requeued") || fail "sbatch --requeue"
+  wait_checkpoint "$work/requeued" 8
+  "$cluster" node-down "$work/cluster" 0 || fail "node-down 0"
+  state=$(wait_state "$job" 90 'PENDING|REQUEUED|REQUEUE_HOLD') || {
+    slurm_story "$job" >&2; fail "Slurm did not requeue the job within 90 s of node 0's death (state $state)"; }
+  say "node 0 killed: Slurm requeued job $job ($state)"
+  "$cluster" node-up "$work/cluster" 0 || fail "node-up 0"
+  state=$(wait_state "$job" 300 'COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL') || state="still $state after 300 s"
+  cat "fsdpx-$job.out"
+}
+last_attempt() { sed -n '/^fsdpx.sbatch: job/h; /^fsdpx.sbatch: job/!H; ${x;p}' "fsdpx-$1.out"; }
+requeue_run
+# Once seen in CI (not reproduced in 6 runs on the development machine): slurmd killed the restarted step with SIGKILL
+# ("STEP N.0 ON fsdpx-n0 CANCELLED AT", tasks "Killed") while fsdpx printed no error. That is
+# Slurm on this one-machine cluster, not fsdpx: such a run is shown with Slurm's logs and tried
+# once more. Any other failure, or a second one, fails the test.
+attempt=$(last_attempt "$job")
+if [[ $state != COMPLETED && $attempt != *$'\n'"fsdpx: "* && $attempt == *"STEP $job.0 ON fsdpx-n"?" CANCELLED AT"* ]]; then
+  slurm_story "$job"
+  say "Slurm killed the restarted step of job $job (state $state) with no error from fsdpx; once more"
+  requeue_run
+fi
+if [[ $state != COMPLETED ]]; then slurm_story "$job" >&2; fail "the requeued job ended $state"; fi
 grep -q "resumed from .*requeued/checkpoints/step-000000" "fsdpx-$job.out" || fail "the requeued job did not resume from a checkpoint"
 [[ $(client 10 scontrol show job "$job") == *"Restarts=1 "* ]] || fail "Slurm does not count the restart"
 [[ $(losses "$work/requeued") == "$(losses "$work/uninterrupted")" ]] ||
