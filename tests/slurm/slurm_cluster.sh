@@ -389,8 +389,12 @@ write_config() {
     done
     node_lines+="PartitionName=debug Nodes=fsdpx-n[0-$((NODES - 1))] Default=YES MaxTime=INFINITE State=UP"
     # A lost node is noticed within 10 s; only jobs submitted with --requeue are requeued then,
-    # and a requeued job may start again 10 s later (cred_expire, 120 s by default).
-    timeouts="SlurmdTimeout=10"$'\n'"JobRequeue=0"
+    # and a requeued job may start again cred_expire (75 s here, 120 s by default) later. Not
+    # less than 60 s: slurmctld resends a kill it could not deliver to a dead node 60 s later
+    # (its agent's retry interval), naming only the job and step ids, so a requeued job that
+    # was already running again on that node would get it (seen once: the restarted step was
+    # SIGKILLed). DebugFlags=Agent logs those retries.
+    timeouts="SlurmdTimeout=10"$'\n'"JobRequeue=0"$'\n'"DebugFlags=Agent"
   else
     ctld_host="$node(127.0.0.1)"
     node_lines="NodeName=$node NodeAddr=127.0.0.1 NodeHostname=$node CPUs=$cpus Sockets=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem_mb State=UNKNOWN"$'\n'
@@ -411,7 +415,7 @@ SlurmdUser=root
 # Our own munged (see start): both authentication and job credentials go through its socket.
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$RUNDIR/munge/munge.socket$(multi && echo ",cred_expire=10")
+AuthInfo=socket=$RUNDIR/munge/munge.socket$(multi && echo ",cred_expire=75")
 
 StateSaveLocation=$RUNDIR/state
 SlurmdSpoolDir=$RUNDIR/spool/%n
