@@ -2,6 +2,7 @@
 // losses, gradient norms, held-out losses, weights and optimizer state at 1, 2, 3 and 4 ranks,
 // with full_shard, shard_grad_op, no_shard and hybrid_shard; the plan counts its gradient
 // exchange to the byte; it trains the same model as the normal mode, to rounding.
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -147,6 +148,34 @@ TEST(Deterministic, DryRunSaysWhatItCosts) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("threads    1 per rank (--deterministic"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("deterministic one sample per forward"), std::string::npos) << r.out;
+}
+
+// Ranks started with and without --deterministic would call different collectives in backward
+// (all-to-all against reduce-scatter); the engine's agreement check stops both at construction.
+TEST(Deterministic, RanksThatDisagreeOnItStopAtOnce) {
+  test::TempDir dir;
+  const std::string port = std::to_string(test::free_port());
+  std::string script = "cd " + dir.path().string() + "\n";
+  for (int r : {0, 1})
+    script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
+              " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " timeout 60 " +
+              (test::bin_dir() / "fsdpx-train").string() + kRun + "--steps 3 --batch-size 4 --collective-timeout 30" +
+              (r == 1 ? " --deterministic" : "") + " --out o" + std::to_string(r) + " > r" + std::to_string(r) +
+              ".out 2> r" + std::to_string(r) + ".err; echo $? > r" + std::to_string(r) + ".code) &\n";
+  script += "wait\n";
+  test::write_file(dir.path() / "run.sh", script);
+  const auto t0 = std::chrono::steady_clock::now();
+  run_command("bash " + (dir.path() / "run.sh").string());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int r : {0, 1}) {
+    const std::string err = test::read_file(dir.path() / ("r" + std::to_string(r) + ".err"));
+    EXPECT_EQ(test::read_file(dir.path() / ("r" + std::to_string(r) + ".code")), "1\n") << err;
+    EXPECT_NE(err.find("the model differs between ranks: the parameter names and shapes, the units, the sharding "
+                       "layout, the overlap settings or the deterministic mode of rank(s) 1 do not match rank 0's"),
+              std::string::npos)
+        << "rank " << r << ": " << err;
+  }
+  EXPECT_LT(secs, 30.0) << "the ranks should stop at construction, not at the collective timeout";
 }
 
 }  // namespace

@@ -316,7 +316,7 @@ TEST(Engine, MismatchedModelsAcrossRanksAreRefused) {
   auto r = test::run_command(worker() + " --nproc-per-node 2 --skew-rank1 --out /dev/null");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("the model differs between ranks: the parameter names and shapes, the units, the sharding "
-                       "layout or the overlap settings of rank(s) 1 do not match rank 0's"),
+                       "layout, the overlap settings or the deterministic mode of rank(s) 1 do not match rank 0's"),
             std::string::npos)
       << r.err;
 }

@@ -124,7 +124,8 @@ class UnitCollector {
 };
 
 // Every rank must have built the same model and run the same collectives: compare a checksum
-// of the layout, the overlap and precision settings, and every parameter's name, shape and unit.
+// of the layout, the overlap, precision and deterministic settings, and every parameter's name,
+// shape and unit.
 void check_ranks_agree(const ShardingEngine::Impl& e) {
   const EngineOptions& o = e.config.options;
   const ShardingLayout& layout = o.layout;
@@ -132,6 +133,7 @@ void check_ranks_agree(const ShardingEngine::Impl& e) {
                                                  std::to_string(layout.replicate_group_size) + "/" +
                                                  std::to_string(layout.reshard_after_forward) + "/" +
                                                  std::to_string(o.overlap) + "/" + std::to_string(o.prefetch) + "/" +
+                                                 std::to_string(o.deterministic) + "/" +
                                                  c10::toString(o.precision.storage) + "/" +
                                                  c10::toString(o.precision.compute) + "/" +
                                                  c10::toString(o.precision.reduce));
@@ -150,8 +152,8 @@ void check_ranks_agree(const ShardingEngine::Impl& e) {
   for (int r = 0; r < n; ++r)
     if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ.push_back(std::to_string(r));
   if (!differ.empty())
-    throw Error("the model differs between ranks: the parameter names and shapes, the units, the sharding layout or "
-                "the overlap settings of rank(s) " + join_names(differ) +
+    throw Error("the model differs between ranks: the parameter names and shapes, the units, the sharding layout, "
+                "the overlap settings or the deterministic mode of rank(s) " + join_names(differ) +
                 " do not match rank 0's; every rank must build the same model with the same options");
 }
 
