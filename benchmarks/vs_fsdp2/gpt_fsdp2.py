@@ -292,6 +292,29 @@ def proc_memory():
     return rss, hwm
 
 
+class AllocatorCount:
+    """fsdpx's counting CPU allocator (framework/runtime/src/memory_accounting.cpp) through ctypes: the
+    bytes LibTorch's CPU allocator hands out, now and at peak, measured as fsdpx-train measures them."""
+
+    def __init__(self, lib_path):
+        import ctypes
+        self.lib = ctypes.CDLL(lib_path, mode=ctypes.RTLD_GLOBAL) if lib_path else None
+        if self.lib:
+            for f in ("fsdpx_cpu_allocated_bytes", "fsdpx_cpu_peak_allocated_bytes"):
+                getattr(self.lib, f).restype = ctypes.c_int64
+            self.lib.fsdpx_install_cpu_memory_accounting()
+
+    def peak(self):
+        return self.lib.fsdpx_cpu_peak_allocated_bytes() if self.lib else -1
+
+    def reset(self):
+        if self.lib:
+            self.lib.fsdpx_reset_cpu_peak_memory()
+
+
+ALLOCATOR = None
+
+
 def reset_peak_rss():
     try:
         with open("/proc/self/clear_refs", "w") as f:
@@ -388,6 +411,8 @@ def parse_args(argv=None):
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     g.add_argument("--out", default="", help="rank 0 writes one JSON line per step here")
     g.add_argument("--quiet", action="store_true", help="no per-step line on stdout")
+    g.add_argument("--fsdpx-lib", default="", help="fsdpx's libfsdpx.so: count CPU memory with its counting allocator "
+                   "(bytes allocated, as fsdpx-train reports them) from the first tensor on")
     a = p.parse_args(argv)
     if a.lr is None:
         a.lr = 1e-2 if a.optimizer == "sgd" else 1e-3
@@ -527,15 +552,17 @@ def train_step(a, run, device, world, step, startup_rss, run_peak):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     run.counter.on = True
+    ALLOCATOR.reset()
     loss_sum, grad_norm = forward_backward(a, run, device)
+    allocated_peak = ALLOCATOR.peak()
     run.counter.on = False
     comm = run.counter.take()
     _, step_peak = proc_memory()
     run_peak = max(run_peak, step_peak)
     rise = step_peak - rss_before if measured else -1
     cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else -1
-    rows = gather_figures([loss_sum, float(rise), float(step_peak), float(run_peak), float(cuda_peak), float(startup_rss)],
-                          world, device)
+    rows = gather_figures([loss_sum, float(rise), float(step_peak), float(run_peak), float(cuda_peak), float(startup_rss),
+                           float(allocated_peak)], world, device)
     loss_world = 0.0
     for r in range(world):  # in rank order, as fsdpx sums
         loss_world += rows[r][0]
@@ -555,13 +582,17 @@ def train_step(a, run, device, world, step, startup_rss, run_peak):
             "startup_rss_bytes": int(max(r[5] for r in rows)), **comm}
     if device.type == "cuda":
         line["cuda_peak_allocated_bytes"] = int(max(r[4] for r in rows))
+    if a.fsdpx_lib:
+        line["step_peak_allocated_bytes"] = int(max(r[6] for r in rows))
     if grad_norm is not None:
         line["grad_norm"] = grad_norm
     return line, run_peak
 
 
 def main(argv=None):
+    global ALLOCATOR
     a = parse_args(argv)
+    ALLOCATOR = AllocatorCount(a.fsdpx_lib)  # before the first tensor of the run
     startup_rss = proc_memory()[0]  # the interpreter and torch, before any process group or model
     device, threads = init_distributed(a)
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -2,6 +2,7 @@
 // options, or an INI file with --config), places the ranks (flags, torchrun, Slurm, or its own
 // launcher with --nproc-per-node), and trains (fsdpx/framework/trainer/trainer.h). --dry-run plans without
 // a process group; --check-comm verifies the runtime; --print-topology shows where a rank sits.
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,6 +18,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/launcher.h"
+#include "fsdpx/framework/runtime/memory_accounting.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
 #include "fsdpx/framework/trainer/trainer.h"
@@ -187,6 +189,8 @@ void choose_kernels(const po::variables_map& vm) {
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  fsdpx::install_cpu_memory_accounting();  // before the first tensor: every CPU byte is counted
+  ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
   const auto desc = options();
   try {
     const fsdpx::LauncherArgs la = fsdpx::split_launcher_args(argc, argv);

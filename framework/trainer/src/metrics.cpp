@@ -8,6 +8,8 @@
 
 #include <ATen/ops/empty.h>
 
+#include "fsdpx/framework/runtime/memory_accounting.h"
+
 namespace fsdpx {
 
 ProcMemory proc_memory() {
@@ -34,8 +36,31 @@ bool reset_peak_rss() {
   return static_cast<bool>(f);
 }
 
+const char* phase_name(StepPhase p) {
+  switch (p) {
+    case StepPhase::Forward: return "forward";
+    case StepPhase::Backward: return "backward";
+    case StepPhase::Optimizer: return "optimizer";
+  }
+  return "step";
+}
+
+void PhasePeaks::begin() {
+  reset_cpu_peak_memory();
+  at_start_ = cpu_memory_stats().allocated;
+  for (auto& p : peaks_) p = 0;
+}
+
+void PhasePeaks::end(StepPhase phase) {
+  int64_t& p = peaks_[static_cast<int>(phase)];
+  p = std::max(p, cpu_memory_stats().peak_allocated);
+  reset_cpu_peak_memory();
+}
+
+int64_t PhasePeaks::step_peak() const { return *std::max_element(std::begin(peaks_), std::end(peaks_)); }
+
 WorldStep gather_step(Communicator& world, const RankStep& mine) {
-  constexpr int64_t kFields = 6;
+  constexpr int64_t kFields = 11;
   const int n = world.size();
   at::Tensor local = at::empty({kFields}, at::kDouble);
   double* f = local.data_ptr<double>();
@@ -45,6 +70,9 @@ WorldStep gather_step(Communicator& world, const RankStep& mine) {
   f[3] = static_cast<double>(mine.rss_rise);
   f[4] = static_cast<double>(mine.step_peak);
   f[5] = static_cast<double>(mine.run_peak);
+  f[6] = static_cast<double>(mine.allocated.step_peak());
+  f[7] = static_cast<double>(mine.allocated_run_peak);
+  for (int k = 0; k < kStepPhases; ++k) f[8 + k] = static_cast<double>(mine.allocated.peak(static_cast<StepPhase>(k)));
   at::Tensor all = at::empty({n * kFields}, at::kDouble);
   world.all_gather(all, local).wait();
   const double* a = all.data_ptr<double>();
@@ -57,6 +85,10 @@ WorldStep gather_step(Communicator& world, const RankStep& mine) {
     rise = std::max(rise, a[r * kFields + 3]);
     peak = std::max(peak, a[r * kFields + 4]);
     w.run_peaks.push_back(static_cast<int64_t>(a[r * kFields + 5]));
+    w.max_allocated_peak = std::max(w.max_allocated_peak, static_cast<int64_t>(a[r * kFields + 6]));
+    w.allocated_run_peaks.push_back(static_cast<int64_t>(a[r * kFields + 7]));
+    for (int k = 0; k < kStepPhases; ++k)
+      w.max_phase_peaks[k] = std::max(w.max_phase_peaks[k], static_cast<int64_t>(a[r * kFields + 8 + k]));
   }
   w.loss = loss / n;
   w.tokens = static_cast<int64_t>(tokens);

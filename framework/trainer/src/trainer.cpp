@@ -25,6 +25,7 @@
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/collective_context.h"
+#include "fsdpx/framework/runtime/memory_accounting.h"
 #include "fsdpx/framework/trainer/checkpoint_state.h"
 #include "fsdpx/framework/trainer/lr_schedule.h"
 #include "fsdpx/framework/trainer/run_directory.h"
@@ -134,6 +135,12 @@ json evaluate_heldout_in_order(ShardingEngine& engine, Evaluable* evaluable, Hel
     has_accuracy = has_accuracy && f[1] >= 0;
   }
   return eval_record(step, sums[0], sums[1], sums[2], has_accuracy);
+}
+
+json phase_peaks(const WorldStep& w) {
+  json j = json::object();
+  for (int k = 0; k < kStepPhases; ++k) j[phase_name(static_cast<StepPhase>(k))] = w.max_phase_peaks[k];
+  return j;
 }
 
 std::string eval_line(const json& e) {
@@ -388,7 +395,9 @@ class Trainer {
     const ProcMemory before = proc_memory();
     run_peak_ = std::max(run_peak_, before.hwm);  // evaluations and saves since the last step
     const bool measured = reset_peak_rss() && before.rss >= 0;
+    allocated_run_peak_ = std::max(allocated_run_peak_, cpu_memory_stats().peak_allocated);  // since the last step
     RankStep mine;
+    mine.allocated.begin();
     const double scale = scaler_ ? scaler_->scale() : 1.0;
     double ordered_loss = 0;
     if (s_.deterministic) ordered_loss = deterministic_passes(mine, scale);
@@ -396,7 +405,9 @@ class Trainer {
       engine_->set_requires_gradient_sync(m == s_.grad_accum - 1);
       Batch b = data_->next();
       at::Tensor loss = engine_->forward([&] { return model_->loss(b) / static_cast<double>(s_.grad_accum); });
+      mine.allocated.end(StepPhase::Forward);
       engine_->backward(scaler_ ? loss * scale : loss);
+      mine.allocated.end(StepPhase::Backward);
       mine.loss_sum += loss.item<double>();
       mine.tokens += b.tokens;
       mine.samples += b.samples;
@@ -406,6 +417,10 @@ class Trainer {
       grad_norm_ = s_.clip_grad_norm > 0 ? engine_->clip_grad_norm(s_.clip_grad_norm) : -1;
       opt_->step(lr_);
     }
+    engine_->release_gradients();  // their bytes are free until the next reduction
+    mine.allocated.end(StepPhase::Optimizer);
+    allocated_run_peak_ = std::max(allocated_run_peak_, mine.allocated.step_peak());
+    mine.allocated_run_peak = allocated_run_peak_;
     const CommTotals comm_after = counters_.totals();
     for (size_t k = 0; k < step_comm_.size(); ++k) step_comm_[k] = comm_after[k] - comm_before[k];
     mine.step_peak = proc_memory().hwm;
@@ -415,9 +430,9 @@ class Trainer {
     WorldStep w = gather_step(*groups_->world(), mine);
     if (s_.deterministic) w.loss = ordered_loss;
     max_step_rise_ = std::max(max_step_rise_, w.max_rss_rise);
-    if (s_.max_memory_mib > 0 && w.max_step_peak > s_.max_memory_mib * (int64_t{1} << 20))
-      throw Error("step " + std::to_string(step + 1) + " reached a peak RSS of " + std::to_string(w.max_step_peak >> 20) +
-                  " MiB on a rank, over --max-memory-mib " + std::to_string(s_.max_memory_mib) +
+    if (s_.max_memory_mib > 0 && w.max_allocated_peak > s_.max_memory_mib * (int64_t{1} << 20))
+      throw Error("step " + std::to_string(step + 1) + " reached a peak of " + std::to_string(w.max_allocated_peak >> 20) +
+                  " MiB allocated on a rank (the plan's measure), over --max-memory-mib " + std::to_string(s_.max_memory_mib) +
                   "; lower --batch-size, or recompute activations (--activation-checkpointing)");
     if (!std::isfinite(w.loss))
       throw Error("the loss is " + std::to_string(w.loss) + " at step " + std::to_string(step + 1) +
@@ -450,7 +465,9 @@ class Trainer {
         const int64_t i = j * world_ + rank_;
         Batch one{b.inputs.narrow(0, i, 1), b.targets.narrow(0, i, 1), 1, b.tokens / b.samples};
         at::Tensor loss = engine_->forward([&] { return model_->loss(one) * weight; });
+        mine.allocated.end(StepPhase::Forward);
         engine_->backward(scaler_ ? loss * scale : loss);
+        mine.allocated.end(StepPhase::Backward);
         l[m * per_rank + j] = loss.item<double>();  // the step's loss is their ordered sum, below
         mine.tokens += one.tokens;
         mine.samples += 1;
@@ -481,12 +498,12 @@ class Trainer {
     p.eta = seconds_since(train_start_) / static_cast<double>(done - start_step_) * static_cast<double>(s_.steps - done);
     if (!log_now) {
       if (!writer()) return;
-      p.peak_mem = run_peak_;
+      p.peak_mem = allocated_run_peak_;
       out_->update(p, false);
       return;
     }
     on_rank_zero(world(), [&] {
-      p.peak_mem = *std::max_element(w.run_peaks.begin(), w.run_peaks.end());
+      p.peak_mem = *std::max_element(w.allocated_run_peaks.begin(), w.allocated_run_peaks.end());
       run_dir_.append_metrics(metrics_line(done, w, elapsed, p.step_time).dump());
       out_->update(p, true);
     });
@@ -504,8 +521,11 @@ class Trainer {
            {"tokens_per_s", static_cast<double>(interval_.tokens) / secs},
            {"samples_per_s", static_cast<double>(interval_.samples) / secs},
            {"step_time_s", step_time},
-           {"peak_memory_bytes", w.run_peaks},
-           {"memory_kind", "rss"},
+           {"peak_memory_bytes", w.allocated_run_peaks},
+           {"memory_kind", "allocated"},
+           {"step_peak_allocated_bytes", w.max_allocated_peak},
+           {"phase_peak_allocated_bytes", phase_peaks(w)},
+           {"peak_rss_bytes", w.run_peaks},
            {"step_rss_rise_bytes", w.max_rss_rise},
            {"allgather_bytes", (now[0] - c0[0]) / interval_.steps},
            {"reduce_scatter_bytes", (now[1] - c0[1]) / interval_.steps},
@@ -633,19 +653,22 @@ class Trainer {
       if (p.param.requires_grad())
         for (const auto& [key, t] : opt_->state(p.name))
           if (t.dim() > 0) optimizer_bytes += t.numel() * t.element_size();
-    at::Tensor mine = at::full({4}, 0, at::kLong);
+    constexpr int kFields = 5;
+    at::Tensor mine = at::full({kFields}, 0, at::kLong);
     mine[0] = mem.param_bytes;
     mine[1] = mem.grad_bytes;
     mine[2] = optimizer_bytes;
     mine[3] = std::max(run_peak_, proc_memory().hwm);
-    at::Tensor all = at::empty({4 * world_}, at::kLong);
+    mine[4] = allocated_run_peak_;
+    at::Tensor all = at::empty({kFields * world_}, at::kLong);
     groups_->world()->all_gather(all, mine).wait();
     json ranks = json::array();
     for (int r = 0; r < world_; ++r)
-      ranks.push_back({{"param_bytes", all[4 * r].item<int64_t>()},
-                       {"grad_bytes", all[4 * r + 1].item<int64_t>()},
-                       {"optimizer_bytes", all[4 * r + 2].item<int64_t>()},
-                       {"peak_rss_bytes", all[4 * r + 3].item<int64_t>()}});
+      ranks.push_back({{"param_bytes", all[kFields * r].item<int64_t>()},
+                       {"grad_bytes", all[kFields * r + 1].item<int64_t>()},
+                       {"optimizer_bytes", all[kFields * r + 2].item<int64_t>()},
+                       {"peak_rss_bytes", all[kFields * r + 3].item<int64_t>()},
+                       {"peak_allocated_bytes", all[kFields * r + 4].item<int64_t>()}});
     return ranks;
   }
 
@@ -690,6 +713,7 @@ class Trainer {
   double lr_ = 0, grad_norm_ = -1;
   double first_loss_ = std::nan(""), last_loss_ = std::nan("");
   int64_t run_peak_ = 0, max_step_rise_ = 0;
+  int64_t allocated_run_peak_ = 0;  // the allocated peak of this rank so far (memory_accounting.h)
   CommTotals step_comm_{};
   json last_eval_;
   std::string last_checkpoint_;

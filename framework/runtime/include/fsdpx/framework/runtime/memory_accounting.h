@@ -1,0 +1,53 @@
+// Exact memory accounting: what LibTorch's allocators hand out, now and at peak.
+//
+// On the CPU, RSS depends on glibc's caching and on the sanitizers; what a run holds is better
+// measured at the allocator. install_cpu_memory_accounting() makes a counting allocator
+// LibTorch's CPU allocator; every CPU tensor allocated after that is counted until it is freed.
+// The figures use the fields of CUDA's caching-allocator statistics (allocated and reserved,
+// current and peak), so that a device reports in the same terms.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
+
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+// Bytes of one allocator. On the CPU nothing is cached: reserved equals allocated.
+struct MemoryStats {
+  int64_t allocated = 0, peak_allocated = 0;
+  int64_t reserved = 0, peak_reserved = 0;
+};
+
+// Makes the counting allocator LibTorch's CPU allocator (c10::SetCPUAllocator). Idempotent and
+// thread-safe. Call it before the first tensor: tensors allocated earlier are not counted (and
+// freeing them does not disturb the count).
+FSDPX_API void install_cpu_memory_accounting();
+// Whether install_cpu_memory_accounting() has run in this process.
+FSDPX_API bool cpu_memory_accounting_installed();
+// The CPU allocator's figures since installation (all zero when not installed).
+FSDPX_API MemoryStats cpu_memory_stats();
+// Restarts the peaks from the current figures, so that the peak of a phase can be read after it.
+FSDPX_API void reset_cpu_peak_memory();
+
+// Resizes `storage` to `bytes` in place (0 frees its bytes; the storage object and every tensor
+// over it stay). For buffers whose bytes must go at a known point whoever else still holds them,
+// e.g. a finished collective's bookkeeping: memory is freed by protocol, not by reference counts.
+FSDPX_API void resize_storage_bytes(const c10::Storage& storage, size_t bytes);
+// Frees `t`'s bytes now (resize_storage_bytes(t.storage(), 0)) and drops `t`; a no-op when undefined.
+FSDPX_API void free_now(at::Tensor& t);
+
+// The memory this node can give processes, in bytes: MemAvailable from /proc/meminfo, or less
+// when this process's memory cgroup (v1 or v2) has a lower limit (its limit minus its usage).
+// `source` says which bound applied. -1 when neither can be read.
+struct AvailableMemory {
+  int64_t bytes = -1;
+  std::string source;  // "MemAvailable" or "cgroup <path> limit"
+};
+FSDPX_API AvailableMemory available_memory();
+
+}  // namespace fsdpx
