@@ -187,7 +187,13 @@ void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& sel
   collector.check_complete();
   check_ranks_agree(e);
 
-  for (auto& u : e.units) u->group.materialise(*e.model, u->fqn);
+  for (auto& u : e.units) {
+    u->group.materialise(*e.model, u->fqn);
+    int64_t trainable = 0;
+    for (const ShardedParam& p : u->group.params)
+      if (p.param.requires_grad()) trainable += numel_of(p.shape);
+    u->progress_elements = (trainable + 1) / 2;
+  }
   cast_buffers(*root, e.config.options.precision);
   // The plan, in the form wrap policies print it.
   std::vector<UnitSelection> sel;

@@ -14,7 +14,8 @@ namespace fsdpx {
 class InstalledHooks {
  public:
   // Installs every non-root unit of `units`, all or none (fsdpx::Error when a module already
-  // has hooks: it is a unit of another live engine).
+  // has hooks: it is a unit of another live engine), and a gradient hook on each trainable
+  // parameter of every unit.
   explicit InstalledHooks(const std::vector<std::unique_ptr<Unit>>& units);
   ~InstalledHooks();
   InstalledHooks(const InstalledHooks&) = delete;
@@ -23,6 +24,8 @@ class InstalledHooks {
  private:
   std::vector<const torch::nn::Module*> modules_;
   std::vector<UnitHooks*> hooks_;
+  // Each trainable parameter's gradient hook (Unit::on_parameter_gradient), by index.
+  std::vector<std::pair<at::Tensor, unsigned>> gradient_hooks_;
 };
 
 struct ShardingEngine::Impl {
@@ -43,9 +46,19 @@ struct ShardingEngine::Impl {
   bool in_backward = false;        // a backward of `generation` has started and not finished
   bool awaiting_backward = false;  // the last forward's output needs a backward
   std::vector<Unit*> forward_order, last_forward_order;
+  // FSDP2's bound on transient memory: at most one unit's reduction in flight, and (hybrid) one
+  // all-reduce across replicas. The next unit's reduction waits for the previous one first.
+  ParamGroup* reducing = nullptr;
+  ParamGroup* replicating = nullptr;
 
   // Issues the gathers of the next `prefetch` units after `u` in `order` that still need one.
   void prefetch_after(Unit* u, const std::vector<Unit*>& order);
+  // Issues `g`'s reduction after waiting for the one in flight (which overlapped the backward
+  // compute of `g`'s unit) and freeing its buffers.
+  void reduce(ParamGroup& g);
+  // Waits for the reduction in flight, if any; hybrid: then issues its all-reduce across
+  // replicas after waiting for the previous one.
+  void finish_in_flight_reduce();
   // The end of a backward: units whose post-backward did not fire finished, reductions waited.
   void finish_backward();
   // Brings every unit back to rest after a forward without backward or a failed backward:

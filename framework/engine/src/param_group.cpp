@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/framework/runtime/collective_context.h"
+#include "fsdpx/framework/runtime/memory_accounting.h"
 #include "unit_collectives.h"
 
 namespace fsdpx {
@@ -52,7 +53,7 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
   const PrecisionSpec& prec = precision;
   const auto opts = at::TensorOptions().dtype(at::kFloat);
   flat_shard = at::zeros({total}, opts.dtype(prec.storage));
-  flat_grad = at::zeros({total}, opts.dtype(prec.gradient));
+  flat_grad = at::empty({0}, opts.dtype(prec.gradient)).resize_({total});  // no bytes until hold_gradients
   if (separate()) {
     unsharded = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * total) * c10::elementSize(prec.compute),
                              c10::GetAllocator(at::kCPU), /*resizable=*/true);
@@ -64,12 +65,9 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
     {
       at::NoGradGuard no_grad;
       p.shard = tensor_over(flat_shard.storage(), p.offset, shard_shape, prec.storage);
-      // A frozen parameter stays frozen (no gradient view); a trainable one sees its slice of
-      // the unit's flat gradient (zeros where no rank produced a gradient).
-      if (p.param.requires_grad()) {
-        p.shard.requires_grad_(true);
-        p.shard.mutable_grad() = tensor_over(flat_grad.storage(), p.offset, shard_shape, prec.gradient);
-      }
+      // A frozen parameter stays frozen; a trainable one sees its slice of the unit's flat
+      // gradient while gradients are held (hold_gradients).
+      if (p.param.requires_grad()) p.shard.requires_grad_(true);
       p.init_shard(model, at::make_generator<at::CPUGeneratorImpl>(parameter_seed(config->options.seed, p.name)),
                    config->shard_rank);
     }
@@ -117,8 +115,9 @@ void ParamGroup::unshard() {
     }
     resize_storage(unsharded, static_cast<size_t>(s * total) * unsharded_flat.element_size());
     copy_out_gathered(unsharded_flat, src, params, s);
-    gather_out = at::Tensor();
-    gather_in = at::Tensor();
+    src = at::Tensor();
+    free_now(gather_out);  // now, not when the collective's bookkeeping lets it go
+    gather_in = at::Tensor();  // the shard itself, or its cast
     for (const ShardedParam& p : params) p.attach();
   }
   state = State::Unsharded;
@@ -129,6 +128,22 @@ void ParamGroup::reshard() {
   resize_storage(unsharded, 0);
   for (const ShardedParam& p : params) p.release();
   state = State::Sharded;
+}
+
+void ParamGroup::hold_gradients(bool zero) {
+  if (grads_held) return;
+  at::NoGradGuard no_grad;
+  resize_storage(flat_grad.storage(), static_cast<size_t>(total) * flat_grad.element_size());
+  if (zero) flat_grad.zero_();
+  for (ShardedParam& p : params)
+    if (p.param.requires_grad()) p.shard.mutable_grad() = tensor_over(flat_grad.storage(), p.offset, p.shard.sizes(), flat_grad.scalar_type());
+  grads_held = true;
+}
+
+void ParamGroup::release_gradients() {
+  for (ShardedParam& p : params) p.shard.mutable_grad() = at::Tensor();
+  resize_storage(flat_grad.storage(), 0);
+  grads_held = false;
 }
 
 void ParamGroup::reduce_grads() {
@@ -142,6 +157,7 @@ void ParamGroup::reduce_grads() {
     // are runs of consecutive ranks: checked at construction). Unsharded, every rank needs all
     // of it: an all-gather, which sends as much without W copies to send from.
     const int64_t W = comms.world->size(), S = config->shard_size;
+    hold_gradients(/*zero=*/true);  // finish_reduce adds every sample's contributions
     reduce_out = at::empty({W * total}, reduce_in.options());
     if (S == 1) {
       reduce_work = comms.world->all_gather(reduce_out, reduce_in);
@@ -151,11 +167,13 @@ void ParamGroup::reduce_grads() {
     }
   } else if (sharded_layout()) {
     // Straight into the gradient shard when the dtypes agree; else through a reduce-dtype buffer.
+    hold_gradients(/*zero=*/false);
     reduce_out = reduce_in.scalar_type() == flat_grad.scalar_type() ? flat_grad : at::empty({total}, reduce_in.options());
     reduce_work = comms.shard->reduce_scatter(reduce_out, reduce_in, ReduceOp::Avg);
   } else {
+    hold_gradients(/*zero=*/false);
     flat_grad.copy_(reduce_in);
-    reduce_in = at::Tensor();
+    free_now(reduce_in);
     if (comms.replicate) reduce_work = comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
   }
   reduced = true;
@@ -163,26 +181,31 @@ void ParamGroup::reduce_grads() {
 
 void ParamGroup::finish_reduce() {
   if (!reduced) return;
+  reduced = false;
   reduce_work.wait();
-  reduce_in = at::Tensor();
+  reduce_work = Work();
+  free_now(reduce_in);  // packed by reduce_grads: ours alone
   if (config->options.deterministic) {
     add_in_rank_order();
-    reduced = false;
     return;
   }
   if (reduce_out.defined() && !reduce_out.is_same(flat_grad)) {
     at::NoGradGuard no_grad;
     flat_grad.copy_(reduce_out);
+    free_now(reduce_out);
   }
   reduce_out = at::Tensor();
-  // Hybrid: the shard's gradients across the replicas, asynchronously, so that this unit's
-  // all-reduce overlaps the next units' reduce-scatters (finish_replicate waits).
-  if (sharded_layout() && config->comms.replicate) {
-    CollectiveUnit scope(label);
-    replicate_work = config->comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
-    replicating = true;
-  }
-  reduced = false;
+}
+
+bool ParamGroup::needs_replicate() const {
+  // Deterministic mode exchanged with every world rank already.
+  return sharded_layout() && config->comms.replicate != nullptr && !config->options.deterministic;
+}
+
+void ParamGroup::start_replicate() {
+  CollectiveUnit scope(label);
+  replicate_work = config->comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
+  replicating = true;
 }
 
 // Deterministic mode: world rank r computed global sample (j * W + r) of this round, so adding
@@ -193,7 +216,8 @@ void ParamGroup::add_in_rank_order() {
   const int64_t W = config->comms.world->size();
   at::Tensor all = reduce_out.view({W, total});
   for (int64_t r = 0; r < W; ++r) flat_grad.add_(all[r]);
-  reduce_out = at::Tensor();
+  all = at::Tensor();
+  free_now(reduce_out);
 }
 
 void ParamGroup::finish_replicate() {

@@ -32,6 +32,7 @@ struct ParamGroup {
   Work reduce_work;
   Work replicate_work;  // hybrid: the all-reduce across replicas, in flight after finish_reduce
   bool reduced = false, replicating = false;
+  bool grads_held = false;  // flat_grad has its bytes and the shards their gradient views
   at::Tensor reduce_in, reduce_out;
 
   bool sharded_layout() const { return config->shard_size > 1; }
@@ -51,11 +52,22 @@ struct ParamGroup {
   void unshard();
   // Frees the unsharded storage; -> Sharded.
   void reshard();
+  // Gradient shards are held from a step's first reduction until release_gradients (FSDP2's
+  // zero_grad(set_to_none=True)): between, flat_grad has no bytes and the shards no gradient.
+  // hold_gradients gives flat_grad its bytes (zeroed when `zero`) and each trainable shard its
+  // gradient view; a no-op while held.
+  void hold_gradients(bool zero);
+  void release_gradients();
   // Packs the parameters' unsharded gradients (then drops them) and issues the reduce-scatter
   // (or, unsharded, the all-reduce across replicas) into flat_grad; async.
   void reduce_grads();
-  // Waits for reduce_grads' collective; hybrid: issues the all-reduce across replicas (async).
+  // Waits for reduce_grads' collective and frees everything it used (the packed gradients, the
+  // collective's buffers); flat_grad then holds this rank's reduced shard. A no-op if none.
   void finish_reduce();
+  // Hybrid: whether the reduced shard still needs the average across replicas, which
+  // start_replicate issues (async, in place on flat_grad) and finish_replicate waits for.
+  bool needs_replicate() const;
+  void start_replicate();
   void finish_replicate();
   // EngineOptions::deterministic: flat_grad += each world rank's rows, in rank order.
   void add_in_rank_order();

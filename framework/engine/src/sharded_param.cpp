@@ -2,9 +2,10 @@
 
 #include <algorithm>
 
-#include <ATen/native/Resize.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/grad_mode.h>
+
+#include "fsdpx/framework/runtime/memory_accounting.h"
 
 namespace fsdpx {
 
@@ -39,9 +40,7 @@ void ShardedParam::release() const {
   param.unsafeGetTensorImpl()->release_storage_and_set_meta_custom_data_ptr_error_msg_(sharded_message);
 }
 
-void resize_storage(const c10::Storage& storage, size_t bytes) {
-  at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), bytes);
-}
+void resize_storage(const c10::Storage& storage, size_t bytes) { resize_storage_bytes(storage, bytes); }
 
 at::Tensor tensor_over(const c10::Storage& storage, int64_t offset, at::IntArrayRef sizes, at::ScalarType dtype) {
   at::NoGradGuard no_grad;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <utility>
 #include <cmath>
 #include <mutex>
 #include <unordered_map>
@@ -71,9 +72,21 @@ InstalledHooks::InstalledHooks(const std::vector<std::unique_ptr<Unit>>& units) 
       names.push_back(u->fqn);
     }
   install_unit_hooks(modules_, hooks_, names);
+  for (const auto& u : units)
+    for (const ShardedParam& p : u->group.params) {
+      if (!p.param.requires_grad()) continue;
+      // By id, not pointer: a graph may outlive the engine (its hooks are removed with it).
+      const unsigned idx = p.param.register_hook([engine = u->engine->id, index = u->index, name = u->fqn](const at::Tensor& g) {
+        if (live_engine(engine)) live_unit(engine, index, name).on_parameter_gradient(g.numel());
+      });
+      gradient_hooks_.emplace_back(p.param, idx);
+    }
 }
 
-InstalledHooks::~InstalledHooks() { remove_unit_hooks(modules_, hooks_); }
+InstalledHooks::~InstalledHooks() {
+  for (auto& [param, idx] : gradient_hooks_) param.remove_hook(idx);
+  remove_unit_hooks(modules_, hooks_);
+}
 
 // ---- The engine's state ------------------------------------------------------------------------
 
@@ -82,7 +95,7 @@ void ShardingEngine::Impl::prefetch_after(Unit* u, const std::vector<Unit*>& ord
   if (it == order.end()) return;
   int issued = 0;
   for (++it; it != order.end() && issued < config.options.prefetch; ++it) {
-    if ((*it)->post_backward_done) continue;  // already through its backward
+    if ((*it)->stage == Unit::BackwardStage::Done) continue;  // already through its backward
     if ((*it)->group.state == ParamGroup::State::Sharded) (*it)->group.start_gather();
     ++issued;
   }
@@ -99,15 +112,29 @@ void ShardingEngine::Impl::check_generation(uint64_t gen, const std::string& uni
                 "once per forward; run forward again");
 }
 
+void ShardingEngine::Impl::reduce(ParamGroup& g) {
+  finish_in_flight_reduce();
+  g.reduce_grads();
+  reducing = &g;
+}
+
+void ShardingEngine::Impl::finish_in_flight_reduce() {
+  if (!reducing) return;
+  ParamGroup& g = *std::exchange(reducing, nullptr);
+  g.finish_reduce();
+  if (!g.needs_replicate()) return;
+  if (replicating) std::exchange(replicating, nullptr)->finish_replicate();
+  g.start_replicate();
+  replicating = &g;
+}
+
 void ShardingEngine::Impl::finish_backward() {
   CollectivePhase phase("backward");
   // Units whose post-backward did not fire (inputs that need no gradient, such as token ids,
   // and the root), latest first.
   for (auto it = units.rbegin(); it != units.rend(); ++it) (*it)->post_backward();
-  if (sync) {
-    for (auto& u : units) u->group.finish_reduce();
-    for (auto& u : units) u->group.finish_replicate();
-  }
+  finish_in_flight_reduce();
+  if (replicating) std::exchange(replicating, nullptr)->finish_replicate();
   abort_step(/*drop_grads=*/false);  // gathers prefetched for units whose backward never came
   finished_generation = generation;
   in_backward = false;
@@ -115,6 +142,7 @@ void ShardingEngine::Impl::finish_backward() {
 }
 
 void ShardingEngine::Impl::abort_step(bool drop_grads) {
+  reducing = replicating = nullptr;  // each group waits for and drops its own below
   for (auto& u : units) {
     u->drop_recompute();  // a forward whose backward never came: let its graph go
     u->group.abandon(drop_grads);
@@ -189,12 +217,33 @@ void ShardingEngine::backward(const at::Tensor& loss) {
 
 void ShardingEngine::set_requires_gradient_sync(bool sync) { impl_->sync = sync; }
 
+void ShardingEngine::release_gradients() {
+  for (auto& u : impl_->units) u->group.release_gradients();
+}
+
 void ShardingEngine::zero_grad() {
   at::NoGradGuard no_grad;
-  for (auto& u : impl_->units) u->group.flat_grad.zero_();
+  for (auto& u : impl_->units) {
+    u->group.hold_gradients(/*zero=*/false);
+    u->group.flat_grad.zero_();
+  }
 }
 
 namespace {
+
+// Squares are taken in double a chunk at a time, so that the norm needs no double copy of a
+// whole gradient shard (at 1b width the root's would be 0.5 GiB per rank).
+constexpr int64_t kNormChunk = int64_t{1} << 20;
+
+// Calls f(chunk) for consecutive pieces of at most kNormChunk elements of every gradient, in
+// double.
+template <class F>
+void for_each_chunk_in_double(const std::vector<at::Tensor>& grads, F f) {
+  for (const auto& g : grads)
+    for (int64_t at = 0; at < g.numel(); at += kNormChunk)
+      f(g.narrow(0, at, std::min(kNormChunk, g.numel() - at)).to(at::kDouble, /*non_blocking=*/false, /*copy=*/true));
+}
+
 // The squared norm of the gradient shards summed over the shard group in any order and split,
 // with the same bits: each element's square (exact in double) is truncated to a multiple of
 // 2^(e - 30), where 2^e bounds the largest square over the group, and the multiples are summed
@@ -202,8 +251,7 @@ namespace {
 // largest square of the exact sum.
 double fixed_point_squared_norm(const std::vector<at::Tensor>& grads, Communicator* shard_group) {
   at::Tensor peak = at::zeros({1}, at::kDouble);
-  for (const auto& g : grads)
-    if (g.numel() > 0) peak = peak.maximum(g.to(at::kDouble).pow(2).max().reshape({1}));
+  for_each_chunk_in_double(grads, [&](const at::Tensor& c) { peak = peak.maximum(c.pow(2).max().reshape({1})); });
   if (shard_group) shard_group->all_reduce(peak, ReduceOp::Max).wait();
   const double top = peak.item<double>();
   if (!(top > 0) || !std::isfinite(top)) return top;  // all zero, or inf/NaN: nothing to sum exactly
@@ -212,8 +260,7 @@ double fixed_point_squared_norm(const std::vector<at::Tensor>& grads, Communicat
   // 2^(30 - e) in two factors: one would overflow a double for squares below 2^-993.
   const double half = std::ldexp(1.0, (30 - e) / 2), rest = std::ldexp(1.0, 30 - e - (30 - e) / 2);
   at::Tensor sum = at::zeros({1}, at::kLong);
-  for (const auto& g : grads)
-    if (g.numel() > 0) sum += g.to(at::kDouble).pow(2).mul(half).mul(rest).floor().to(at::kLong).sum();
+  for_each_chunk_in_double(grads, [&](const at::Tensor& c) { sum += c.pow_(2).mul_(half).mul_(rest).floor_().to(at::kLong).sum(); });
   if (shard_group) shard_group->all_reduce(sum, ReduceOp::Sum).wait();
   return std::ldexp(static_cast<double>(sum.item<int64_t>()), e - 30);
 }
@@ -222,19 +269,19 @@ double fixed_point_squared_norm(const std::vector<at::Tensor>& grads, Communicat
 double ShardingEngine::clip_grad_norm(double max_norm) {
   Impl& e = *impl_;
   at::Tensor sq = at::zeros({1}, at::kDouble);
+  std::vector<at::Tensor> grads;
+  for (auto& u : e.units) grads.push_back(u->group.flat_grad);
   if (e.config.options.deterministic) {
-    std::vector<at::Tensor> grads;
-    for (auto& u : e.units) grads.push_back(u->group.flat_grad);
     sq.fill_(fixed_point_squared_norm(grads, e.config.comms.shard.get()));
   } else {
-    for (auto& u : e.units) sq += u->group.flat_grad.to(at::kDouble).pow(2).sum();
+    for_each_chunk_in_double(grads, [&](const at::Tensor& c) { sq += c.pow_(2).sum(); });
     if (e.config.comms.shard) e.config.comms.shard->all_reduce(sq, ReduceOp::Sum).wait();
   }
   const double norm = std::sqrt(sq.item<double>());
   const double scale = max_norm / (norm + 1e-6);
   if (scale < 1.0) {
     at::NoGradGuard no_grad;
-    for (auto& u : e.units) u->group.flat_grad.mul_(scale);
+    for (auto& g : grads) g.mul_(scale);
   }
   return norm;
 }
@@ -279,7 +326,7 @@ MemoryReport ShardingEngine::memory() const {
   for (auto& u : impl_->units) {
     const ParamGroup& g = u->group;
     m.param_bytes += static_cast<int64_t>(g.flat_shard.storage().nbytes());
-    m.grad_bytes += static_cast<int64_t>(g.flat_grad.storage().nbytes());
+    m.grad_bytes += g.flat_grad.numel() * static_cast<int64_t>(g.flat_grad.element_size());  // while held
     if (g.separate()) m.unsharded_bytes += static_cast<int64_t>(g.unsharded.nbytes());
   }
   return m;

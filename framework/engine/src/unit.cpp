@@ -119,8 +119,8 @@ at::Tensor Unit::post_forward(at::Tensor output) {
 void Unit::pre_backward(uint64_t gen) {
   CollectivePhase phase("backward");  // autograd may run this on a thread of its own
   engine->check_generation(gen, fqn);
-  if (pre_backward_done) return;
-  pre_backward_done = true;
+  if (stage != BackwardStage::Waiting) return;
+  stage = BackwardStage::Computing;
   if (!engine->in_backward) {
     engine->in_backward = true;
     torch::autograd::Engine::get_default_engine().queue_callback([id = engine->id, gen] {
@@ -129,6 +129,20 @@ void Unit::pre_backward(uint64_t gen) {
     });
   }
   group.unshard();
+  if (progress_elements == 0) progress();  // no gradient will come to count
+}
+
+void Unit::on_parameter_gradient(int64_t elements) {
+  if (stage != BackwardStage::Computing) return;
+  grad_elements_seen += elements;
+  if (grad_elements_seen >= progress_elements) progress();
+}
+
+void Unit::progress() {
+  if (stage != BackwardStage::Computing) return;
+  stage = BackwardStage::Progressed;
+  CollectivePhase phase("backward");
+  engine->finish_in_flight_reduce();
   if (engine->config.options.overlap) {
     std::vector<Unit*> reverse(engine->last_forward_order.rbegin(), engine->last_forward_order.rend());
     engine->prefetch_after(this, reverse);
@@ -142,16 +156,18 @@ void Unit::post_backward(uint64_t gen) {
 
 void Unit::post_backward() {
   CollectivePhase phase("backward");
-  if (post_backward_done) return;
-  post_backward_done = true;
-  if (engine->sync) group.reduce_grads();
-  group.reshard();
+  if (stage == BackwardStage::Done) return;
+  if (stage == BackwardStage::Computing) progress();  // the same collectives, in the same order, on every rank
+  stage = BackwardStage::Done;
+  group.reshard();  // first, as FSDP2 does: the gathered parameters are not needed any more
+  if (engine->sync) engine->reduce(group);
 }
 
 void Unit::begin_step() {
   drop_recompute();
   forward_calls = 0;
-  pre_backward_done = post_backward_done = false;
+  stage = BackwardStage::Waiting;
+  grad_elements_seen = 0;
 }
 
 std::vector<at::Tensor> Unit::arguments(const std::vector<at::Tensor>& defined) const {

@@ -6,8 +6,14 @@
 //   run           the forward, or (activation checkpointing) the Recompute function
 //   post_forward  reshard (if the layout says so), cast the root's output, hook the output's
 //                 gradient to run pre_backward
-//   pre_backward  unshard again, prefetch the previous units
-//   post_backward reduce the gradients (when syncing), reshard
+//   pre_backward  unshard again
+//   progress      once half of the unit's gradient bytes have arrived (a hook on each of its
+//                 parameters counts them): wait for the previous unit's reduction, which
+//                 overlapped the first half of this unit's backward, then prefetch the next
+//                 units, which overlap the second half. A reduction in flight and a prefetched
+//                 unit never coexist: the backward's working set is the same at every depth.
+//   post_backward progress if the hooks did not; reshard, then issue this unit's reduction
+//                 (when syncing)
 #pragma once
 
 #include <functional>
@@ -40,7 +46,10 @@ struct Unit final : UnitHooks {
   at::Tensor recompute_rng;              // the CPU generator's state when the forward ran
 
   int forward_calls = 0;
-  bool pre_backward_done = false, post_backward_done = false;
+  // Where the unit is in this step's backward.
+  enum class BackwardStage { Waiting, Computing, Progressed, Done } stage = BackwardStage::Waiting;
+  int64_t grad_elements_seen = 0;  // this backward's parameter gradients so far (their hooks)
+  int64_t progress_elements = 0;   // progress once this many have arrived: half the unit's
 
   std::vector<at::Tensor> pre_forward(std::vector<at::Tensor> inputs) override;
   at::Tensor post_forward(at::Tensor output) override;
@@ -49,6 +58,9 @@ struct Unit final : UnitHooks {
   bool recomputes() const override;
 
   void pre_backward(uint64_t generation);
+  // A gradient of `elements` for one of the unit's parameters was computed.
+  void on_parameter_gradient(int64_t elements);
+  void progress();
   void post_backward(uint64_t generation);  // checks the generation first
   void post_backward();
   // A new forward: the step's flags and recompute state cleared.

@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "diagnostics.h"
+#include "fsdpx/framework/runtime/memory_accounting.h"
 
 namespace fsdpx {
 namespace {
@@ -18,7 +19,9 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
   return op == ReduceOp::Max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
-// output := op over the n slices of `received` (rank order), summed in fp32 or wider.
+// output := op over the n slices of `received` (rank order), summed in fp32 or wider: straight
+// into `output` when it has the accumulation dtype (the same additions in the same order, so the
+// same bits, without a temporary of its size).
 void reduce_slices(const at::Tensor& received, at::Tensor& output, ReduceOp op, int64_t n) {
   at::NoGradGuard no_grad;
   at::Tensor slices = received.view({n, output.numel()});
@@ -27,10 +30,12 @@ void reduce_slices(const at::Tensor& received, at::Tensor& output, ReduceOp op, 
     return;
   }
   const auto acc_type = slices.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor sum = slices[0].to(acc_type, /*non_blocking=*/false, /*copy=*/true);
+  const bool in_place = output.scalar_type() == acc_type;
+  at::Tensor sum = in_place ? output.view({-1}) : at::empty({output.numel()}, output.options().dtype(acc_type));
+  sum.copy_(slices[0]);
   for (int64_t r = 1; r < n; ++r) sum.add_(slices[r]);
   if (op == ReduceOp::Avg) sum.div_(n);
-  output.copy_(sum.view_as(output));
+  if (!in_place) output.copy_(sum.view_as(output));
 }
 
 }  // namespace
@@ -53,7 +58,28 @@ Work BackendCommunicator::all_gather(at::Tensor output, at::Tensor input) {
   check_pair("all_gather", output, input, output.numel() == input.numel() * size(),
              "output must have size() x input's elements");
   const uint64_t id = begin("all_gather", input.scalar_type(), input.numel(), input.device());
-  return issue("all_gather", id, [&] { return backend_->_allgather_base(output, input); });
+  if (gloo_) return all_gather_by_broadcasts(id, output, input);
+  return issue("all_gather", id, [&] { return C10dWorks{backend_->_allgather_base(output, input)}; });
+}
+
+Work BackendCommunicator::all_gather_by_broadcasts(uint64_t id, at::Tensor output, at::Tensor input) {
+  const int64_t n = input.numel();
+  at::Tensor slots = output.view({size(), n});
+  {
+    at::NoGradGuard no_grad;
+    slots[rank()].copy_(input.view({n}));
+  }
+  c10d::BroadcastOptions opts;
+  opts.timeout = timeout_;
+  return issue("all_gather", id, [&] {
+    C10dWorks works;
+    for (int r = 0; r < size(); ++r) {
+      std::vector<at::Tensor> slot{slots[r]};
+      opts.rootRank = r;
+      works.push_back(backend_->broadcast(slot, opts));
+    }
+    return works;
+  });
 }
 
 Work BackendCommunicator::reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) {
@@ -65,7 +91,7 @@ Work BackendCommunicator::reduce_scatter(at::Tensor output, at::Tensor input, Re
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = to_c10d(op);
   opts.timeout = timeout_;
-  return issue("reduce_scatter", id, [&] { return backend_->_reduce_scatter_base(output, input, opts); },
+  return issue("reduce_scatter", id, [&] { return C10dWorks{backend_->_reduce_scatter_base(output, input, opts)}; },
                average(op, output));
 }
 
@@ -75,8 +101,11 @@ Work BackendCommunicator::reduce_scatter_by_all_to_all(uint64_t id, at::Tensor o
   c10d::AllToAllOptions opts;
   opts.timeout = timeout_;
   const int64_t n = size();
-  return issue("reduce_scatter", id, [&] { return backend_->alltoall_base(received, input, even, even, opts); },
-               [received, output, op, n]() mutable { reduce_slices(received, output, op, n); });
+  return issue("reduce_scatter", id, [&] { return C10dWorks{backend_->alltoall_base(received, input, even, even, opts)}; },
+               [received, output, op, n]() mutable {
+                 reduce_slices(received, output, op, n);
+                 free_now(received);  // now: Gloo's bookkeeping of the finished work may hold it a while
+               });
 }
 
 Work BackendCommunicator::all_to_all(at::Tensor output, at::Tensor input) {
@@ -86,7 +115,7 @@ Work BackendCommunicator::all_to_all(at::Tensor output, at::Tensor input) {
   std::vector<int64_t> even;
   c10d::AllToAllOptions opts;
   opts.timeout = timeout_;
-  return issue("all_to_all", id, [&] { return backend_->alltoall_base(output, input, even, even, opts); });
+  return issue("all_to_all", id, [&] { return C10dWorks{backend_->alltoall_base(output, input, even, even, opts)}; });
 }
 
 Work BackendCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
@@ -97,7 +126,7 @@ Work BackendCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   opts.reduceOp = to_c10d(op);
   opts.timeout = timeout_;
   const uint64_t id = begin("all_reduce", tensor.scalar_type(), tensor.numel(), tensor.device());
-  return issue("all_reduce", id, [&] { return backend_->allreduce(ts, opts); }, average(op, tensor));
+  return issue("all_reduce", id, [&] { return C10dWorks{backend_->allreduce(ts, opts)}; }, average(op, tensor));
 }
 
 Work BackendCommunicator::broadcast(at::Tensor tensor, int root) {
@@ -110,7 +139,7 @@ Work BackendCommunicator::broadcast(at::Tensor tensor, int root) {
   opts.rootRank = root;
   opts.timeout = timeout_;
   const uint64_t id = begin("broadcast", tensor.scalar_type(), tensor.numel(), tensor.device());
-  return issue("broadcast", id, [&] { return backend_->broadcast(ts, opts); });
+  return issue("broadcast", id, [&] { return C10dWorks{backend_->broadcast(ts, opts)}; });
 }
 
 Work BackendCommunicator::barrier() {
@@ -118,7 +147,7 @@ Work BackendCommunicator::barrier() {
   opts.timeout = timeout_;
   // NCCL's check would need a device buffer; a barrier carries no data to disagree on anyway.
   const uint64_t id = begin("barrier", at::kByte, 0, gloo_ ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA));
-  return issue("barrier", id, [&] { return backend_->barrier(opts); });
+  return issue("barrier", id, [&] { return C10dWorks{backend_->barrier(opts)}; });
 }
 
 std::function<void()> BackendCommunicator::average(ReduceOp op, at::Tensor t) const {
@@ -193,20 +222,19 @@ void BackendCommunicator::check_across_ranks(const FlightEntry& call, c10::Devic
                 "' (ranks " + join_ints(global_ranks_) + ") are about to call different collectives: " + differs);
 }
 
-Work BackendCommunicator::issue(const char* what, uint64_t id,
-                                const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
+Work BackendCommunicator::issue(const char* what, uint64_t id, const std::function<C10dWorks()>& start,
                                 std::function<void()> finish) {
-  c10::intrusive_ptr<c10d::Work> work;
+  C10dWorks works;
   try {
-    work = start();
+    works = start();
   } catch (const std::exception& e) {
     recorder_->finish(id, false);
     throw failure(what, e, /*diagnose=*/false);  // refused at once: a local problem
   }
   auto self = shared_from_this();
-  return Work([self, work, finish, what, id] {
+  return Work([self, works, finish, what, id] {
     try {
-      work->wait(self->timeout_);
+      for (const auto& work : works) work->wait(self->timeout_);
     } catch (const std::exception& e) {
       self->recorder_->finish(id, false);
       throw self->failure(what, e, /*diagnose=*/true);

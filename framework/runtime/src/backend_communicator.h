@@ -44,6 +44,11 @@ class BackendCommunicator final : public Communicator, public std::enable_shared
   // moves exactly the (n-1)/n: rank r receives everyone's slice r and sums the slices locally,
   // in rank order (so every rank adds in the same order), accumulating in fp32 or wider.
   Work reduce_scatter_by_all_to_all(uint64_t id, at::Tensor output, at::Tensor input, ReduceOp op);
+  // LibTorch's Gloo all-gather stages its result in a temporary as large as the output, held
+  // until the work is done: every unit gathered ahead would cost twice its bytes. One broadcast
+  // per rank, each in place into that rank's slot of `output`, moves the same bytes (each rank
+  // sends its share to the others) with no temporary.
+  Work all_gather_by_broadcasts(uint64_t id, at::Tensor output, at::Tensor input);
   // After the collective: divides by the group size for an average (the backend sums: Gloo's
   // AVG is unreliable in some versions).
   std::function<void()> average(ReduceOp op, at::Tensor t) const;
@@ -57,10 +62,11 @@ class BackendCommunicator final : public Communicator, public std::enable_shared
   uint64_t begin(const char* what, c10::ScalarType dtype, int64_t count, c10::Device device);
   // The one small all-gather of check_collectives; throws fsdpx::Error naming what differs.
   void check_across_ranks(const FlightEntry& call, c10::Device device);
-  // Issues the collective `start` returns. The returned Work holds this communicator (and so
-  // its backend and monitor) alive, waits with the timeout, then runs `finish`.
-  Work issue(const char* what, uint64_t id, const std::function<c10::intrusive_ptr<c10d::Work>()>& start,
-             std::function<void()> finish = nullptr);
+  // Issues the collective(s) `start` returns. The returned Work holds this communicator (and
+  // so its backend and monitor) alive, waits for each in order with the timeout, then runs
+  // `finish`.
+  using C10dWorks = std::vector<c10::intrusive_ptr<c10d::Work>>;
+  Work issue(const char* what, uint64_t id, const std::function<C10dWorks()>& start, std::function<void()> finish = nullptr);
   Error failure(const char* what, const std::exception& e, bool diagnose) const;
 
   std::string name_;

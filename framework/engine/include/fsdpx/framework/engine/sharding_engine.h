@@ -85,6 +85,13 @@ class FSDPX_API ShardingEngine {
   // Sets every gradient shard to zero (the start of a step in deterministic mode).
   void zero_grad();
 
+  // Frees the gradient shards until the next reduction writes them (FSDP2's
+  // zero_grad(set_to_none=True)): the shards have no gradient between, and the memory of every
+  // unit's gradient shard is free during the next forward and the backward until that unit
+  // reduces. Call it after the optimizer step. (A synchronised backward writes the gradient
+  // shards whether or not they were released; the deterministic mode adds to them from zero_grad.)
+  void release_gradients();
+
   // Clips the sharded gradients so that their global L2 norm is at most max_norm, exactly as
   // clipping the unsharded gradients would. Returns the norm before clipping. Collective.
   double clip_grad_norm(double max_norm);
