@@ -1,5 +1,6 @@
 // Out-of-line destructors of the public interfaces, so that their type information and vtables
 // live in libfsdpx alone (one definition shared by the host and every plugin).
+#include "fsdpx/activation_memory.h"
 #include "fsdpx/error.h"
 #include "fsdpx/hf_interop.h"
 #include "fsdpx/interfaces.h"
@@ -32,6 +33,7 @@ Evaluable::~Evaluable() = default;
 HuggingFaceModel::~HuggingFaceModel() = default;
 HeldOutData::~HeldOutData() = default;
 OptimizerDevices::~OptimizerDevices() = default;
+ActivationMemory::~ActivationMemory() = default;
 LossScaler::~LossScaler() = default;
 LossScalingPolicy::~LossScalingPolicy() = default;
 

@@ -53,7 +53,8 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
   const PrecisionSpec& prec = precision;
   const auto opts = at::TensorOptions().dtype(at::kFloat);
   flat_shard = at::zeros({total}, opts.dtype(prec.storage));
-  flat_grad = at::empty({0}, opts.dtype(prec.gradient)).resize_({total});  // no bytes until hold_gradients
+  flat_grad = at::empty({total}, opts.dtype(prec.gradient));
+  resize_storage(flat_grad.storage(), 0);  // no bytes until hold_gradients
   if (separate()) {
     unsharded = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * total) * c10::elementSize(prec.compute),
                              c10::GetAllocator(at::kCPU), /*resizable=*/true);

@@ -14,6 +14,8 @@
 #include "fsdpx/framework/engine/unit_plan.h"
 #include "format.h"
 #include "plan_json.h"
+#include "fsdpx/activation_memory.h"
+#include "fsdpx/framework/runtime/memory_accounting.h"
 
 using json = nlohmann::json;
 
@@ -147,6 +149,38 @@ PrecisionSpec unit_precision(const PrecisionPolicy& policy, const std::string& f
   return s;
 }
 
+// The step's memory per rank: the engine's protocol replayed in bytes over the units, with the
+// activations the model states for one forward (one sample in deterministic mode).
+void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s, RunPlan& plan) {
+  StepMemoryInput in;
+  for (size_t i = 0; i < up.units.size(); ++i) {
+    UnitMemory u;
+    u.fqn = up.units[i].fqn;
+    u.shard_numel = plan.units[i].shard_numel;
+    u.dtypes = plan.units[i].dtypes;
+    u.recompute = plan.units[i].recompute;
+    for (size_t k = 0; k < up.units[i].names.size(); ++k) {
+      int64_t n = 1;
+      for (int64_t d : up.units[i].shapes[k]) n *= d;
+      u.params.emplace_back(up.units[i].names[k], n);
+    }
+    in.units.push_back(std::move(u));
+  }
+  in.layout = plan.layout;
+  in.world_size = plan.topology.world_size;
+  in.optimizer_bytes = std::max<int64_t>(0, plan.optimizer_bytes);
+  in.overlap = s.overlap;
+  in.deterministic = s.deterministic;
+  in.forwards = s.deterministic ? s.grad_accum * s.batch_size : s.grad_accum;
+  in.clip_grad_norm = s.clip_grad_norm > 0;
+  if (const auto* a = dynamic_cast<const ActivationMemory*>(&model)) {
+    const int64_t seq = plan.samples_per_step > 0 ? plan.tokens_per_step / plan.samples_per_step : 1;
+    in.layers = a->activations(s.deterministic ? 1 : s.batch_size, seq, plan.dtypes.compute);
+    plan.activations_stated = true;
+  }
+  plan.memory = predict_step_memory(in);
+}
+
 // Threads per rank, and a warning when the compute dtype has no fast path on this CPU.
 void plan_cpu(RunPlan& plan) {
   plan.threads = choose_threads(process_environment(), plan.topology.local_world_size, affinity_cpus());
@@ -193,6 +227,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
     add_unit_traffic(b, s.deterministic ? s.grad_accum * s.batch_size : s.grad_accum, plan);
     plan.units.push_back(b);
   }
+  plan_memory(*model, up, s, plan);
   plan_cpu(plan);  // after the units: their compute dtypes decide the warning
   if (plan.deterministic)
     plan.threads = ThreadChoice{1, "--deterministic: CPU kernels may split their sums by thread count"};
@@ -249,6 +284,13 @@ std::string RunPlan::text() const {
   o << "  peak unit  " << (peak_unit.empty() ? "none gathered (parameters used in place)" : peak_unit + ", " +
                            human_bytes(static_cast<double>(peak_unit_bytes)) + " gathered")
     << "\n";
+  o << "  peak       " << human_bytes(static_cast<double>(memory.peak)) << " (" << memory.peak << " B) per rank, allocated, at "
+    << memory.peak_where << "; forward " << human_bytes(static_cast<double>(memory.forward_peak)) << ", backward "
+    << human_bytes(static_cast<double>(memory.backward_peak)) << ", optimizer "
+    << human_bytes(static_cast<double>(memory.optimizer_peak)) << "; activations "
+    << (activations_stated ? human_bytes(static_cast<double>(memory.activation_bytes)) + " per forward"
+                           : std::string("not counted (the model does not state them)"))
+    << "\n";
   o << "  per step   all-gather " << human_bytes(static_cast<double>(allgather_bytes)) << ", reduce-scatter "
     << human_bytes(static_cast<double>(reduce_scatter_bytes)) << ", all-reduce " << human_bytes(static_cast<double>(all_reduce_bytes))
     << "; this rank sends " << human_bytes(static_cast<double>(sent_bytes)) << " (" << sent_bytes << " B)\n";
@@ -293,12 +335,29 @@ json plan_json(const RunPlan& p) {
                       {"reduce", dtype_name(p.dtypes.reduce)}, {"gradient", dtype_name(p.dtypes.gradient)}}},
           {"units", units},
           {"threads_per_rank", p.threads.threads},
+          {"memory", {{"peak_bytes", p.memory.peak}, {"peak_where", p.memory.peak_where},
+                      {"forward_peak_bytes", p.memory.forward_peak}, {"backward_peak_bytes", p.memory.backward_peak},
+                      {"optimizer_peak_bytes", p.memory.optimizer_peak},
+                      {"activation_bytes", p.activations_stated ? p.memory.activation_bytes : -1}}},
           {"deterministic", p.deterministic},
           {"warnings", p.warnings}};
 }
 
 void write_plan_json(const RunPlan& plan, const std::string& path) {
   std::ofstream(path) << plan_json(plan).dump(2) << "\n";
+}
+
+void check_memory_fits(const RunPlan& plan, int local_ranks, int64_t process_bytes) {
+  const AvailableMemory avail = available_memory();
+  if (avail.bytes < 0) return;
+  const int64_t need = static_cast<int64_t>(local_ranks) * (plan.memory.peak + std::max<int64_t>(0, process_bytes));
+  if (need <= avail.bytes) return;
+  throw Error("the plan does not fit this node: " + std::to_string(local_ranks) + " rank(s) x (" +
+              human_bytes(static_cast<double>(plan.memory.peak)) + " planned peak per rank, at " + plan.memory.peak_where +
+              ", + " + human_bytes(static_cast<double>(process_bytes)) + " per process besides) = " +
+              human_bytes(static_cast<double>(need)) + ", but " + human_bytes(static_cast<double>(avail.bytes)) +
+              " is available (" + avail.source + "); spread the model over more ranks or nodes, recompute activations "
+              "(--activation-checkpointing Block), lower --batch-size, or start anyway with --skip-memory-check");
 }
 
 void check_optimizer_runs_here(const RunPlan& plan) {

@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <fsdpx/activation_memory.h>
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
 #include <fsdpx/hf_interop.h>
@@ -185,7 +186,49 @@ std::string hf_name_of(const std::string& name) {
   throw fsdpx::Error("gpt has no Hugging Face name for parameter '" + name + "'");
 }
 
-class Gpt final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::HuggingFaceModel {
+// The bytes each layer of gpt keeps for its backward and holds at its worst moments, from the
+// tensors LibTorch's autograd saves for the ops below (N tokens per rank, width C, hidden F,
+// vocabulary V, heads H, e bytes per compute element; RMSNorm computes in fp32 whatever e is).
+std::vector<fsdpx::LayerActivations> gpt_activations(const Config& c, int64_t batch, int64_t seq, c10::ScalarType compute) {
+  const int64_t N = batch * seq, C = c.dim, F = c.ffn_hidden, V = c.vocab, H = c.heads;
+  const int64_t e = static_cast<int64_t>(c10::elementSize(compute)), NC = N * C, x = NC * e;
+  const bool fp32 = compute == at::kFloat;
+  // RMSNorm: its fp32 input (the input itself in fp32, a copy otherwise), the normalised values
+  // before the weight, its output, the reciprocal norms; x.pow(2) is a temporary of 4NC, and
+  // so (below fp32) is the fp32 normalised input before its cast.
+  auto norm = [&](const std::string& path) {
+    return fsdpx::LayerActivations{path, 4 * NC + 2 * x + 4 * N, x, fp32 ? 4 * NC : 8 * NC, 4 * NC + 2 * x + 4 * N + 12 * NC + 2 * x};
+  };
+  // Attention: the rotated queries and keys, the values, the output and its transposed copy
+  // (scaled_dot_product_attention's flash kernel keeps q, k, v, out and the fp32 log-sum-exp),
+  // the rotary tables; the projections before rotation are temporaries. Its backward adds the
+  // gradients of q, k, v and their projections.
+  const int64_t rope = 2 * seq * (C / H / 2) * e * 2;
+  const fsdpx::LayerActivations attention{"", 5 * x + 4 * N * H + rope, x, 3 * x, 5 * x + 4 * N * H + rope + 5 * x + 4 * NC};
+  // SwiGLU: w1's and w3's outputs, the SiLU and the product (each N x F); its backward holds
+  // up to two more N x F gradients besides them.
+  const fsdpx::LayerActivations ffn{"", 4 * N * F * e, x, 0, 6 * N * F * e + x};
+  std::vector<fsdpx::LayerActivations> out;
+  out.push_back({"tok_embeddings", 0, 0, 0, x + 16 * N});
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    out.push_back(norm(p + "attention_norm"));
+    out.push_back(attention);
+    out.back().path = p + "attention";
+    out.push_back(norm(p + "ffn_norm"));
+    out.push_back(ffn);
+    out.back().path = p + "feed_forward";
+  }
+  out.push_back(norm("norm"));
+  // The output projection and the loss: log_softmax keeps its fp32 output; the fp32 logits are
+  // a temporary (below fp32, the logits in the compute dtype go once cast); its backward holds
+  // three N x V fp32 tensors at once.
+  const int64_t NV = N * V;
+  out.push_back({"output", 4 * NV, x, 4 * NV, 12 * NV + x});
+  return out;
+}
+
+class Gpt final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::HuggingFaceModel, public fsdpx::ActivationMemory {
  public:
   Gpt(const Config& c, std::string hf_dir, std::string hf_config)
       : config_(c), root_(std::make_shared<TransformerImpl>(c)), hf_dir_(std::move(hf_dir)), hf_config_(std::move(hf_config)) {
@@ -233,6 +276,9 @@ class Gpt final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::Hu
   }
 
   std::vector<std::string> layer_types() const override { return {"Block", "Attention", "FeedForward"}; }
+  std::vector<fsdpx::LayerActivations> activations(int64_t batch, int64_t seq, c10::ScalarType compute) const override {
+    return gpt_activations(config_, batch, seq, compute);
+  }
   double flops_per_token() const override { return 6.0 * static_cast<double>(params_); }
 
  private:

@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <fsdpx/activation_memory.h>
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
 #include <fsdpx/model.h>
@@ -54,7 +55,7 @@ struct ClassifierImpl : torch::nn::Module {
   at::Tensor head_weight, head_bias;
 };
 
-class Mlp final : public fsdpx::Model, public fsdpx::Evaluable {
+class Mlp final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::ActivationMemory {
  public:
   Mlp(int64_t in, int64_t hidden, int64_t layers, int64_t classes)
       : in_(in), classes_(classes), root_(std::make_shared<ClassifierImpl>(in, hidden, layers, classes)) {}
@@ -90,6 +91,23 @@ class Mlp final : public fsdpx::Model, public fsdpx::Evaluable {
   }
 
   std::vector<std::string> layer_types() const override { return {"Hidden"}; }
+
+  // Each hidden layer keeps its ReLU's output (its linear's output is a temporary; the first
+  // linear keeps the features, cast to the compute dtype); the head's loss keeps the fp32
+  // log-probabilities, and its backward holds three B x classes fp32 tensors.
+  std::vector<fsdpx::LayerActivations> activations(int64_t batch, int64_t, c10::ScalarType compute) const override {
+    const int64_t e = static_cast<int64_t>(c10::elementSize(compute)), B = batch;
+    std::vector<fsdpx::LayerActivations> out;
+    int64_t width = in_;
+    for (size_t i = 0; i < root_->hidden_layers.size(); ++i) {
+      const int64_t h = root_->hidden_layers[i]->weight.size(0);
+      const int64_t input = B * width * e, kept = B * h * e + (i == 0 ? input : 0);
+      out.push_back({"layers." + std::to_string(i), kept, input, B * h * e, kept + 3 * B * h * e});
+      width = h;
+    }
+    out.push_back({"head_weight", 4 * B * classes_, B * width * e, 4 * B * classes_, 12 * B * classes_ + B * width * e});
+    return out;
+  }
 
  private:
   at::Tensor logits(const fsdpx::Batch& batch) {

@@ -1,6 +1,7 @@
 // fsdpx/interfaces.h: every plugin interface at once.
 #pragma once
 
+#include "fsdpx/activation_memory.h"
 #include "fsdpx/checkpoint_backend.h"
 #include "fsdpx/data_source.h"
 #include "fsdpx/capabilities.h"

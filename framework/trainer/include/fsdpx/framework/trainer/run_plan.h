@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fsdpx/export.h"
+#include "fsdpx/framework/engine/memory_plan.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
 #include "fsdpx/framework/trainer/train_settings.h"
@@ -50,6 +51,10 @@ struct FSDPX_API RunPlan {
   ThreadChoice threads;               // intra-op threads per rank, and why
   bool deterministic = false;         // --deterministic: its gradient exchange is all_to_all_bytes
   std::vector<std::string> warnings;  // what will make the run slow (printed by the plan and the run)
+  // The step's predicted bytes per rank, allocated (fsdpx/framework/engine/memory_plan.h), and
+  // whether the model stated its activations (fsdpx/activation_memory.h); without, none counted.
+  StepMemory memory;
+  bool activations_stated = false;
 
   std::string text() const;  // the dry-run report
 };
@@ -62,6 +67,12 @@ FSDPX_API RunPlan plan_run(const PluginHost& host, const RunConfig& config, cons
 
 // The plan as JSON (plan.json in a run directory; exact byte counts for tools and tests).
 FSDPX_API void write_plan_json(const RunPlan& plan, const std::string& path);
+
+// Refuses a run whose ranks on one node cannot fit: `local_ranks` x (the plan's peak per rank +
+// `process_bytes`, what a process holds besides: LibTorch's code, the plugins) against
+// available_memory(). Throws fsdpx::Error naming the planned and the available bytes and the ways
+// out; does nothing when the available memory cannot be read.
+FSDPX_API void check_memory_fits(const RunPlan& plan, int local_ranks, int64_t process_bytes);
 
 // Refuses an optimizer that declares it cannot step on the CPU (fsdpx/capabilities.h): this
 // build's engine computes there.

@@ -1,0 +1,359 @@
+#include "fsdpx/framework/engine/memory_plan.h"
+
+#include <algorithm>
+#include <map>
+
+namespace fsdpx {
+namespace {
+
+int64_t elt(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
+bool prefixes(const std::string& path, const std::string& name) {
+  return path.empty() || name == path || name.rfind(path + ".", 0) == 0;
+}
+
+// Bytes alive now, and the largest moment since the last restart with where it was.
+class Ledger {
+ public:
+  void add(int64_t bytes) { live_ += bytes; }
+  void sub(int64_t bytes) { live_ -= bytes; }
+  // A moment worth checking, with `extra` bytes alive on top for its duration.
+  void moment(const std::string& where, int64_t extra = 0) {
+    if (live_ + extra > peak_) {
+      peak_ = live_ + extra;
+      where_ = where;
+    }
+  }
+  void restart() {
+    peak_ = live_;
+    where_.clear();
+  }
+  int64_t live() const { return live_; }
+  int64_t peak() const { return peak_; }
+  const std::string& where() const { return where_; }
+
+ private:
+  int64_t live_ = 0, peak_ = 0;
+  std::string where_;
+};
+
+// A unit's buffers, by ParamGroup's rules.
+struct UnitBuffers {
+  std::string name;            // "unit layers.3", "the root"
+  int64_t gathered = 0;        // the unsharded storage (0: the parameters are the shard itself)
+  int64_t gather_out = 0;      // the all-gather's output, until the copy-out
+  int64_t gather_in = 0;       // the shard cast to the compute dtype, while gathering
+  int64_t grad_elements = 0;   // of its trainable parameters
+  int64_t grad_shard = 0;      // the flat gradient shard
+  int64_t packed = 0;          // the reduction's input
+  int64_t received = 0;        // the all-to-all's receive buffer (Gloo)
+  int64_t reduce_out = 0;      // the reduction's output, when not the gradient shard itself
+  int64_t exchange = 0;        // deterministic: the all-to-all's input of world x shard elements
+  bool reshard_after_forward = false;
+  bool recompute = false;
+};
+
+UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in) {
+  const int64_t S = in.layout.shard_group_size, total = u.shard_numel, W = in.world_size;
+  const PrecisionSpec& d = u.dtypes;
+  UnitBuffers b;
+  b.name = root ? "the root" : "unit " + u.fqn;
+  const bool separate = S > 1 || d.compute != d.storage;
+  b.gathered = separate ? S * total * elt(d.compute) : 0;
+  b.gather_out = S > 1 ? S * total * elt(d.compute) : 0;
+  b.gather_in = S > 1 && d.compute != d.storage ? total * elt(d.compute) : 0;
+  for (const auto& p : u.params) b.grad_elements += p.second;
+  b.grad_shard = total * elt(d.gradient);
+  b.packed = S * total * elt(d.reduce);
+  if (in.deterministic) {
+    b.exchange = S == W ? 0 : W * total * elt(d.reduce);  // the packed rows picked per world rank
+    b.reduce_out = W * total * elt(d.reduce);
+  } else if (S > 1) {
+    b.received = in.staged_reduce ? b.packed : 0;
+    b.reduce_out = d.reduce != d.gradient ? total * elt(d.reduce) : 0;
+  }
+  b.reshard_after_forward = S > 1 && !root && in.layout.reshard_after_forward;
+  b.recompute = u.recompute;
+  return b;
+}
+
+// The engine's step, replayed in bytes.
+class Replay {
+ public:
+  explicit Replay(const StepMemoryInput& in);
+  StepMemory run();
+
+ private:
+  void map_layers();
+  void map_gradients();
+  void forward_pass();
+  void backward_pass(bool sync);
+  void start_backward(int u);
+  void layer_backward(size_t l, bool sync);
+  void post_backward(int u, bool sync);
+  void progress(int u);
+  void unshard(int u);
+  void prefetch_after(int u, const std::vector<int>& order);
+  void reduce(int u);
+  void finish_in_flight();
+  void begin_step_state();
+
+  const StepMemoryInput& in_;
+  std::vector<LayerActivations> layers_;
+  std::vector<UnitBuffers> units_;
+  std::vector<int> layer_unit_;
+  std::vector<int64_t> layer_grad_elements_, layer_grad_bytes_;
+  std::vector<size_t> first_layer_, last_layer_;  // per unit, in forward order
+  std::vector<int> forward_order_;                // units by their first layer
+  Ledger ledger_;
+  // The step's state, as ParamGroup and Unit hold it.
+  std::vector<bool> gathered_, prefetched_, started_, progressed_, done_, grads_held_, shard_held_;
+  std::vector<int64_t> seen_;
+  int in_flight_ = -1;
+};
+
+Replay::Replay(const StepMemoryInput& in) : in_(in), layers_(in.layers) {
+  for (size_t i = 0; i < in.units.size(); ++i) units_.push_back(buffers_of(in.units[i], i == 0, in));
+  map_layers();
+  map_gradients();
+  const size_t n = units_.size();
+  gathered_.assign(n, false);
+  prefetched_ = started_ = progressed_ = done_ = grads_held_ = shard_held_ = gathered_;
+  seen_.assign(n, 0);
+}
+
+// Each layer to the unit whose path prefixes it most closely (else the root); a unit no layer
+// falls in gets a layer of no activations of its own, so that its parameters still come and go.
+void Replay::map_layers() {
+  auto unit_of = [&](const std::string& path) {
+    int best = 0;
+    for (size_t u = 1; u < in_.units.size(); ++u)
+      if (prefixes(in_.units[u].fqn, path) && in_.units[u].fqn.size() >= in_.units[static_cast<size_t>(best)].fqn.size())
+        best = static_cast<int>(u);
+    return best;
+  };
+  std::vector<bool> has(in_.units.size(), false);
+  for (const auto& l : layers_) has[static_cast<size_t>(unit_of(l.path))] = true;
+  for (size_t u = 0; u < in_.units.size(); ++u)
+    if (!has[u]) layers_.push_back(LayerActivations{in_.units[u].fqn, 0, 0, 0, 0});
+  first_layer_.assign(units_.size(), layers_.size());
+  last_layer_.assign(units_.size(), 0);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const int u = unit_of(layers_[l].path);
+    layer_unit_.push_back(u);
+    if (first_layer_[static_cast<size_t>(u)] == layers_.size()) forward_order_.push_back(u);
+    first_layer_[static_cast<size_t>(u)] = std::min(first_layer_[static_cast<size_t>(u)], l);
+    last_layer_[static_cast<size_t>(u)] = l;
+  }
+}
+
+// Each trainable parameter's gradient to the layer of its unit whose path prefixes its name most
+// closely; else to the unit's last layer, whose backward runs first.
+void Replay::map_gradients() {
+  layer_grad_elements_.assign(layers_.size(), 0);
+  layer_grad_bytes_.assign(layers_.size(), 0);
+  for (size_t u = 0; u < in_.units.size(); ++u)
+    for (const auto& [name, elements] : in_.units[u].params) {
+      size_t best = last_layer_[u];
+      size_t best_len = 0;
+      for (size_t l = 0; l < layers_.size(); ++l)
+        if (layer_unit_[l] == static_cast<int>(u) && prefixes(layers_[l].path, name) && layers_[l].path.size() >= best_len) {
+          best = l;
+          best_len = layers_[l].path.size();
+        }
+      layer_grad_elements_[best] += elements;
+      layer_grad_bytes_[best] += elements * elt(in_.units[u].dtypes.compute);
+    }
+}
+
+void Replay::unshard(int u) {
+  const UnitBuffers& b = units_[static_cast<size_t>(u)];
+  if (gathered_[static_cast<size_t>(u)] || b.gathered == 0) return;
+  if (!prefetched_[static_cast<size_t>(u)]) ledger_.add(b.gather_in + b.gather_out);
+  ledger_.add(b.gathered);
+  ledger_.moment("the copy-out of " + b.name + "'s all-gather");
+  ledger_.sub(b.gather_in + b.gather_out);
+  gathered_[static_cast<size_t>(u)] = true;
+  prefetched_[static_cast<size_t>(u)] = false;
+}
+
+// ShardingEngine::Impl::prefetch_after: the next `prefetch` units of `order` after u that are
+// not through their backward; those still sharded start their all-gather.
+void Replay::prefetch_after(int u, const std::vector<int>& order) {
+  if (!in_.overlap) return;
+  auto it = std::find(order.begin(), order.end(), u);
+  if (it == order.end()) return;
+  int issued = 0;
+  for (++it; it != order.end() && issued < in_.prefetch; ++it) {
+    const size_t v = static_cast<size_t>(*it);
+    if (done_[v]) continue;
+    if (!gathered_[v] && !prefetched_[v] && units_[v].gathered > 0) {
+      ledger_.add(units_[v].gather_in + units_[v].gather_out);
+      prefetched_[v] = true;
+    }
+    ++issued;
+  }
+}
+
+void Replay::forward_pass() {
+  std::fill(started_.begin(), started_.end(), false);
+  unshard(0);
+  std::vector<bool> recomputed_kept(units_.size(), false);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const int u = layer_unit_[l];
+    const UnitBuffers& b = units_[static_cast<size_t>(u)];
+    if (u != 0 && l == first_layer_[static_cast<size_t>(u)]) {
+      unshard(u);
+      prefetch_after(u, forward_order_);
+    }
+    int64_t transient = layers_[l].forward_extra;
+    if (!b.recompute) {
+      ledger_.add(layers_[l].saved);
+    } else {
+      if (!recomputed_kept[static_cast<size_t>(u)]) ledger_.add(layers_[l].input);  // what Recompute keeps
+      recomputed_kept[static_cast<size_t>(u)] = true;
+      transient += layers_[l].saved * 3 / 4;  // without a graph, intermediates go once used
+    }
+    ledger_.moment("the forward of " + layers_[l].path, transient);
+    if (u != 0 && l == last_layer_[static_cast<size_t>(u)] && b.reshard_after_forward && gathered_[static_cast<size_t>(u)]) {
+      ledger_.sub(b.gathered);
+      gathered_[static_cast<size_t>(u)] = false;
+    }
+  }
+}
+
+void Replay::start_backward(int u) {
+  const size_t i = static_cast<size_t>(u);
+  started_[i] = true;
+  progressed_[i] = done_[i] = false;
+  seen_[i] = 0;
+  unshard(u);
+  if (units_[i].recompute) {  // the forward again, with a graph: its activations, not its inputs
+    for (size_t l = first_layer_[i]; l <= last_layer_[i]; ++l)
+      if (layer_unit_[l] == u) ledger_.add(layers_[l].saved);
+    ledger_.sub(layers_[first_layer_[i]].input);
+  }
+  if (units_[i].grad_elements == 0) progress(u);
+}
+
+void Replay::progress(int u) {
+  progressed_[static_cast<size_t>(u)] = true;
+  finish_in_flight();
+  std::vector<int> reverse(forward_order_.rbegin(), forward_order_.rend());
+  prefetch_after(u, reverse);
+}
+
+void Replay::layer_backward(size_t l, bool sync) {
+  const int u = layer_unit_[l];
+  const size_t i = static_cast<size_t>(u);
+  if (!started_[i]) start_backward(u);
+  const int64_t grads = layer_grad_bytes_[l];
+  // Unsynchronised micro-batches keep the unsharded gradients; the next one adds into them.
+  const bool fresh = !grads_held_[i];
+  ledger_.moment("the backward of " + layers_[l].path + " (in " + units_[i].name + ")",
+                 layers_[l].backward_peak - layers_[l].saved + grads);
+  if (fresh) ledger_.add(grads);
+  ledger_.sub(layers_[l].saved);
+  seen_[i] += layer_grad_elements_[l];
+  if (!progressed_[i] && 2 * seen_[i] >= units_[i].grad_elements) progress(u);
+  if (u != 0 && l == first_layer_[i]) post_backward(u, sync);
+  (void)sync;
+}
+
+void Replay::post_backward(int u, bool sync) {
+  const size_t i = static_cast<size_t>(u);
+  if (!progressed_[i]) progress(u);
+  done_[i] = true;
+  if (gathered_[i]) {
+    ledger_.sub(units_[i].gathered);
+    gathered_[i] = false;
+  }
+  grads_held_[i] = true;
+  if (sync) reduce(u);
+}
+
+void Replay::reduce(int u) {
+  const size_t i = static_cast<size_t>(u);
+  const UnitBuffers& b = units_[i];
+  finish_in_flight();
+  ledger_.add(b.packed);
+  ledger_.moment("packing " + b.name + "'s gradients");
+  int64_t grads = 0;
+  for (size_t l = 0; l < layers_.size(); ++l)
+    if (layer_unit_[l] == u) grads += layer_grad_bytes_[l];
+  ledger_.sub(grads);
+  grads_held_[i] = false;
+  if (!shard_held_[i]) ledger_.add(b.grad_shard);  // ParamGroup::hold_gradients, after the packing
+  shard_held_[i] = true;
+  if (b.exchange > 0) {  // deterministic: the rows for each world rank, then the packing goes
+    ledger_.add(b.exchange);
+    ledger_.sub(b.packed);
+  }
+  ledger_.add(b.received + b.reduce_out);
+  ledger_.moment("the reduction of " + b.name);
+  if (in_.layout.shard_group_size == 1 && !in_.deterministic) {
+    ledger_.sub(b.packed);  // copied into the gradient shard at once; averaged there in place
+    ledger_.sub(b.received + b.reduce_out);
+    return;
+  }
+  in_flight_ = u;
+}
+
+void Replay::finish_in_flight() {
+  if (in_flight_ < 0) return;
+  const UnitBuffers& b = units_[static_cast<size_t>(in_flight_)];
+  ledger_.sub((b.exchange > 0 ? b.exchange : b.packed) + b.received + b.reduce_out);
+  in_flight_ = -1;
+}
+
+void Replay::backward_pass(bool sync) {
+  start_backward(0);  // the hook on the root's output runs first
+  for (size_t l = layers_.size(); l-- > 0;) layer_backward(l, sync);
+  post_backward(0, sync);  // finish_backward: the root last
+  finish_in_flight();
+}
+
+StepMemory Replay::run() {
+  StepMemory m;
+  for (size_t u = 0; u < units_.size(); ++u) {
+    m.param_bytes += in_.units[u].shard_numel * elt(in_.units[u].dtypes.storage);
+    m.grad_bytes += units_[u].grad_shard;
+  }
+  m.optimizer_bytes = in_.optimizer_bytes;
+  for (const auto& l : in_.layers) m.activation_bytes += l.saved;
+  ledger_.add(m.param_bytes + m.optimizer_bytes);
+  if (in_.deterministic) {  // zero_grad holds every gradient shard from the start
+    ledger_.add(m.grad_bytes);
+    std::fill(shard_held_.begin(), shard_held_.end(), true);
+  }
+  // Unsynchronised micro-batches first (their unsharded gradients stay), then the last one.
+  const int64_t passes = in_.deterministic ? 1 : std::min<int64_t>(in_.forwards, 2);
+  for (int64_t k = 0; k < passes; ++k) {
+    const bool sync = k == passes - 1;
+    ledger_.restart();
+    forward_pass();
+    m.forward_peak = std::max(m.forward_peak, ledger_.peak());
+    const std::string forward_where = ledger_.where();
+    ledger_.restart();
+    backward_pass(sync);
+    m.backward_peak = std::max(m.backward_peak, ledger_.peak());
+    if (m.backward_peak >= m.forward_peak) m.peak_where = "backward: " + ledger_.where();
+    else m.peak_where = "forward: " + forward_where;
+  }
+  ledger_.restart();
+  // Clipping squares a chunk of at most 2^20 elements of a gradient shard at a time, in a double copy.
+  int64_t chunk = 0;
+  for (const auto& u : in_.units) chunk = std::max(chunk, std::min<int64_t>(u.shard_numel, int64_t{1} << 20));
+  ledger_.moment("the optimizer step", in_.clip_grad_norm ? 8 * chunk : 0);
+  m.optimizer_peak = ledger_.peak();
+  m.peak = std::max({m.forward_peak, m.backward_peak, m.optimizer_peak});
+  if (m.peak == m.optimizer_peak && m.optimizer_peak > std::max(m.forward_peak, m.backward_peak))
+    m.peak_where = "the optimizer step";
+  return m;
+}
+
+}  // namespace
+
+StepMemory predict_step_memory(const StepMemoryInput& input) { return Replay(input).run(); }
+
+}  // namespace fsdpx
