@@ -51,6 +51,8 @@ po::options_description options() {
     ("dry-run", "print the plan (units, bytes per rank, bytes moved per step, dtypes) and exit; no process group")
     ("print-topology", "print this rank's resolved topology and exit (no rendezvous)")
     ("check-comm", "rendezvous, build the process groups and verify all-reduce, all-gather and barrier")
+    ("skip-memory-check", "start even when the plan's peak per rank, times the ranks on this node, exceeds the memory "
+     "the node has available (MemAvailable, or the memory cgroup's limit)")
     ("help,h", "this help");
   po::options_description plugins("Plugins");
   plugins.add_options()
@@ -200,6 +202,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     const bool launcher = la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED");
+    std::string kill_note;  // after a SIGKILLed worker: the plan's figure
     if (launcher && !has(plain, "--check-comm") && !has(plain, "--print-topology")) {
       // Check the whole configuration once, here, before any worker starts: a bad option gives
       // one line, not one per rank.
@@ -209,15 +212,18 @@ int main(int argc, char** argv) {
         throw fsdpx::Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups "
                            "are built and checked by --check-comm); use --device cpu");
       auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(la.nproc_per_node));
-      if (!has(plain, "--dry-run")) fsdpx::check_optimizer_runs_here(plan);
       if (has(plain, "--dry-run")) {
         print_plan(plan, settings);
         return 0;
       }
+      fsdpx::check_optimizer_runs_here(plan);
+      if (!has(plain, "--skip-memory-check")) fsdpx::check_memory_fits(plan, la.nproc_per_node, fsdpx::resident_bytes());
+      kill_note = "the plan's peak per rank is " + std::to_string(plan.memory.peak >> 20) + " MiB allocated (at " +
+                  plan.memory.peak_where + "), and each process holds more besides";
       if (isatty(STDOUT_FILENO) || isatty(STDERR_FILENO)) ::setenv("FSDPX_PROGRESS", "1", 1);
     }
     std::vector<std::string> args;
-    if (auto rc = fsdpx::launch_if_requested(argc, argv, "fsdpx-train", args)) return *rc;
+    if (auto rc = fsdpx::launch_if_requested(argc, argv, "fsdpx-train", args, kill_note)) return *rc;
     Loaded l = load(args, desc);
     const po::variables_map& vm = l.config.host_values();
     choose_kernels(vm);
@@ -246,6 +252,11 @@ int main(int argc, char** argv) {
       auto plan = fsdpx::plan_run(*l.host, l.config, settings, ro.topology);
       if (ro.topology.rank == 0) print_plan(plan, settings);
       return 0;
+    }
+    if (!std::getenv("FSDPX_LAUNCHED") && !vm.count("skip-memory-check")) {
+      // torchrun, Slurm or one process: every rank of a node sees the same memory before any allocates.
+      auto plan = fsdpx::plan_run(*l.host, l.config, settings, ro.topology);
+      fsdpx::check_memory_fits(plan, ro.topology.local_world_size, fsdpx::resident_bytes());
     }
     settings.progress_bar = ro.topology.rank == 0 && (std::getenv("FSDPX_PROGRESS") ? std::string(std::getenv("FSDPX_PROGRESS")) == "1"
                                                                                       : (isatty(STDOUT_FILENO) != 0));

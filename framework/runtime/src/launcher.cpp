@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 extern char** environ;
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/cpu_resources.h"
 #include "worker_pool.h"
 
 namespace fsdpx {
@@ -77,10 +79,12 @@ int pick_rendezvous_port(const std::string& addr) {
 
 namespace {
 
-std::string how(int status) {
+// `note` follows a SIGKILL that the launcher did not send.
+std::string how(int status, const std::string& note = "") {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status))
-    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")" +
+           (WTERMSIG(status) == SIGKILL && !note.empty() ? ", probably by the kernel's out-of-memory killer: " + note : "");
   return "stopped";
 }
 
@@ -121,7 +125,7 @@ LauncherArgs split_launcher_args(int argc, char** argv) {
 }
 
 std::optional<int> launch_if_requested(int argc, char** argv, const std::string& name,
-                                       std::vector<std::string>& worker_args) {
+                                       std::vector<std::string>& worker_args, const std::string& on_kill_note) {
   LauncherArgs la = split_launcher_args(argc, argv);
   worker_args.assign(la.rest.begin() + 1, la.rest.end());
   if (la.nproc_per_node == 0 || std::getenv("FSDPX_LAUNCHED")) return std::nullopt;
@@ -132,11 +136,18 @@ std::optional<int> launch_if_requested(int argc, char** argv, const std::string&
                 (std::getenv("RANK") ? "torchrun's workers (RANK is set)"
                                      : "Slurm's tasks (SLURM_STEP_ID and SLURM_NTASKS > 1)") +
                 "; drop --nproc-per-node and let the launcher place the ranks");
+  // A plain bound, whatever memory says: far more processes than CPUs only thrash.
+  const int cpus = std::max(1, affinity_cpus()), most = 32 * cpus;
+  if (la.nproc_per_node > most)
+    throw Error("--nproc-per-node " + std::to_string(la.nproc_per_node) + " starts more workers than this machine can run: " +
+                std::to_string(cpus) + " CPU(s) in this process's affinity mask allow at most " + std::to_string(most) +
+                " (32 per CPU); use more nodes (torchrun, Slurm) for more ranks");
   LaunchOptions lo;
   lo.nproc = la.nproc_per_node;
   lo.argv = la.rest;
   lo.argv[0] = self_executable();
   lo.name = name;
+  lo.on_kill_note = on_kill_note;
   return launch_local(lo);
 }
 
@@ -217,7 +228,8 @@ struct Supervision {
     if (ok || failed_rank >= 0 || interrupted || stopping) return;
     failed_rank = w.rank;
     failed_status = w.status;
-    std::fprintf(stderr, "%s: rank %d %s; stopping the other ranks\n", options.name.c_str(), w.rank, how(w.status).c_str());
+    std::fprintf(stderr, "%s: rank %d %s; stopping the other ranks\n", options.name.c_str(), w.rank,
+                 how(w.status, options.on_kill_note).c_str());
     stop(SIGTERM);
   }
   void escalate() {
@@ -229,7 +241,8 @@ struct Supervision {
   int exit_code() const {
     if (interrupted) return 128 + interrupted;
     if (failed_rank < 0) return 0;
-    std::fprintf(stderr, "%s: failed: rank %d %s\n", options.name.c_str(), failed_rank, how(failed_status).c_str());
+    std::fprintf(stderr, "%s: failed: rank %d %s\n", options.name.c_str(), failed_rank,
+                 how(failed_status, options.on_kill_note).c_str());
     return code_of(failed_status) ? code_of(failed_status) : 1;
   }
 };

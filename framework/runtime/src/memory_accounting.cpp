@@ -134,6 +134,8 @@ void free_now(at::Tensor& t) {
   t = at::Tensor();
 }
 
+int64_t resident_bytes() { return field_of("/proc/self/status", "VmRSS", 1024); }
+
 AvailableMemory available_memory() {
   AvailableMemory a;
   a.bytes = field_of("/proc/meminfo", "MemAvailable", 1024);

@@ -7,7 +7,6 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/trainer/lr_schedule.h"
-#include "metrics.h"
 
 namespace po = boost::program_options;
 
@@ -59,7 +58,7 @@ po::options_description TrainSettings::options() {
      "given seed and global batch: one sample per forward, one thread per rank, gradients summed in global-sample order "
      "(slower; --dry-run shows the cost in bytes)")
     ("activation-checkpointing", po::value<std::string>()->default_value(""), "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")
-    ("max-memory-mib", po::value<int64_t>()->default_value(0), "stop with an error when a rank's peak RSS in a step exceeds this many MiB (0: no limit)")
+    ("max-memory-mib", po::value<int64_t>()->default_value(0), "stop with an error when a rank's allocated peak in a step (the plan's measure) exceeds this many MiB (0: no limit)")
     ("save-every", po::value<int64_t>()->default_value(0), "checkpoint every N steps (0: at the end only); needs [checkpoint]")
     ("keep-last", po::value<int64_t>()->default_value(0), "keep the newest K checkpoints (0: all)")
     ("resume", po::value<std::string>()->default_value(""), "auto (newest complete checkpoint under OUT/checkpoints) or a checkpoint directory")
@@ -115,8 +114,6 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
   non_negative("keep-last", static_cast<double>(s.keep_last));
   non_negative("max-memory-mib", static_cast<double>(s.max_memory_mib));
   if (s.max_memory_mib > (int64_t{1} << 30)) throw Error("--max-memory-mib must be at most 2^30 MiB, got " + std::to_string(s.max_memory_mib));
-  if (s.max_memory_mib > 0 && proc_memory().hwm < 0)
-    throw Error("--max-memory-mib needs /proc/self/status (VmHWM) to measure memory, which this system does not provide");
   if (overlap != 0 && overlap != 1) throw Error("--overlap must be 0 or 1, got " + std::to_string(overlap));
   s.overlap = overlap == 1;
   s.deterministic = vm["deterministic"].as<bool>();

@@ -206,6 +206,9 @@ class Trainer {
                   at::get_cpu_capability() + " ones: set ATEN_CPU_CAPABILITY=default before the first tensor operation "
                   "(fsdpx-train does so itself)");
     plan_ = plan_run(host_, config_, s_, ro_.topology);
+    if (s_.max_memory_mib > 0 && !cpu_memory_accounting_installed())
+      throw Error("--max-memory-mib checks the bytes LibTorch allocates, counted from the process's start "
+                  "(install_cpu_memory_accounting(), which fsdpx-train calls first); this process did not install it");
     check_optimizer_runs_here(plan_);
     at::set_num_threads(plan_.threads.threads);
   }

@@ -20,6 +20,10 @@ struct LaunchOptions {
   std::chrono::milliseconds grace{5000};
   // Where the launcher's own messages go ("fsdpx-train: rank 1 ..."); the program's name.
   std::string name = "fsdpx";
+  // Said after "rank N was killed by signal 9" when the launcher did not send that signal: a
+  // SIGKILL from elsewhere is most often the kernel's out-of-memory killer, and the program
+  // knows what each rank was planned to hold (e.g. "the plan's peak per rank is 3.2 GiB").
+  std::string on_kill_note;
 };
 
 // Starts options.nproc workers with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
@@ -47,8 +51,10 @@ FSDPX_API int pick_rendezvous_port(const std::string& addr = "127.0.0.1");
 // and sets `worker_args` to the arguments without the program name. Throws fsdpx::Error when
 // --nproc-per-node is given inside torchrun or an srun step of several tasks (each task would
 // start its own job).
+// `on_kill_note`: LaunchOptions::on_kill_note.
 FSDPX_API std::optional<int> launch_if_requested(int argc, char** argv, const std::string& name,
-                                                 std::vector<std::string>& worker_args);
+                                                 std::vector<std::string>& worker_args,
+                                                 const std::string& on_kill_note = "");
 
 // --nproc-per-node N taken out of argv (the workers get every other argument, so a
 // --master-port among them is the workers' to apply).

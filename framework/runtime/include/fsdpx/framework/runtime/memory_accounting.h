@@ -41,6 +41,9 @@ FSDPX_API void resize_storage_bytes(const c10::Storage& storage, size_t bytes);
 // Frees `t`'s bytes now (resize_storage_bytes(t.storage(), 0)) and drops `t`; a no-op when undefined.
 FSDPX_API void free_now(at::Tensor& t);
 
+// This process's resident set (VmRSS), in bytes; -1 when /proc cannot tell.
+FSDPX_API int64_t resident_bytes();
+
 // The memory this node can give processes, in bytes: MemAvailable from /proc/meminfo, or less
 // when this process's memory cgroup (v1 or v2) has a lower limit (its limit minus its usage).
 // `source` says which bound applied. -1 when neither can be read.
