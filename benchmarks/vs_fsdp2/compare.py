@@ -244,8 +244,14 @@ def median_step_time(steps):
     return statistics.median(s["step_time_s"] for s in steps[1:])
 
 
+def rss_per_rank(step):
+    """Each rank's peak RSS in a metrics line: fsdpx's peak_rss_bytes (its peak_memory_bytes are
+    allocated bytes), the mirror's peak_memory_bytes (RSS)."""
+    return step["peak_rss_bytes"] if isinstance(step.get("peak_rss_bytes"), list) else step["peak_memory_bytes"]
+
+
 def peak_rss(steps):
-    return max(max(s["peak_memory_bytes"]) for s in steps)
+    return max(max(rss_per_rank(s)) for s in steps)
 
 
 def step_rise(steps):
@@ -266,8 +272,8 @@ def summarise(cfg, rounds, a):
             "fsdpx_round_spread": max(fx) - min(fx), "fsdp2_round_spread": max(f2) - min(f2),
             "fsdpx_step_time_s": statistics.median(r["fsdpx"][i]["step_time_s"] for r in rounds),
             "fsdp2_step_time_s": statistics.median(r["fsdp2"][i]["step_time_s"] for r in rounds),
-            "fsdpx_peak_rss_bytes": max(r["fsdpx"][i]["peak_memory_bytes"][0] for r in rounds),
-            "fsdp2_peak_rss_bytes": max(r["fsdp2"][i]["peak_memory_bytes"][0] for r in rounds),
+            "fsdpx_peak_rss_bytes": max(rss_per_rank(r["fsdpx"][i])[0] for r in rounds),
+            "fsdp2_peak_rss_bytes": max(rss_per_rank(r["fsdp2"][i])[0] for r in rounds),
         })
     s = {"config": cfg, "ranks": a.nproc, "steps": a.steps, "rounds": a.rounds, "per_step": per_step,
          "max_abs_loss_diff": max(p["abs_diff"] for p in per_step)}

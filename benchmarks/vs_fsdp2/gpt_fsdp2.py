@@ -186,7 +186,12 @@ def seeded_init(model, seed):
             full.normal_(0.0, 0.02 / math.sqrt(2.0 * layers), generator=gen)
         else:
             full.normal_(0.0, 0.02, generator=gen)
-        p.copy_(full)
+        if hasattr(p, "device_mesh"):  # a sharded DTensor: this rank's rows of the whole
+            from torch.distributed.tensor import distribute_tensor
+            p.to_local().copy_(distribute_tensor(full.to(p.device), p.device_mesh, p.placements,
+                                                 src_data_rank=None).to_local())
+        else:
+            p.copy_(full)
 
 
 def load_init(model, path):
@@ -495,15 +500,23 @@ def build(a, device, world):
     seq = a.seq or cfg["seq"]
     if seq > cfg["seq"]:
         raise SystemExit(f"--seq {seq} is more than the model's context of {cfg['seq']}")
-    model = Transformer(cfg)
-    if a.init_from:
-        load_init(model, a.init_from)
-    else:
-        seeded_init(model, a.seed)
-    model.to(device)
     counter = CommCounter()
-    counter.install()
-    shard_model(model, a, world, device.type)
+    if a.init_from:
+        model = Transformer(cfg)
+        load_init(model, a.init_from)
+        model.to(device)
+        counter.install()
+        shard_model(model, a, world, device.type)
+    else:
+        # FSDP2's way for models that do not fit whole on a rank: built on the meta device,
+        # sharded, then given this rank's memory and its rows of fsdpx's seeded values (each
+        # whole parameter drawn alone, as fsdpx does), so that no rank ever holds the whole model.
+        with torch.device("meta"):
+            model = Transformer(cfg)
+        counter.install()
+        shard_model(model, a, world, device.type)
+        model.to_empty(device=device)
+        seeded_init(model, a.seed)
     opt = make_optimizer(model, a)
     data = Tokens(a.data, a.data_dtype, seq)
     sampler = GlobalBatchSampler(data.num_samples(), a.batch_size * world, dist.get_rank(), world, a.seed)

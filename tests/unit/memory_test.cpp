@@ -1,0 +1,210 @@
+// Memory that scales as 1/N, end to end through fsdpx-train on real Gloo groups, measured by the
+// counting allocator (fsdpx/framework/runtime/memory_accounting.h): what a step holds beyond its
+// shards does not grow with depth; the plan predicts the step's peak; a run that cannot fit is
+// refused before any worker starts; a worker the kernel kills is reported as such.
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_paths.h"
+
+using namespace fsdpx::test;
+using json = nlohmann::json;
+
+namespace {
+
+std::string train() { return (bin_dir() / "fsdpx-train").string(); }
+
+struct Measured {
+  json plan;          // plan.json as summary.json holds it
+  json step;          // the last step's metrics line
+  int64_t held = 0;   // the plan's per-rank shards: parameters, gradients, optimizer state
+};
+
+// Steps of gpt on synthetic tokens (two unless `args` says); `args` adds to them.
+Measured run_gpt(int nproc, const std::string& args) {
+  TempDir dir;
+  const std::string cmd = train() + " --nproc-per-node " + std::to_string(nproc) +
+                          " --data.name synthetic --peak-tflops 1 --log-every 1 " +
+                          (args.find("--steps") == std::string::npos ? "--steps 2 " : "") + args + " --out " +
+                          dir.path().string();
+  auto r = run_command(cmd);
+  Measured m;
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.out << r.err;
+  if (r.exit_code != 0) return m;
+  m.plan = read_json(dir.path() / "summary.json")["plan"];
+  m.step = step_metrics(dir.path()).back();
+  m.held = m.plan["param_bytes"].get<int64_t>() + m.plan["grad_bytes"].get<int64_t>() +
+           m.plan["optimizer_bytes"].get<int64_t>();
+  return m;
+}
+
+int64_t measured_peak(const Measured& m) { return m.step["step_peak_allocated_bytes"].get<int64_t>(); }
+
+// Gathered bytes the plan's units hold between forward and backward without resharding.
+int64_t held_gathered(const Measured& m) {
+  int64_t b = 0;
+  for (const auto& u : m.plan["units"])
+    if (!u["reshard_after_forward"].get<bool>() && !u["unit"].get<std::string>().empty()) b += u["gathered_bytes"].get<int64_t>();
+  return b;
+}
+
+struct Growth {
+  int nproc;
+  std::string args;
+  std::string name;
+};
+
+void PrintTo(const Growth& g, std::ostream* os) { *os << g.name; }
+
+class DepthGrowth : public ::testing::TestWithParam<Growth> {};
+
+// From 2 to 8 layers the step's allocated peak grows by what the 6 layers hold (their shards,
+// their activations, and where the strategy keeps units gathered through the step, their
+// gathered parameters) plus at most 5%: nothing transient accumulates per layer. Before the
+// bounded reductions it grew by 1.5x (every unit's packed gradients and receive buffer stayed
+// until the end of backward).
+TEST_P(DepthGrowth, PeakGrowsByTheAddedLayersOwnBytes) {
+  const Growth g = GetParam();
+  const std::string model = " --model.dim 512 --model.heads 8 --data.seq 8 --batch-size 1 --optimizer.name sgd ";
+  const Measured two = run_gpt(g.nproc, model + "--model.layers 2 " + g.args);
+  const Measured eight = run_gpt(g.nproc, model + "--model.layers 8 " + g.args);
+  if (two.plan.is_null() || eight.plan.is_null()) return;
+  const int64_t added = (eight.held - two.held) + (held_gathered(eight) - held_gathered(two)) +
+                        (eight.plan["memory"]["activation_bytes"].get<int64_t>() -
+                         two.plan["memory"]["activation_bytes"].get<int64_t>());
+  const int64_t growth = measured_peak(eight) - measured_peak(two);
+  std::printf("%s at %d ranks: peak %lld -> %lld B, growth %lld B for %lld B the 6 layers hold (%.3fx)\n",
+              g.args.c_str(), g.nproc, (long long)measured_peak(two), (long long)measured_peak(eight),
+              (long long)growth, (long long)added, static_cast<double>(growth) / static_cast<double>(added));
+  EXPECT_GT(added, 0);
+  EXPECT_LE(growth, added + added / 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, DepthGrowth,
+    ::testing::Values(Growth{2, "--sharding.name full_shard", "full_shard_2"},
+                      Growth{4, "--sharding.name full_shard", "full_shard_4"},
+                      Growth{2, "--sharding.name shard_grad_op", "shard_grad_op_2"},
+                      Growth{4, "--sharding.name shard_grad_op", "shard_grad_op_4"},
+                      Growth{4, "--sharding.name hybrid_shard --sharding.shard_size 2", "hybrid_shard_4"},
+                      Growth{2, "--deterministic", "deterministic_2"}, Growth{4, "--deterministic", "deterministic_4"}),
+    [](const ::testing::TestParamInfo<Growth>& i) { return i.param.name; });
+
+struct Shape {
+  std::string model;  // gpt's size options
+  int nproc;
+  std::string name;
+  bool heavy = false;  // minutes under the sanitizers
+};
+
+void PrintTo(const Shape& s, std::ostream* os) { *os << s.name; }
+
+class PredictedPeak : public ::testing::TestWithParam<Shape> {};
+
+const char* const kSmall = "--model.size small --data.seq 64 --batch-size 4";
+const char* const k1bWidth = "--model.size 1b --model.layers 2 --data.seq 16 --batch-size 1 --optimizer.name sgd";
+
+bool under_sanitizers() {
+#if defined(__SANITIZE_ADDRESS__)
+  return true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  return true;
+#endif
+#endif
+  return false;
+}
+
+// The plan's predicted step peak (the engine's protocol replayed in bytes, with the activations
+// gpt states) is within 10% of the allocated peak a run measures, for every strategy, with and
+// without activation checkpointing (one rank: one layout whatever the strategy; hybrid_shard:
+// 2 x 2 at 4 ranks). Measured within 3% from gpt tiny to 1b width. One step each: the next ones
+// hold the same (gradient shards are released after each optimizer step).
+TEST_P(PredictedPeak, WithinTenPercentOfTheMeasuredPeak) {
+  const Shape s = GetParam();
+  if (s.heavy && under_sanitizers())
+    GTEST_SKIP() << "gpt at 1b width takes minutes per run under the sanitizers; the same code is covered by tiny and "
+                    "small here, and at 1b width by make test";
+  std::vector<std::string> strategies{"full_shard"};
+  if (s.nproc > 1) strategies = {"full_shard", "shard_grad_op", "no_shard"};
+  if (s.nproc == 4) strategies.push_back("hybrid_shard --sharding.shard_size 2");
+  for (const auto& strategy : strategies)
+    for (const char* ac : {"", " --activation-checkpointing Block"}) {
+      const std::string args = s.model + " --steps 1 --sharding.name " + strategy + ac;
+      SCOPED_TRACE(args);
+      const Measured m = run_gpt(s.nproc, args);
+      if (m.plan.is_null()) continue;
+      const double predicted = m.plan["memory"]["peak_bytes"].get<double>();
+      const double measured = static_cast<double>(measured_peak(m));
+      std::printf("%-96s %d ranks: predicted %.2f MiB, measured %.2f MiB (%.3f)\n", args.c_str(), s.nproc,
+                  predicted / (1 << 20), measured / (1 << 20), measured / predicted);
+      EXPECT_NEAR(measured / predicted, 1.0, 0.10) << m.plan["memory"].dump();
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gpt, PredictedPeak,
+    ::testing::Values(Shape{"--model.size tiny", 1, "tiny_1"}, Shape{"--model.size tiny", 2, "tiny_2"},
+                      Shape{"--model.size tiny", 4, "tiny_4"}, Shape{kSmall, 1, "small_1"}, Shape{kSmall, 2, "small_2"},
+                      Shape{kSmall, 4, "small_4"},
+                      // 1b width, 2 layers: the shards, not the activations, dominate.
+                      Shape{k1bWidth, 1, "width_1b_1", true}, Shape{k1bWidth, 2, "width_1b_2", true},
+                      Shape{k1bWidth, 4, "width_1b_4", true}),
+    [](const ::testing::TestParamInfo<Shape>& i) { return i.param.name; });
+
+// A plan that cannot fit (llama3-8b on one rank: 128 GB of fp32 parameters, gradients and AdamW
+// state) stops before any worker starts, with one line naming the planned and the available
+// bytes and the ways out.
+TEST(MemoryCheck, APlanThatCannotFitIsRefusedBeforeAnyWorkerStarts) {
+  for (const char* launch : {" --nproc-per-node 2", ""}) {
+    auto r = run_command(train() + launch + " --model.size llama3-8b --data.name synthetic --data.seq 16 --steps 1");
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("the plan does not fit this node"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("is available ("), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--activation-checkpointing"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--skip-memory-check"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("[rank"), std::string::npos) << "a worker started:\n" << r.err;
+  }
+  // Far more local ranks than the machine can run: one line, no worker.
+  auto r = run_command(train() + " --nproc-per-node 1000 --skip-memory-check --data.name synthetic --data.samples 10000 "
+                                 "--batch-size 1 --steps 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("starts more workers than this machine can run"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("[rank"), std::string::npos) << r.err;
+}
+
+// --max-memory-mib checks the plan's measure: allocated bytes, not RSS.
+TEST(MemoryCheck, MaxMemoryMibChecksTheAllocatedPeak) {
+  auto r = run_command(train() + " --nproc-per-node 2 --model.size small --data.name synthetic --steps 2 "
+                                 "--peak-tflops 1 --max-memory-mib 1");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("MiB allocated on a rank (the plan's measure), over --max-memory-mib 1"), std::string::npos) << r.err;
+}
+
+// A worker killed by SIGKILL from outside (as the kernel's out-of-memory killer does) is named,
+// with the plan's figure for a rank.
+TEST(MemoryCheck, AWorkerKilledFromOutsideIsReportedAsProbablyOutOfMemory) {
+  TempDir dir;
+  const std::string out = dir.path().string();
+  write_file(dir.path() / "kill.sh",
+             train() + " --nproc-per-node 2 --model.size tiny --data.name synthetic --steps 100000 --log-every 1 "
+                       "--peak-tflops 1 --out " + out + "/run > " + out + "/log 2>&1 &\n"
+                       "L=$!\n"
+                       "for i in $(seq 600); do grep -q step " + out + "/run/metrics.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+                       "kill -9 $(pgrep -P $L | tail -1)\n"
+                       "wait $L\n"
+                       "echo exit=$?\n");
+  auto r = run_command("timeout 120 bash " + out + "/kill.sh");
+  const std::string log = read_file(dir.path() / "log");
+  EXPECT_NE(r.out.find("exit=137"), std::string::npos) << r.out << log;
+  EXPECT_NE(log.find("was killed by signal 9 (Killed), probably by the kernel's out-of-memory killer: the plan's peak "
+                     "per rank is"),
+            std::string::npos)
+      << log;
+}
+
+}  // namespace
