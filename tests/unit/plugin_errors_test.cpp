@@ -158,15 +158,22 @@ TEST(PluginErrors, IllTypedOptionNamesTheExpectedType) {
   host.load_file(size_based());
   EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("size_based", {{"min_num_params", "lots"}}); }),
             "wrap policy 'size_based' (plugin wrap_size_based): option wrap.min_num_params "
-            "expects an integer, got 'lots'");
+            "expects an integer of at least 1, got 'lots'");
+}
+
+TEST(PluginErrors, OutOfRangeOptionNamesTheComponentAndTheRange) {
+  PluginHost host;
+  host.load_file(size_based());
+  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("size_based", {{"min_num_params", "0"}}); }),
+            "wrap policy 'size_based' (plugin wrap_size_based): option wrap.min_num_params expects an integer of "
+            "at least 1, got '0'");
 }
 
 TEST(PluginErrors, FactoryRefusalNamesTheComponent) {
   PluginHost host;
-  host.load_file(size_based());
-  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("size_based", {{"min_num_params", "0"}}); }),
-            "wrap policy 'size_based' (plugin wrap_size_based): min_num_params must be at least "
-            "1, got 0");
+  host.load_file(fixture("good"));
+  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("fixture_depth", {{"depth", "0"}}); }),
+            "wrap policy 'fixture_depth' (plugin fixture_good): depth must be at least 1, got 0");
 }
 
 TEST(PluginErrors, WorldWritableDirectoryIsRefusedUnlessAllowed) {
