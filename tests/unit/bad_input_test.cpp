@@ -77,6 +77,10 @@ TEST(InputPaths, DataPathsThatAreNotRegularFilesAreRefused) {
   expect_one_line(r, "fsdpx-train", "data.path " + dir.path().string() + " is a directory; give a file");
   EXPECT_EQ(test::error_of([] { check_input_file("/dev/zero", "--x"); }),
             "--x /dev/zero is a character device, not a regular file");
+  // A regular file larger than the memory a source would hold it in is refused up front.
+  const std::string huge = test::error_of([] { check_fits_in_memory(uint64_t{1} << 60, "text data x", "use less"); });
+  EXPECT_EQ(huge.rfind("text data x needs 1073741824.0 GiB of memory, and this machine has ", 0), 0u) << huge;
+  EXPECT_EQ(test::error_of([] { check_fits_in_memory(1, "text data x", "use less"); }), "(no error)");
 }
 
 // A plugin cut short is refused before dlopen maps it (which ended both programs with SIGBUS,

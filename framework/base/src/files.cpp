@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 
 #include "fsdpx/error.h"
 
@@ -41,6 +43,21 @@ uint64_t check_input_file(const std::string& path, const std::string& what) {
   if (fd < 0) throw Error(where + " cannot be read: " + std::strerror(errno));
   ::close(fd);
   return static_cast<uint64_t>(st.st_size);
+}
+
+void check_fits_in_memory(uint64_t bytes, const std::string& what, const std::string& advice) {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  while (meminfo >> key >> kib && key != "MemAvailable:") meminfo.ignore(256, '\n');
+  if (key != "MemAvailable:" || bytes <= (kib << 10)) return;
+  auto gib = [](uint64_t b) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(b) / (1 << 30));
+    return std::string(text);
+  };
+  throw Error(what + " needs " + gib(bytes) + " of memory, and this machine has " + gib(kib << 10) + " available; " +
+              advice);
 }
 
 }  // namespace fsdpx

@@ -157,7 +157,9 @@ class Csv final : public fsdpx::DataSource, public fsdpx::HeldOutData {
  public:
   Csv(const std::string& path, int64_t label_column, const std::string& header, double holdout, uint64_t split_seed,
       bool standardize) {
-    fsdpx::check_input_file(path, "data.path");
+    // Parsed, a row's text takes about 16 times its bytes while the table is built.
+    fsdpx::check_fits_in_memory(16 * fsdpx::check_input_file(path, "data.path"), "csv file " + path + " (data.path)",
+                                "give a smaller file");
     std::ifstream in(path);
     if (!in) throw fsdpx::Error("csv file " + path + " cannot be opened (data.path); does it exist?");
     Table t = parse_table(in, path, label_column, header);

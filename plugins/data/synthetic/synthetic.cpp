@@ -48,7 +48,7 @@ class Synthetic final : public fsdpx::DataSource {
 void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::DataSource>(
       "synthetic", "random token sequences, the same at every world size (for benchmarks and tests)",
-      {fsdpx::int_option("samples", 4096, {1, int64_t{1} << 26}, "sequences in one epoch"),
+      {fsdpx::int_option("samples", 4096, {1, 1 << 22}, "sequences in one epoch"),
        fsdpx::int_option("seq", 64, {1, 1 << 20}, "tokens per sequence"),
        fsdpx::int_option("vocab", 256, {1, 1 << 24}, "token ids are drawn from [0, vocab)")},
       [](const fsdpx::ComponentContext& ctx) {

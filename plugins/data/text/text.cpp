@@ -52,7 +52,17 @@ std::vector<fs::path> text_files(const std::string& path) {
 class Text final : public fsdpx::DataSource, public fsdpx::HeldOutData {
  public:
   Text(const std::string& path, int64_t seq, double holdout) : seq_(seq) {
-    for (const auto& f : text_files(path)) {
+    const std::vector<fs::path> files = text_files(path);
+    uint64_t total = 0;
+    for (const auto& f : files) {
+      std::error_code ec;
+      const uint64_t n = fs::file_size(f, ec);
+      total += ec ? 0 : n;
+    }
+    fsdpx::check_fits_in_memory(total, "text data " + path + " (data.path)",
+                                "the text source holds its bytes in memory: tokenize it (scripts/tokenize) and "
+                                "train with --data.name tokens, which reads on demand");
+    for (const auto& f : files) {
       std::ifstream in(f, std::ios::binary);
       if (!in) throw fsdpx::Error("text file " + f.string() + " cannot be read (data.path)");
       bytes_.insert(bytes_.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
