@@ -104,6 +104,10 @@ TEST_F(CheckpointCompleteness, VerifyChecksEveryFileTheFormatNeeds) {
     EXPECT_NE(v.err.find(c.string() + " is not complete: " + d.expect), std::string::npos) << v.err;
     EXPECT_EQ(fsdpx::checkpoint_problem(c.string()).rfind(d.expect, 0), 0u) << fsdpx::checkpoint_problem(c.string());
   }
+  // A checkpoint moved to another step's name does not pass for that step.
+  const fs::path renamed = copy_of_step4("step-00000006");
+  EXPECT_EQ(fsdpx::checkpoint_problem(renamed.string()),
+            "index.json records step 4, the directory's name step 6");
 }
 
 // --resume auto takes the newest complete checkpoint and names each newer one it skips, with why

@@ -67,8 +67,20 @@ std::string missing_or_empty(const fs::path& p) {
   return "";
 }
 
+// The step a directory's name says, for step-NNNNNNNN; none for another name.
+std::optional<int64_t> named_step(const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  char* end = nullptr;
+  const long long step = name.rfind("step-", 0) == 0 && name.size() > 5 ? std::strtoll(name.c_str() + 5, &end, 10) : -1;
+  if (step < 0 || *end != '\0') return std::nullopt;
+  return step;
+}
+
 std::string sharded_problem(const fs::path& dir) {
   Index ix = read_index(dir.string());
+  const int64_t step = ix.j.value("step", int64_t{0});
+  if (const auto named = named_step(dir); named && *named != step)
+    return "index.json records step " + std::to_string(step) + ", the directory's name step " + std::to_string(*named);
   const json sizes = ix.j.value("files", json::object());
   for (auto it = sizes.begin(); it != sizes.end(); ++it) {
     std::error_code ec;
@@ -83,8 +95,7 @@ std::string sharded_problem(const fs::path& dir) {
   }
   for (const char* name : {"trainer_state.json", "config.ini"})
     if (std::string why = missing_or_empty(dir / name); !why.empty()) return why;
-  if (std::string why = trainer_state_problem(read_text(dir / "trainer_state.json"), ix.j.value("step", int64_t{0}));
-      !why.empty())
+  if (std::string why = trainer_state_problem(read_text(dir / "trainer_state.json"), step); !why.empty())
     return "trainer_state.json " + why;
   std::istringstream ini(read_text(dir / "config.ini"));
   try {
