@@ -178,7 +178,7 @@ int main(int argc, char** argv) {
     ro.rendezvous_timeout = ms(vm["rendezvous-timeout"].as<double>());
     ro.collective_timeout = ms(vm["collective-timeout"].as<double>());
     ro.exit_on_peer_failure = true;  // a rank that fails ends the others with its message
-    ro.check_collectives = vm.count("check-collectives") > 0;
+    ro.check_collectives = vm["check-collectives"].as<bool>();  // "check-collectives = false" in a file: off
     if (vm.count("check-comm")) return check_comm(ro);
     auto settings = fsdpx::TrainSettings::from(vm);
     if (vm.count("dry-run")) {

@@ -221,6 +221,11 @@ TEST(FlagConflicts, TheLauncherWithRankFlagsIsRefusedBeforeAnyWorkerStarts) {
   }
 }
 
+TEST(FlagConflicts, AnUnknownDeviceIsRefusedBeforeAnyWorkerStarts) {
+  auto r = run_command(train() + kQuick + "--nproc-per-node 2 --device tpu");
+  expect_one_line(r, "fsdpx-train", "--device must be cpu or cuda, got 'tpu'");
+}
+
 TEST(FlagConflicts, CheckpointFlagsWithoutACheckpointAreRefused) {
   auto r = run_command(train() + kQuick + "--nproc-per-node 2 --keep-last 2");
   expect_one_line(r, "fsdpx-train", "--keep-last needs a checkpoint component, and the run has none");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -63,6 +64,13 @@ int lock_file(const std::string& dir, bool create, int operation) {
   if (::flock(fd, operation | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) in_use(dir, fd);
     const int err = errno;
+    if (err == ENOLCK || err == ENOSYS || err == EOPNOTSUPP || err == EINVAL) {
+      // Some shared filesystems (Lustre without -o flock) have no locks: run, but say so.
+      if (create)
+        std::fprintf(stderr, "fsdpx: warning: --out %s: its filesystem cannot lock %s (%s); a second run on this "
+                     "directory will not be refused\n", dir.c_str(), path.c_str(), std::strerror(err));
+      return fd;
+    }
     ::close(fd);
     throw Error("--out " + dir + ": cannot lock " + path + ": " + std::strerror(err));
   }

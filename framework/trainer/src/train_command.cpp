@@ -35,7 +35,8 @@ po::options_description topology_options() {
      "seconds to wait for every rank to join")
     ("collective-timeout", float_value(FloatRange::closed(0.001, 1e7))->default_value(300),
      "seconds before a collective is declared hung")
-    ("check-collectives", "debug: before each collective the ranks compare op, dtype, element count, unit and phase "
+    ("check-collectives", po::bool_switch(),
+     "debug: before each collective the ranks compare op, dtype, element count, unit and phase "
      "(one small all-gather each); a mismatch stops the run naming both calls before anything hangs")
     ("device", po::value<std::string>()->default_value("cpu"), "cpu (Gloo) or cuda (NCCL, one GPU per local rank)");
   return topo;
@@ -81,6 +82,8 @@ void check_train_flags(const RunConfig& config, int nproc_per_node) {
         throw Error(std::string("--nproc-per-node and --") + p + " cannot go together: the launcher places the " +
                     std::to_string(nproc_per_node) + " ranks it starts itself; drop --" + p +
                     " (or start one process per rank without --nproc-per-node)");
+  const std::string device = vm["device"].as<std::string>();
+  if (device != "cpu" && device != "cuda") throw Error("--device must be cpu or cuda, got '" + device + "'");
   const std::string resume = vm["resume"].as<std::string>(), save_init = vm["save-init"].as<std::string>();
   const char* needs_checkpoint = vm["save-every"].as<int64_t>() > 0 ? "--save-every"
                                  : vm["keep-last"].as<int64_t>() > 0 ? "--keep-last"
