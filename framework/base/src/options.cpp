@@ -59,7 +59,8 @@ std::vector<std::string> range_items(const std::string& lo, bool lo_open, const 
 std::pair<std::string, bool> range_end(const OptionSpec& spec, const std::string& item, bool lower) {
   if (item.size() < 2) malformed_range(spec);
   if (lower && (item[0] == '[' || item[0] == '(')) return {item.substr(1), item[0] == '('};
-  if (!lower && (item.back() == ']' || item.back() == ')')) return {item.substr(0, item.size() - 1), item.back() == ')'};
+  if (!lower && (item.back() == ']' || item.back() == ')'))
+    return {item.substr(0, item.size() - 1), item.back() == ')'};
   malformed_range(spec);
 }
 

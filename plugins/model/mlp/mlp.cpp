@@ -101,7 +101,8 @@ class Mlp final : public fsdpx::Model, public fsdpx::Evaluable {
       const int64_t hi = batch.targets.max().item<int64_t>(), lo = batch.targets.min().item<int64_t>();
       if (lo < 0 || hi >= classes_)
         throw fsdpx::Error("mlp has " + std::to_string(classes_) + " classes (labels 0.." +
-                           std::to_string(classes_ - 1) + ") but the data has label " + std::to_string(lo < 0 ? lo : hi) +
+                           std::to_string(classes_ - 1) + ") but the data has label " +
+                           std::to_string(lo < 0 ? lo : hi) +
                            "; if the data's labels are right, set --model.classes " + std::to_string(hi + 1) +
                            "; if they are a feature, choose the label column (--data.label_column)");
     }
