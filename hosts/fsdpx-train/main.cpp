@@ -30,6 +30,10 @@ namespace po = boost::program_options;
 
 namespace {
 
+// Every option of fsdpx-train (fsdpx/framework/trainer/train_command.h, where the fuzz target of the
+// --dry-run path finds them too).
+po::options_description options() { return fsdpx::train_command_options(); }
+
 // Seconds (within the option's declared range) as milliseconds.
 std::chrono::milliseconds ms(double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); }
 
@@ -144,7 +148,7 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  const auto desc = fsdpx::train_command_options();
+  const auto desc = options();
   try {
     const fsdpx::LauncherArgs la = fsdpx::split_launcher_args(argc, argv);
     const std::vector<std::string> plain(la.rest.begin() + 1, la.rest.end());
