@@ -28,7 +28,7 @@ int main(int argc, char** argv, const std::string& name, po::options_description
     po::notify(vm);
     return body(vm);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", name.c_str(), e.what());
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), message_of(e).c_str());
     return 1;
   }
 }

@@ -3,6 +3,7 @@
 //   fsdpx-ckpt verify DIR                        re-reads every byte and checks every digest
 //   fsdpx-ckpt consolidate DIR OUT.safetensors   one file of whole tensors, one tensor in memory at a time
 //   fsdpx-ckpt export-hf DIR OUT_DIR             a Hugging Face directory (config.json, safetensors)
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -84,8 +85,11 @@ int export_hf(const std::vector<std::string>& a) {
   for (size_t i = 3; i < a.size(); i += 2) {
     if (i + 1 >= a.size()) throw fsdpx::Error(a[i] + " needs a value");
     if (a[i] == "--max-shard-size") {
-      const double gb = std::stod(a[i + 1]);
-      if (!(gb > 0)) throw fsdpx::Error("--max-shard-size must be a positive number of GB, got " + a[i + 1]);
+      double gb = 0;
+      const std::string& v = a[i + 1];
+      const auto res = std::from_chars(v.data(), v.data() + v.size(), gb);
+      if (v.empty() || res.ec != std::errc() || res.ptr != v.data() + v.size() || !(gb > 0 && gb <= 1e6))
+        throw fsdpx::Error("--max-shard-size expects a number of GB in (0, 1000000], got '" + v + "'");
       o.max_shard_bytes = static_cast<int64_t>(gb * 1e9);
     } else if (a[i] == "--dtype") {
       const std::string d = a[i + 1];
@@ -144,7 +148,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fsdpx-ckpt: unknown command or wrong arguments: '%s'\n%s", a[0].c_str(), kUsage);
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdpx-ckpt: %s\n", e.what());
+    std::fprintf(stderr, "fsdpx-ckpt: %s\n", fsdpx::message_of(e).c_str());
     return 1;
   }
 }

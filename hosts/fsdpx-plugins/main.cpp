@@ -242,9 +242,11 @@ int main(int argc, char** argv) {
   }
   try {
     fsdpx::PluginHost host;
-    auto errors = host.discover(cli.search);
-    for (const auto& e : errors) std::fprintf(stderr, "fsdpx-plugins: %s\n", e.c_str());
-    int status = errors.empty() ? 0 : 1;
+    // Every plugin that loads is still shown; any failure makes the exit status 1.
+    const auto found = host.discover_all(cli.search);
+    for (const auto& e : found.errors) std::fprintf(stderr, "fsdpx-plugins: %s\n", e.c_str());
+    for (const auto& w : found.warnings) std::fprintf(stderr, "fsdpx-plugins: warning: %s\n", w.c_str());
+    int status = found.errors.empty() && found.warnings.empty() ? 0 : 1;
     int rc = 0;
     if (cli.command == "list") rc = cmd_list(host);
     if (cli.command == "show") rc = cmd_show(host, cli.args);
@@ -253,7 +255,7 @@ int main(int argc, char** argv) {
     if (cli.command == "explain") rc = cmd_explain(host, cli.args);
     return rc != 0 ? rc : status;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdpx-plugins: %s\n", e.what());
+    std::fprintf(stderr, "fsdpx-plugins: %s\n", fsdpx::message_of(e).c_str());
     return 1;
   }
 }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/full.h>
@@ -21,6 +22,8 @@
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
+#include "fsdpx/framework/trainer/run_directory.h"
+#include "fsdpx/framework/trainer/train_command.h"
 #include "fsdpx/framework/trainer/trainer.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
@@ -29,61 +32,12 @@ namespace po = boost::program_options;
 
 namespace {
 
-po::options_description options() {
-  po::options_description topo("Topology (flags win over torchrun's variables, which win over Slurm's)");
-  topo.add_options()
-    ("nproc-per-node", po::value<int>(), "start this many workers on this machine (local launcher)")
-    ("rank", po::value<int>(), "global rank (else RANK, else SLURM_PROCID)")
-    ("world-size", po::value<int>(), "number of ranks (else WORLD_SIZE, else SLURM_NTASKS)")
-    ("local-rank", po::value<int>(), "rank within the node (else LOCAL_RANK, else SLURM_LOCALID)")
-    ("local-world-size", po::value<int>(), "ranks on this node (else LOCAL_WORLD_SIZE, else Slurm's tasks per node)")
-    ("node-rank", po::value<int>(), "index of this node (else GROUP_RANK, else SLURM_NODEID)")
-    ("num-nodes", po::value<int>(), "number of nodes (else GROUP_WORLD_SIZE, else SLURM_NNODES)")
-    ("master-addr", po::value<std::string>(), "rendezvous host (else MASTER_ADDR, else Slurm's first node)")
-    ("master-port", po::value<int>(), "rendezvous port (else MASTER_PORT, else derived from SLURM_JOB_ID)")
-    ("rendezvous-timeout", po::value<double>()->default_value(60), "seconds to wait for every rank to join")
-    ("collective-timeout", po::value<double>()->default_value(300), "seconds before a collective is declared hung")
-    ("check-collectives", "debug: before each collective the ranks compare op, dtype, element count, unit and phase "
-     "(one small all-gather each); a mismatch stops the run naming both calls before anything hangs")
-    ("device", po::value<std::string>()->default_value("cpu"), "cpu (Gloo) or cuda (NCCL, one GPU per local rank)");
-  po::options_description actions("Actions");
-  actions.add_options()
-    ("dry-run", "print the plan (units, bytes per rank, bytes moved per step, dtypes) and exit; no process group")
-    ("print-topology", "print this rank's resolved topology and exit (no rendezvous)")
-    ("check-comm", "rendezvous, build the process groups and verify all-reduce, all-gather and barrier")
-    ("skip-memory-check", "start even when the plan's peak per rank, times the ranks on this node, exceeds the memory "
-     "the node has available (MemAvailable, or the memory cgroup's limit)")
-    ("help,h", "this help");
-  po::options_description plugins("Plugins");
-  plugins.add_options()
-    ("plugin-dir", po::value<std::vector<std::string>>()->composing(), "also load plugins from this directory")
-    ("plugin", po::value<std::vector<std::string>>()->composing(), "also load this plugin file")
-    ("allow-insecure-plugin-dir", "load plugins from world-writable or foreign-owned places");
-  po::options_description all;
-  all.add(fsdpx::TrainSettings::options()).add(topo).add(actions).add(plugins);
-  return all;
-}
+// Every option of fsdpx-train (fsdpx/framework/trainer/train_command.h, where the fuzz target of the
+// --dry-run path finds them too).
+po::options_description options() { return fsdpx::train_command_options(); }
 
-fsdpx::TopologyFlags flags_from(const po::variables_map& vm) {
-  fsdpx::TopologyFlags f;
-  auto i = [&](const char* k, std::optional<int>& out) { if (vm.count(k)) out = vm[k].as<int>(); };
-  i("rank", f.rank);
-  i("world-size", f.world_size);
-  i("local-rank", f.local_rank);
-  i("local-world-size", f.local_world_size);
-  i("node-rank", f.node_rank);
-  i("num-nodes", f.num_nodes);
-  i("master-port", f.master_port);
-  if (vm.count("master-addr")) f.master_addr = vm["master-addr"].as<std::string>();
-  return f;
-}
-
-std::chrono::milliseconds ms(const char* option, double seconds) {
-  if (!(seconds >= 0.001 && seconds <= 1e7))
-    throw fsdpx::Error(std::string("--") + option + " must be between 0.001 and 10000000 seconds, got " +
-                       std::to_string(seconds));
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
+// Seconds (within the option's declared range) as milliseconds.
+std::chrono::milliseconds ms(double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); }
 
 int check_comm(const fsdpx::RuntimeOptions& ro) {
   auto start = std::chrono::steady_clock::now();
@@ -112,35 +66,18 @@ int check_comm(const fsdpx::RuntimeOptions& ro) {
   return 0;
 }
 
-fsdpx::PluginSearch plugin_search(const std::vector<std::string>& args) {
-  // The plugin flags are read before the configuration (which needs the plugins to parse).
-  fsdpx::PluginSearch search;
-  for (size_t i = 0; i < args.size(); ++i) {
-    auto value = [&](const std::string& flag, std::vector<std::filesystem::path>& out) {
-      if (args[i] == flag && i + 1 < args.size()) out.emplace_back(args[i + 1]);
-      else if (args[i].rfind(flag + "=", 0) == 0) out.emplace_back(args[i].substr(flag.size() + 1));
-    };
-    value("--plugin-dir", search.dirs);
-    value("--plugin", search.files);
-    if (args[i] == "--allow-insecure-plugin-dir") search.allow_insecure = true;
-  }
-  return search;
-}
-
 struct Loaded {
   std::unique_ptr<fsdpx::PluginHost> host;
   fsdpx::RunConfig config;
 };
 
-// fsdpx-train's request: its options, the default components, and no checkpoint on request.
-fsdpx::ConfigRequest config_request(const po::options_description& desc) {
-  return fsdpx::ConfigRequest{&desc, fsdpx::default_components(), {fsdpx::Kind::Checkpoint}};
-}
-
-Loaded load(const std::vector<std::string>& args, const po::options_description& desc) {
+// The plugins (a named one must load) and the configuration; refuses flags that cannot go together.
+Loaded load(const std::vector<std::string>& args, const po::options_description& desc, int nproc_per_node = 0) {
   Loaded l{std::make_unique<fsdpx::PluginHost>(), {}};
-  for (const auto& e : l.host->discover(plugin_search(args))) std::fprintf(stderr, "fsdpx-train: warning: %s\n", e.c_str());
-  l.config = fsdpx::RunConfig::resolve(*l.host, args, config_request(desc));
+  for (const auto& e : l.host->discover(fsdpx::plugin_search(args)))
+    std::fprintf(stderr, "fsdpx-train: warning: %s\n", e.c_str());
+  l.config = fsdpx::RunConfig::resolve(*l.host, args, fsdpx::train_config_request(desc));
+  fsdpx::check_train_flags(l.config, nproc_per_node);
   return l;
 }
 
@@ -148,7 +85,7 @@ void print_help(const po::options_description& desc, const std::vector<std::stri
   std::cout << "usage: fsdpx-train [OPTIONS]\n"
                "  Trains a model composed from plugins; every option also works as a key of an INI file\n"
                "  given with --config (top-level keys for these, [section] name=... for components).\n\n"
-            << desc << "\n" << fsdpx::component_choice_options(config_request(desc)) << "\n";
+            << desc << "\n" << fsdpx::component_choice_options(fsdpx::train_config_request(desc)) << "\n";
   try {
     std::vector<std::string> rest;
     for (const auto& a : args)
@@ -172,10 +109,11 @@ bool has(const std::vector<std::string>& args, const char* flag) {
   return std::find(args.begin(), args.end(), flag) != args.end();
 }
 
-// --dry-run: the plan's text, and plan.json under --out when given.
+// --dry-run: the plan's text, and plan.json under --out when given (unless a run holds --out).
 void print_plan(const fsdpx::RunPlan& plan, const fsdpx::TrainSettings& settings) {
   std::cout << plan.text();
   if (settings.out_dir.empty()) return;
+  fsdpx::RunDirectory::check_not_in_use(settings.out_dir);
   std::filesystem::create_directories(settings.out_dir);
   fsdpx::write_plan_json(plan, (std::filesystem::path(settings.out_dir) / "plan.json").string());
 }
@@ -185,6 +123,30 @@ void print_plan(const fsdpx::RunPlan& plan, const fsdpx::TrainSettings& settings
 // depend on where the shard boundaries fall. ATen reads this once, at its first kernel.
 void choose_kernels(const po::variables_map& vm) {
   if (vm.count("deterministic") && vm["deterministic"].as<bool>()) ::setenv("ATEN_CPU_CAPABILITY", "default", 1);
+}
+
+// With --nproc-per-node: the whole configuration, checked once, here, before any worker starts (a
+// bad option gives one line, not one per rank). --dry-run ends here: returns its status then.
+std::optional<int> check_before_launch(const std::vector<std::string>& plain, const po::options_description& desc,
+                                       int nproc, std::string& kill_note) {
+  Loaded l = load(plain, desc, nproc);
+  if (has(plain, "--check-comm") || has(plain, "--print-topology")) return std::nullopt;
+  auto settings = fsdpx::TrainSettings::from(l.config.host_values());
+  if (l.config.host_values()["device"].as<std::string>() == "cuda" && !has(plain, "--dry-run"))
+    throw fsdpx::Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups "
+                       "are built and checked by --check-comm); use --device cpu");
+  auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(nproc));
+  if (has(plain, "--dry-run")) {
+    print_plan(plan, settings);
+    return 0;
+  }
+  fsdpx::check_optimizer_runs_here(plan);
+  fsdpx::RunDirectory::check_not_in_use(settings.out_dir);  // a run holds it: refused before any worker starts
+  if (!has(plain, "--skip-memory-check")) fsdpx::check_memory_fits(plan, nproc, fsdpx::resident_bytes());
+  kill_note = "the plan's peak per rank is " + std::to_string(plan.memory.peak >> 20) + " MiB allocated (at " +
+              plan.memory.peak_where + "), and each process holds more besides";
+  if (isatty(STDOUT_FILENO) || isatty(STDERR_FILENO)) ::setenv("FSDPX_PROGRESS", "1", 1);
+  return std::nullopt;
 }
 
 }  // namespace
@@ -203,31 +165,14 @@ int main(int argc, char** argv) {
     }
     const bool launcher = la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED");
     std::string kill_note;  // after a SIGKILLed worker: the plan's figure
-    if (launcher && !has(plain, "--check-comm") && !has(plain, "--print-topology")) {
-      // Check the whole configuration once, here, before any worker starts: a bad option gives
-      // one line, not one per rank.
-      Loaded l = load(plain, desc);
-      auto settings = fsdpx::TrainSettings::from(l.config.host_values());
-      if (l.config.host_values()["device"].as<std::string>() == "cuda" && !has(plain, "--dry-run"))
-        throw fsdpx::Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups "
-                           "are built and checked by --check-comm); use --device cpu");
-      auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(la.nproc_per_node));
-      if (has(plain, "--dry-run")) {
-        print_plan(plan, settings);
-        return 0;
-      }
-      fsdpx::check_optimizer_runs_here(plan);
-      if (!has(plain, "--skip-memory-check")) fsdpx::check_memory_fits(plan, la.nproc_per_node, fsdpx::resident_bytes());
-      kill_note = "the plan's peak per rank is " + std::to_string(plan.memory.peak >> 20) + " MiB allocated (at " +
-                  plan.memory.peak_where + "), and each process holds more besides";
-      if (isatty(STDOUT_FILENO) || isatty(STDERR_FILENO)) ::setenv("FSDPX_PROGRESS", "1", 1);
-    }
+    if (launcher)
+      if (auto rc = check_before_launch(plain, desc, la.nproc_per_node, kill_note)) return *rc;
     std::vector<std::string> args;
     if (auto rc = fsdpx::launch_if_requested(argc, argv, "fsdpx-train", args, kill_note)) return *rc;
     Loaded l = load(args, desc);
     const po::variables_map& vm = l.config.host_values();
     choose_kernels(vm);
-    auto resolved = fsdpx::resolve_topology(flags_from(vm), fsdpx::process_environment());
+    auto resolved = fsdpx::resolve_topology(fsdpx::topology_flags(vm), fsdpx::process_environment());
     if (vm.count("print-topology")) {
       const auto& t = resolved.topology;
       std::printf("topology rank=%d world_size=%d local_rank=%d local_world_size=%d node_rank=%d "
@@ -242,10 +187,10 @@ int main(int argc, char** argv) {
     fsdpx::RuntimeOptions ro;
     ro.topology = resolved.topology;
     ro.device = device == "cuda" ? fsdpx::DeviceKind::Cuda : fsdpx::DeviceKind::Cpu;
-    ro.rendezvous_timeout = ms("rendezvous-timeout", vm["rendezvous-timeout"].as<double>());
-    ro.collective_timeout = ms("collective-timeout", vm["collective-timeout"].as<double>());
+    ro.rendezvous_timeout = ms(vm["rendezvous-timeout"].as<double>());
+    ro.collective_timeout = ms(vm["collective-timeout"].as<double>());
     ro.exit_on_peer_failure = true;  // a rank that fails ends the others with its message
-    ro.check_collectives = vm.count("check-collectives") > 0;
+    ro.check_collectives = vm["check-collectives"].as<bool>();  // "check-collectives = false" in a file: off
     if (vm.count("check-comm")) return check_comm(ro);
     auto settings = fsdpx::TrainSettings::from(vm);
     if (vm.count("dry-run")) {
@@ -265,7 +210,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "fsdpx-train: %s (see --help)\n", e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdpx-train: %s\n", e.what());
+    std::fprintf(stderr, "fsdpx-train: %s\n", fsdpx::message_of(e).c_str());
     return 1;
   }
 }

@@ -145,8 +145,8 @@ TEST(Checkpoint, CorruptionIsNamed) {
   fs::resize_file(cut / "rank-00000.safetensors", fs::file_size(cut / "rank-00000.safetensors") - 100);
   auto l2 = load(cut);
   EXPECT_NE(l2.exit_code, 0);
-  EXPECT_NE(l2.err.find("rank-00000.safetensors: "), std::string::npos) << l2.err;
-  EXPECT_NE(l2.err.find("the index records"), std::string::npos) << l2.err;
+  EXPECT_NE(l2.err.find("is not complete: rank-00000.safetensors has "), std::string::npos) << l2.err;
+  EXPECT_NE(l2.err.find("bytes, index.json records"), std::string::npos) << l2.err;
 
   const fs::path edited = copy("edited");
   json ix = index_of(edited);
@@ -159,7 +159,10 @@ TEST(Checkpoint, CorruptionIsNamed) {
       << l3.err;
 
   auto l4 = load(dir.path() / "checkpoints" / "nothing-here");
-  EXPECT_NE(l4.err.find("is not a checkpoint: it has no index.json"), std::string::npos) << l4.err;
+  EXPECT_NE(l4.err.find("nothing-here does not exist"), std::string::npos) << l4.err;
+  fs::create_directories(dir.path() / "empty");
+  auto l5 = load(dir.path() / "empty");
+  EXPECT_NE(l5.err.find("is not a checkpoint: it has no index.json"), std::string::npos) << l5.err;
 }
 
 // The consolidated plugin's file loads with Python's safetensors and holds the same tensors as
@@ -305,10 +308,16 @@ TEST(Checkpoint, KeepLastAndInspect) {
 TEST(Checkpoint, ListingIsReadOnlyAndRankZeroRecovers) {
   TempDir dir;
   const fs::path root = dir.path() / "checkpoints";
-  fs::create_directories(root / ".old-step-00000002");
-  fs::create_directories(root / "step-00000004");
-  write_file(root / ".old-step-00000002" / "index.json", "{}");
-  write_file(root / "step-00000004" / "index.json", "{}");
+  // The smallest complete sharded checkpoints: no tensors, but every file the format needs.
+  auto complete = [](const fs::path& d, int step) {
+    fs::create_directories(d);
+    write_file(d / "index.json", json{{"format", "fsdpx-sharded"}, {"version", 1}, {"step", step},
+                                      {"tensors", json::object()}, {"files", json::object()}}.dump());
+    write_file(d / "trainer_state.json", json{{"step", step}, {"seed", 0}, {"data", json::object()}}.dump());
+    write_file(d / "config.ini", "");
+  };
+  complete(root / ".old-step-00000002", 2);
+  complete(root / "step-00000004", 4);
   using Listing = std::vector<std::pair<int64_t, std::string>>;
   EXPECT_EQ(fsdpx::list_checkpoints(root.string()), (Listing{{4, (root / "step-00000004").string()}}));
   EXPECT_TRUE(fs::exists(root / ".old-step-00000002"));  // untouched by the listing

@@ -77,8 +77,7 @@ TEST_F(DataTest, SyntheticGivesTheSameGlobalBatchAtEveryWorldSize) {
 
 TEST_F(DataTest, BadInput) {
   EXPECT_EQ(test::error_of([&] { host.create<DataSource>("tokens", {{"path", "/nonexistent/train.bin"}}); }),
-            "data source 'tokens' (plugin data_tokens): token file /nonexistent/train.bin cannot be opened (data.path); "
-            "does it exist?");
+            "data source 'tokens' (plugin data_tokens): data.path /nonexistent/train.bin does not exist");
   const auto odd = dir.path() / "odd.bin";
   test::write_file(odd, "abc");
   EXPECT_EQ(test::error_of([&] { host.create<DataSource>("tokens", {{"path", odd.string()}}); }),

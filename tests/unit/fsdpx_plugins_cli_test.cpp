@@ -24,7 +24,7 @@ TEST(FsdpxPluginsCli, ShowPrintsOptionsWithTypesDefaultsAndHelp) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("wrap policy 'size_based' from plugin wrap_size_based 0.1.0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("choose it with --wrap.name size_based  or  [wrap] name=size_based"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("  min_num_params  int   '100000000'  smallest number of parameter elements"),
+  EXPECT_NE(r.out.find("  min_num_params  int >= 1  '100000000'  smallest number of parameter elements"),
             std::string::npos)
       << r.out;
   EXPECT_EQ(test::run_command(tool() + " show wrap.size_based").out, r.out);
@@ -63,7 +63,7 @@ TEST(FsdpxPluginsCli, ConfigPrintsTheResolvedIni) {
   auto bad = test::run_command(tool() + " config --wrap.name size_based --wrap.min_num_params x");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_EQ(bad.err, "fsdpx-plugins: wrap policy 'size_based' (plugin wrap_size_based): option "
-                     "wrap.min_num_params expects an integer, got 'x'\n");
+                     "wrap.min_num_params expects an integer of at least 1, got 'x'\n");
 }
 
 TEST(FsdpxPluginsCli, PlanPrintsTheUnitsOfAPolicy) {

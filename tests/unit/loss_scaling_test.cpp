@@ -101,9 +101,10 @@ TEST(LossScaling, ResumeRestoresTheScale) {
 
 TEST(LossScaling, BadScalerOptionsAreOneClearLine) {
   for (const auto& [opt, expect] : std::vector<std::pair<std::string, std::string>>{
-           {"--precision.backoff_factor 1.5", "backoff_factor must be between 0 and 1, got 1.5"},
-           {"--precision.growth_interval 0", "growth_interval must be 1 or more, got 0"},
-           {"--precision.init_scale -1", "init_scale must be a positive number, got -1"}}) {
+           {"--precision.backoff_factor 1.5", "option precision.backoff_factor expects a number in (0, 1), got '1.5'"},
+           {"--precision.growth_interval 0",
+            "option precision.growth_interval expects an integer of at least 1, got '0'"},
+           {"--precision.init_scale -1", "option precision.init_scale expects a number greater than 0, got '-1'"}}) {
     auto r = run_command((test::bin_dir() / "fsdpx-train").string() + " --steps 1 --precision.name fp16_mixed " + opt);
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;

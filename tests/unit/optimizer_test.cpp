@@ -196,7 +196,8 @@ TEST_F(OptimizerTest, BadOptionsAreClearErrors) {
             "optimizer 'anyprecision_adamw' (plugin optimizer_anyprecision_adamw): option optimizer.momentum_dtype "
             "expects one of fp32, bf16, fp16, fp64, got 'fp8'; did you mean 'fp32'?");
   EXPECT_EQ(test::error_of([&] { host.create<Optimizer>("adamw", {{"lr", "-1"}}); }),
-            "optimizer 'adamw' (plugin optimizer_adamw): lr must be positive, got -1.000000");
+            "optimizer 'adamw' (plugin optimizer_adamw): option optimizer.lr expects a number greater than 0, "
+            "got '-1'");
   EXPECT_EQ(test::error_of([&] { host.create<Optimizer>("adamw", {{"betas", "0.9,1.0"}}); }),
             "optimizer 'adamw' (plugin optimizer_adamw): betas must be two numbers in [0, 1), got '1.0'");
   EXPECT_EQ(test::error_of([&] { host.create<Optimizer>("sgd", {{"nesterov", "true"}}); }),

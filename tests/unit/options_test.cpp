@@ -77,6 +77,31 @@ TEST(Options, BadValuesNameOptionAndExpectedType) {
             "got 'bf61'; did you mean 'bf16'?");
 }
 
+// A numeric option's declared range: values outside it are refused with the range, integers
+// printed as integers; the range is read back from the spec, and a malformed one is a plugin bug.
+TEST(Options, DeclaredRangesAreCheckedAndNamed) {
+  const std::vector<OptionSpec> ranged = {int_option("limit", 8, {1, 64}, "a count"),
+                                          int_option("seed", 0, IntRange{0}, "a seed"),
+                                          float_option("lr", 3e-4, FloatRange::above(0), "learning rate"),
+                                          float_option("ratio", 0.5, FloatRange{0, 1, true, true}, "a fraction")};
+  auto with = [&](const char* k, const char* v) {
+    return error_of([&] { Options(kOwner, "optimizer", ranged, {{k, v}}); });
+  };
+  const std::string head = "optimizer 'x' (plugin p): option optimizer.";
+  EXPECT_EQ(with("limit", "0"), head + "limit expects an integer in [1, 64], got '0'");
+  EXPECT_EQ(with("limit", "65"), head + "limit expects an integer in [1, 64], got '65'");
+  EXPECT_EQ(with("seed", "-1"), head + "seed expects an integer of at least 0, got '-1'");
+  EXPECT_EQ(with("lr", "0"), head + "lr expects a number greater than 0, got '0'");
+  EXPECT_EQ(with("ratio", "1"), head + "ratio expects a number in (0, 1), got '1'");
+  EXPECT_EQ(Options(kOwner, "optimizer", ranged, {{"limit", "64"}, {"ratio", "0.25"}}).get_int("limit"), 64);
+  EXPECT_EQ(int_range(ranged[0])->max, 64);
+  EXPECT_TRUE(float_range(ranged[2])->min_open);
+  EXPECT_FALSE(int_range(int_option("any", 1, "no range")));
+  OptionSpec broken = int_option("n", 1, "x");
+  broken.choices = {"[1", "oops]"};
+  EXPECT_EQ(error_of([&] { int_range(broken); }), "option 'n' declares a malformed range (a bug in the plugin)");
+}
+
 TEST(Options, UnknownOptionSuggestsAndLists) {
   EXPECT_EQ(error_of([] { Options(kOwner, "optimizer", specs(), {{"limt", "1"}}); }),
             "optimizer 'x' (plugin p) has no option 'limt' (given as optimizer.limt); did you mean "

@@ -158,15 +158,22 @@ TEST(PluginErrors, IllTypedOptionNamesTheExpectedType) {
   host.load_file(size_based());
   EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("size_based", {{"min_num_params", "lots"}}); }),
             "wrap policy 'size_based' (plugin wrap_size_based): option wrap.min_num_params "
-            "expects an integer, got 'lots'");
+            "expects an integer of at least 1, got 'lots'");
+}
+
+TEST(PluginErrors, OutOfRangeOptionNamesTheComponentAndTheRange) {
+  PluginHost host;
+  host.load_file(size_based());
+  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("size_based", {{"min_num_params", "0"}}); }),
+            "wrap policy 'size_based' (plugin wrap_size_based): option wrap.min_num_params expects an integer of "
+            "at least 1, got '0'");
 }
 
 TEST(PluginErrors, FactoryRefusalNamesTheComponent) {
   PluginHost host;
-  host.load_file(size_based());
-  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("size_based", {{"min_num_params", "0"}}); }),
-            "wrap policy 'size_based' (plugin wrap_size_based): min_num_params must be at least "
-            "1, got 0");
+  host.load_file(fixture("good"));
+  EXPECT_EQ(error_of([&] { host.create<WrapPolicy>("fixture_depth", {{"depth", "0"}}); }),
+            "wrap policy 'fixture_depth' (plugin fixture_good): depth must be at least 1, got 0");
 }
 
 TEST(PluginErrors, WorldWritableDirectoryIsRefusedUnlessAllowed) {
@@ -198,6 +205,66 @@ TEST(PluginErrors, ABrokenPluginInADirectoryDoesNotStopTheOthers) {
             std::string::npos)
       << errors[0];
   EXPECT_EQ(host.plugins().size(), 1u);
+}
+
+// --- Plugin loading is strict where the user was explicit (issue 26, class 7) -------------------
+
+std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
+const std::string kQuick = " --data.name synthetic --data.seq 16 --batch-size 2 --steps 1 ";
+
+// A file named with --plugin must load: its failure stops the run with one line (it was a
+// warning, and the run went on without it). A folder scan only warns.
+TEST(PluginErrors, ANamedPluginThatFailsStopsTheRun) {
+  const fs::path p = fixture("wrong_torch");
+  auto r = test::run_command(train() + kQuick + "--plugin " + p.string() + " --dry-run");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.err, "fsdpx-train: " + p.string() + ": plugin 'fixture_torch' was built against LibTorch 1.13.1, but "
+                   "this host runs LibTorch 2.11.0; rebuild it against 2.11.0\n");
+  PluginSearch search;
+  search.files.push_back(p);
+  PluginHost host;
+  EXPECT_NE(error_of([&] { host.discover(search); }).find("was built against LibTorch 1.13.1"), std::string::npos);
+  test::TempDir dir;
+  fs::copy_file(p, dir.path() / "torch.so");
+  auto scan = test::run_command(train() + kQuick + "--plugin-dir " + dir.path().string() + " --dry-run");
+  EXPECT_EQ(scan.exit_code, 0) << scan.err;
+  EXPECT_NE(scan.err.find("fsdpx-train: warning: " + (dir.path() / "torch.so").string()), std::string::npos)
+      << scan.err;
+}
+
+// A component registered by two plugins is an error naming both files, in a folder scan too (the
+// run took whichever loaded first).
+TEST(PluginErrors, AComponentRegisteredTwiceInAFolderScanIsAnError) {
+  test::TempDir dir;
+  fs::copy_file(fixture("duplicate_component"), dir.path() / "dup.so");
+  auto r = test::run_command(train() + kQuick + "--plugin-dir " + dir.path().string() + " --dry-run");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.err, "fsdpx-train: " + (dir.path() / "dup.so").string() + ": plugin 'fixture_duplicate_component' "
+                   "registers wrap policy 'size_based', which plugin 'wrap_size_based' already registered from " +
+                   size_based().string() + "; remove one of the two plugins\n");
+  PluginHost host;
+  host.load_file(size_based());
+  EXPECT_NE(error_of([&] { host.load_directory(dir.path(), false); }).find("already registered"), std::string::npos);
+}
+
+// config.ini records --plugin-dir and --plugin (absolute), so that it reproduces a run that used
+// a third party's plugins.
+TEST(PluginErrors, ConfigIniRecordsThePluginFlagsAndReproducesTheRun) {
+  test::TempDir dir;
+  const fs::path folder = dir.path() / "plugins";
+  fs::create_directories(folder);
+  fs::copy_file(fixture("good"), folder / "good.so");
+  const fs::path a = dir.path() / "a", b = dir.path() / "b";
+  auto first = test::run_command("env -C " + dir.path().string() + " " + train() + kQuick +
+                                 "--plugin-dir plugins --wrap.name fixture_depth --wrap.depth 2 --out " + a.string());
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::string ini = test::read_file(a / "config.ini");
+  EXPECT_NE(ini.find("\nplugin-dir=" + folder.string() + "\n"), std::string::npos) << ini;
+  auto again = test::run_command(train() + " --config " + (a / "config.ini").string() + " --out " + b.string());
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  const std::string ini_b = test::read_file(b / "config.ini");
+  EXPECT_NE(ini_b.find("\nplugin-dir=" + folder.string() + "\n"), std::string::npos) << ini_b;
+  EXPECT_NE(ini_b.find("[wrap]\nname=fixture_depth\n"), std::string::npos) << ini_b;
 }
 
 }  // namespace

@@ -88,11 +88,12 @@ TEST(PluginHost, DiscoveryOrderDefaultThenEnvironmentThenFlags) {
   PluginHost host;
   PluginSearch search;
   search.dirs.push_back(flag_dir.path());
-  auto errors = host.discover(search);
+  auto found = host.discover_all(search);
   // The default directory has wrap_size_based; the environment's copy of fixture_good wins
-  // over the flag's, which is then a duplicate naming both files.
-  ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0], (flag_dir.path() / "good_copy.so").string() +
+  // over the flag's, which is then a duplicate naming both files: an error, not a warning.
+  EXPECT_TRUE(found.warnings.empty());
+  ASSERT_EQ(found.errors.size(), 1u);
+  EXPECT_EQ(found.errors[0], (flag_dir.path() / "good_copy.so").string() +
                            ": plugin 'fixture_good' is already loaded from " +
                            (env_dir.path() / "good.so").string() + "; remove one of the two copies");
   EXPECT_EQ(host.find(Kind::Wrap, "size_based").plugin->path.parent_path(),

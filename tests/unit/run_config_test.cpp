@@ -82,7 +82,7 @@ TEST_F(RunConfigTest, BadInputNamesTheOption) {
             "as wrap.min_params); did you mean 'min_num_params'? Its options: min_num_params.");
   EXPECT_EQ(error_of({"--wrap.name", "size_based", "--wrap.min_num_params", "many"}),
             "wrap policy 'size_based' (plugin wrap_size_based): option wrap.min_num_params "
-            "expects an integer, got 'many'");
+            "expects an integer of at least 1, got 'many'");
   EXPECT_EQ(error_of({"--wrap.name", "sized_based"}),
             "unknown wrap policy 'sized_based' (wrap.name); did you mean 'size_based'? "
             "Available: fixture_depth, size_based.");
@@ -111,7 +111,7 @@ TEST_F(RunConfigTest, BadFileNamesTheFile) {
   test::write_file(ini, "[wrap]\nname=size_based\nmin_num_params=1e3\n");
   EXPECT_EQ(error_of({"--config", ini.string()}),
             "wrap policy 'size_based' (plugin wrap_size_based): option wrap.min_num_params "
-            "expects an integer, got '1e3'");
+            "expects an integer of at least 1, got '1e3'");
   test::write_file(ini, "[wrapp]\nname=size_based\n");
   EXPECT_EQ(error_of({"--config", ini.string()}),
             "config file " + ini.string() +

@@ -140,7 +140,7 @@ TEST(Trainer, BadInputGetsOneClearLine) {
       {"--steps many", "steps"},                                          // bad host option type
       {"--data.path /nonexistent/corpus --steps 2", "/nonexistent/corpus does not exist"},  // missing data file
       {"--batch-size 100000 --steps 2", "larger than the data set"},                // batch larger than the data set
-      {"--steps 0", "--steps must be at least 1, got 0"},                 // zero steps
+      {"--steps 0", "--steps expects an integer of at least 1, got '0'"},  // zero steps
       {"--save-every 5 --steps 2", "needs a checkpoint component"},                 // conflicting options
       {"--lr-schedule cosine --warmup-steps 50 --steps 20", "warm"},                 // conflicting: warm-up longer than the run
       {"--checkpoint.name '' --steps 2", "--checkpoint.name is empty: give a checkpoint backend's name (fsdpx-plugins "
@@ -196,7 +196,7 @@ TEST(Trainer, RankZeroFailuresEndEveryRank) {
     std::string expect;
     if (file.empty()) {
       write_file(out, "not a directory\n");
-      expect = "--out " + out.string() + " cannot be created: Not a directory";
+      expect = "--out " + out.string() + " is a file, not a directory";
     } else {
       std::filesystem::create_directories(out);
       std::filesystem::create_symlink("/dev/full", out / file);
@@ -250,7 +250,7 @@ TEST(Trainer, InitFromStartsFromSavedWeights) {
                            "mean 'layers.0.attention.wk'?"},
       {"--model.layers 3", "model.safetensors has no tensor 'layers.2.attention_norm.weight'"},
       {"--model.dim 32", "tensor 'tok_embeddings' has shape [256, 64], the run's is [256, 32]"},
-      {"--seed 1", "--init-from /nonexistent/w: no such file"},
+      {"--seed 1", "--init-from /nonexistent/w does not exist"},
       {"--out " + (d / "seed0" / "run").string(), "is inside --save-init " + (d / "seed0").string()}};
   for (const auto& [args, expect] : refused) {
     SCOPED_TRACE(args);

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "fsdpx/error.h"
@@ -31,6 +32,8 @@ std::string format_double(double v) {
   return std::string(buf, res.ptr);
 }
 
+constexpr int64_t kIntMin = std::numeric_limits<int64_t>::min(), kIntMax = std::numeric_limits<int64_t>::max();
+
 const char* expectation(OptionType t) {
   switch (t) {
     case OptionType::Bool: return "a boolean (true/false, yes/no, on/off, 1/0)";
@@ -43,12 +46,70 @@ const char* expectation(OptionType t) {
   return "a value";
 }
 
+// "[1" / "65536]", "(0" / "inf]": the two items of OptionSpec::choices that carry a range.
+std::vector<std::string> range_items(const std::string& lo, bool lo_open, const std::string& hi, bool hi_open) {
+  return {(lo_open ? "(" : "[") + lo, hi + (hi_open ? ")" : "]")};
+}
+
+[[noreturn]] void malformed_range(const OptionSpec& spec) {
+  throw Error("option '" + spec.name + "' declares a malformed range (a bug in the plugin)");
+}
+
+// One end of a range as text and whether it is open ("[1" gives 1, closed); throws on a malformed item.
+std::pair<std::string, bool> range_end(const OptionSpec& spec, const std::string& item, bool lower) {
+  if (item.size() < 2) malformed_range(spec);
+  if (lower && (item[0] == '[' || item[0] == '(')) return {item.substr(1), item[0] == '('};
+  if (!lower && (item.back() == ']' || item.back() == ')'))
+    return {item.substr(0, item.size() - 1), item.back() == ')'};
+  malformed_range(spec);
+}
+
+bool number_ok(const std::string& text, int64_t& v) {
+  auto res = std::from_chars(text.data(), text.data() + text.size(), v);
+  return !text.empty() && res.ec == std::errc() && res.ptr == text.data() + text.size();
+}
+
+bool number_ok(const std::string& text, double& v) {
+  if (text == "inf" || text == "-inf") {
+    v = text == "inf" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
+    return true;
+  }
+  auto res = std::from_chars(text.data(), text.data() + text.size(), v);
+  return !text.empty() && res.ec == std::errc() && res.ptr == text.data() + text.size();
+}
+
+std::string int_expectation(const IntRange& r) {
+  if (r.min == kIntMin && r.max == kIntMax) return "an integer";
+  if (r.max == kIntMax) return "an integer of at least " + std::to_string(r.min);
+  if (r.min == kIntMin) return "an integer of at most " + std::to_string(r.max);
+  return "an integer in [" + std::to_string(r.min) + ", " + std::to_string(r.max) + "]";
+}
+
+// A range's end for people: whole numbers as integers (10000000, not 1e+07).
+std::string end_text(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  return format_double(v);
+}
+
+std::string float_expectation(const FloatRange& r) {
+  const bool lo = std::isfinite(r.min), hi = std::isfinite(r.max);
+  if (!lo && !hi) return "a finite number";
+  if (!hi) return std::string("a number ") + (r.min_open ? "greater than " : "of at least ") + end_text(r.min);
+  if (!lo) return std::string("a number ") + (r.max_open ? "less than " : "of at most ") + end_text(r.max);
+  return std::string("a number in ") + (r.min_open ? "(" : "[") + end_text(r.min) + ", " + end_text(r.max) +
+         (r.max_open ? ")" : "]");
+}
+
+bool in_range(const FloatRange& r, double v) {
+  return (r.min_open ? v > r.min : v >= r.min) && (r.max_open ? v < r.max : v <= r.max);
+}
+
 // Parses `text` as `spec` says. Returns the value and its canonical text, or throws with `where`.
 std::pair<Options::Value, std::string> parse_value(const std::string& where, const OptionSpec& spec,
                                                    const std::string& raw) {
   const std::string text = trim(raw);
   auto bad = [&](const std::string& extra = "") -> Error {
-    return Error(where + " expects " + expectation(spec.type) + ", got '" + raw + "'" + extra);
+    return Error(where + " expects " + expected_value(spec) + ", got '" + raw + "'" + extra);
   };
   switch (spec.type) {
     case OptionType::Bool: {
@@ -66,6 +127,7 @@ std::pair<Options::Value, std::string> parse_value(const std::string& where, con
       if (text.empty() || res.ec == std::errc::result_out_of_range)
         throw bad(res.ec == std::errc::result_out_of_range ? " (out of the 64-bit range)" : "");
       if (res.ec != std::errc() || res.ptr != last) throw bad();
+      if (auto r = int_range(spec); r && (v < r->min || v > r->max)) throw bad();
       return {v, std::to_string(v)};
     }
     case OptionType::Float: {
@@ -75,6 +137,7 @@ std::pair<Options::Value, std::string> parse_value(const std::string& where, con
       if (first != text.data() && first < last && *first == '-') throw bad();
       auto res = std::from_chars(first, last, v);
       if (text.empty() || res.ec != std::errc() || res.ptr != last || !std::isfinite(v)) throw bad();
+      if (auto r = float_range(spec); r && !in_range(*r, v)) throw bad();
       return {v, format_double(v)};
     }
     case OptionType::String:
@@ -148,6 +211,46 @@ OptionSpec choice_option(std::string name, std::string default_value,
 }
 OptionSpec list_option(std::string name, std::string default_value, std::string help) {
   return make(std::move(name), OptionType::List, std::move(default_value), std::move(help));
+}
+OptionSpec int_option(std::string name, int64_t default_value, IntRange range, std::string help) {
+  OptionSpec s = int_option(std::move(name), default_value, std::move(help));
+  s.choices = range_items(std::to_string(range.min), false, std::to_string(range.max), false);
+  return s;
+}
+OptionSpec float_option(std::string name, double default_value, FloatRange range, std::string help) {
+  OptionSpec s = float_option(std::move(name), default_value, std::move(help));
+  auto end = [](double v) { return std::isfinite(v) ? format_double(v) : v > 0 ? "inf" : "-inf"; };
+  s.choices = range_items(end(range.min), range.min_open || !std::isfinite(range.min), end(range.max),
+                          range.max_open || !std::isfinite(range.max));
+  return s;
+}
+
+std::optional<IntRange> int_range(const OptionSpec& spec) {
+  if (spec.type != OptionType::Int || spec.choices.empty()) return std::nullopt;
+  if (spec.choices.size() != 2) malformed_range(spec);
+  const auto [lo, lo_open] = range_end(spec, spec.choices[0], true);
+  const auto [hi, hi_open] = range_end(spec, spec.choices[1], false);
+  IntRange r;
+  if (lo_open || hi_open || !number_ok(lo, r.min) || !number_ok(hi, r.max) || r.min > r.max) malformed_range(spec);
+  return r;
+}
+
+std::optional<FloatRange> float_range(const OptionSpec& spec) {
+  if (spec.type != OptionType::Float || spec.choices.empty()) return std::nullopt;
+  if (spec.choices.size() != 2) malformed_range(spec);
+  const auto [lo, lo_open] = range_end(spec, spec.choices[0], true);
+  const auto [hi, hi_open] = range_end(spec, spec.choices[1], false);
+  FloatRange r{0, 0, lo_open, hi_open};
+  if (!number_ok(lo, r.min) || !number_ok(hi, r.max) || std::isnan(r.min) || std::isnan(r.max) || r.min > r.max)
+    malformed_range(spec);
+  return r;
+}
+
+std::string expected_value(const OptionSpec& spec) {
+  if (spec.type == OptionType::Choice) return "one of " + join_names(spec.choices);
+  if (auto r = int_range(spec)) return int_expectation(*r);
+  if (auto r = float_range(spec)) return float_expectation(*r);
+  return expectation(spec.type);
 }
 
 Options::Options(const std::string& owner, const std::string& section,

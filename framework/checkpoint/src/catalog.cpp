@@ -5,8 +5,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <sstream>
+
+#include <boost/program_options/parsers.hpp>
 
 #include "fsdpx/error.h"
+#include "fsdpx/files.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "format_support.h"
 
@@ -37,28 +41,140 @@ void recover_interrupted_saves(const std::string& root) {
   }
 }
 
-std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root) {
-  std::vector<std::pair<int64_t, std::string>> out;
+namespace {
+
+// The step-N directories under `root` (N a number), whatever their state, oldest first.
+std::vector<std::pair<int64_t, fs::path>> step_directories(const std::string& root) {
+  std::vector<std::pair<int64_t, fs::path>> out;
   std::error_code ec;
   if (root.empty() || !fs::is_directory(root, ec)) return out;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("step-", 0) != 0 || !e.is_directory()) continue;
+    std::error_code dir_ec;
+    if (name.rfind("step-", 0) != 0 || name.size() == 5 || !e.is_directory(dir_ec)) continue;
     char* end = nullptr;
     const long long step = std::strtoll(name.c_str() + 5, &end, 10);
-    if (*end != '\0') continue;
-    // Complete: an index (sharded) or digests (consolidated) that parses.
-    for (const char* marker : {"index.json", "digests.json"}) {
-      const fs::path m = e.path() / marker;
-      if (!fs::exists(m)) continue;
-      try {
-        if (json::parse(read_text(m)).is_object()) out.emplace_back(step, e.path().string());
-      } catch (const std::exception&) {
-      }
-      break;
-    }
+    if (*end == '\0' && step >= 0) out.emplace_back(step, e.path());
   }
   std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string missing_or_empty(const fs::path& p) {
+  const std::string kind = file_kind(p.string());
+  if (kind == "missing") return p.filename().string() + " is missing";
+  if (!kind.empty()) return p.filename().string() + " is " + kind + ", not a file";
+  return "";
+}
+
+// The step a directory's name says, for step-NNNNNNNN; none for another name.
+std::optional<int64_t> named_step(const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  char* end = nullptr;
+  const long long step = name.rfind("step-", 0) == 0 && name.size() > 5 ? std::strtoll(name.c_str() + 5, &end, 10) : -1;
+  if (step < 0 || *end != '\0') return std::nullopt;
+  return step;
+}
+
+std::string sharded_problem(const fs::path& dir) {
+  Index ix = read_index(dir.string());
+  const int64_t step = ix.j.value("step", int64_t{0});
+  if (const auto named = named_step(dir); named && *named != step)
+    return "index.json records step " + std::to_string(step) + ", the directory's name step " + std::to_string(*named);
+  const json sizes = ix.j.value("files", json::object());
+  for (auto it = sizes.begin(); it != sizes.end(); ++it) {
+    std::error_code ec;
+    const fs::path f = dir / it.key();
+    if (it.key().find('/') != std::string::npos || it.key().find("..") != std::string::npos)
+      return "index.json lists the file '" + it.key() + "', outside the checkpoint";
+    const auto size = fs::file_size(f, ec);
+    if (ec) return it.key() + " is missing";
+    if (it.value().is_number_integer() && static_cast<int64_t>(size) != it.value().get<int64_t>())
+      return it.key() + " has " + std::to_string(size) + " bytes, index.json records " +
+             std::to_string(it.value().get<int64_t>());
+  }
+  for (const char* name : {"trainer_state.json", "config.ini"})
+    if (std::string why = missing_or_empty(dir / name); !why.empty()) return why;
+  if (std::string why = trainer_state_problem(read_text(dir / "trainer_state.json"), step); !why.empty())
+    return "trainer_state.json " + why;
+  std::istringstream ini(read_text(dir / "config.ini"));
+  try {
+    boost::program_options::parse_config_file(ini, boost::program_options::options_description(), true);
+  } catch (const std::exception& e) {
+    return "config.ini does not parse as an INI file (" + std::string(e.what()) + ")";
+  }
+  return "";
+}
+
+std::string consolidated_problem(const fs::path& dir) {
+  for (const char* name : {"model.safetensors", "digests.json"})
+    if (std::string why = missing_or_empty(dir / name); !why.empty()) return why;
+  const SafetensorsReader file((dir / "model.safetensors").string());
+  const json digests = parse_json_file(dir / "digests.json");
+  if (!digests.is_object()) return "digests.json is not an object of digests";
+  for (const auto& [name, entry] : file.entries())
+    if (!digests.contains(name) || !digests[name].is_string())
+      return "digests.json has no digest of tensor '" + name + "'";
+  auto m = file.metadata();
+  std::optional<int64_t> step;
+  if (m.count("step")) step = parse_step(m["step"], (dir / "model.safetensors").string());
+  if (m.count("trainer_state") && !m["trainer_state"].empty())
+    if (std::string why = trainer_state_problem(m["trainer_state"], step); !why.empty())
+      return "model.safetensors's trainer state " + why;
+  return "";
+}
+
+}  // namespace
+
+std::string trainer_state_problem(const std::string& text, std::optional<int64_t> step) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return "is not valid JSON";
+  if (!j.is_object()) return "is not a JSON object";
+  if (!j.contains("step") || !j["step"].is_number_integer()) return "has no integer \"step\"";
+  if (step && j["step"].get<int64_t>() != *step)
+    return "records step " + std::to_string(j["step"].get<int64_t>()) + ", the checkpoint is of step " +
+           std::to_string(*step);
+  if (!j.contains("seed") || !j["seed"].is_number_unsigned()) return "has no \"seed\" (a non-negative integer)";
+  if (!j.contains("data") || !j["data"].is_object()) return "has no data position (\"data\", an object)";
+  if (j.contains("hf_config") && !j["hf_config"].is_object()) return "has an \"hf_config\" that is not an object";
+  if (j.contains("loss_scaler")) {
+    const json& ls = j["loss_scaler"];
+    if (!ls.is_object() || !ls.contains("state") || !ls.contains("skipped_steps") ||
+        !ls["skipped_steps"].is_number_integer())
+      return "has a malformed \"loss_scaler\"";
+  }
+  return "";
+}
+
+std::string checkpoint_problem(const std::string& dir) {
+  const fs::path d(dir);
+  try {
+    if (file_kind(dir) != "a directory") return "it is not a directory";
+    if (fs::exists(d / "index.json")) return sharded_problem(d);
+    if (fs::exists(d / "model.safetensors") || fs::exists(d / "digests.json")) return consolidated_problem(d);
+    if (fs::exists(d / "trainer_state.json") || fs::exists(d / "rank-00000.safetensors"))
+      return "index.json is missing";
+    return "it holds neither index.json (sharded) nor model.safetensors (consolidated)";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& [step, dir] : step_directories(root))
+    if (checkpoint_problem(dir.string()).empty()) out.emplace_back(step, dir.string());
+  return out;
+}
+
+std::vector<std::string> skipped_checkpoints(const std::string& root) {
+  std::vector<std::string> out;
+  const auto all = step_directories(root);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const std::string why = checkpoint_problem(it->second.string());
+    if (why.empty()) break;
+    out.push_back(it->second.string() + ": " + why);
+  }
   return out;
 }
 

@@ -82,6 +82,7 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
   agree(ctx, "loading checkpoint " + dir, [&] {
     at::NoGradGuard no_grad;
     fs::path p(dir);
+    if (!fs::exists(p)) throw Error(dir + " does not exist; give a checkpoint directory (step-NNNNNNNN)");
     if (fs::is_directory(p)) p /= "model.safetensors";
     if (!fs::exists(p)) {
       if (fs::exists(fs::path(dir) / "index.json"))

@@ -9,6 +9,7 @@
 #include <ATen/ops/from_blob.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/files.h"
 
 namespace fsdpx::ckpt {
 
@@ -167,6 +168,10 @@ void check_index_fields(const json& j, const std::string& where) {
 }  // namespace
 
 Index read_index(const std::string& dir) {
+  const std::string kind = file_kind(dir);
+  if (kind == "missing") throw Error(dir + " does not exist; give a checkpoint directory (step-NNNNNNNN)");
+  if (kind != "a directory")
+    throw Error(dir + " is " + (kind.empty() ? "a file" : kind) + ", not a checkpoint directory");
   const fs::path p = fs::path(dir) / "index.json";
   if (!fs::exists(p)) {
     if (fs::exists(fs::path(dir) / "model.safetensors"))

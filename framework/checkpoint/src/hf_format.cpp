@@ -12,6 +12,7 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/base/suggest.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
+#include "fsdpx/framework/checkpoint/output_paths.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 #include "format_support.h"
 
@@ -192,11 +193,9 @@ HfExport export_hf(const std::string& checkpoint, const std::string& out_dir, co
     in_shard += tensors[i].bytes;
     total += tensors[i].bytes;
   }
-  const fs::path out(out_dir);
-  if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out)))
-    throw Error(out_dir + " exists and is not an empty directory; export-hf writes a new directory");
-  const fs::path tmp = out.string() + ".tmp-export";
-  fs::remove_all(tmp);
+  check_output_dir(out_dir, "export-hf's output", {{"the checkpoint", checkpoint}});
+  TempOutput staging(out_dir);  // removed on any failure: nothing half-written is left behind
+  const fs::path tmp = staging.path();
   fs::create_directories(tmp);
   CheckpointTensors source(checkpoint);
   json weight_map = json::object();
@@ -221,8 +220,7 @@ HfExport export_hf(const std::string& checkpoint, const std::string& out_dir, co
   if (config.contains("torch_dtype")) config["torch_dtype"] = config["dtype"];
   write_text(tmp / "config.json", config.dump(2));
   fsync_directory(tmp.string());
-  if (fs::exists(out)) fs::remove(out);
-  fs::rename(tmp, out);
+  staging.commit();
   result.tensors = static_cast<int64_t>(tensors.size());
   result.bytes = total;
   return result;

@@ -10,6 +10,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
+#include "fsdpx/framework/checkpoint/output_paths.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 #include "format_support.h"
 
@@ -69,6 +70,9 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
 
 int64_t verify_checkpoint(const std::string& path) {
   CheckpointInfo info = inspect_checkpoint(path);
+  // Every file the format needs, present and parsing, before the bytes are read.
+  if (fs::is_directory(path))
+    if (const std::string why = checkpoint_problem(path); !why.empty()) throw Error(path + " is not complete: " + why);
   int64_t checked = 0;
   constexpr int64_t kChunk = 64 << 20;
   if (info.format == "fsdpx-sharded") {
@@ -114,6 +118,7 @@ int64_t verify_checkpoint(const std::string& path) {
 }
 
 void consolidate_checkpoint(const std::string& dir, const std::string& out, bool with_optimizer) {
+  check_output_file(out, "the output", {{"the checkpoint", dir}});
   Index ix = read_index(dir);
   Files files(dir, ix.j.value("files", json::object()));
   std::vector<SafetensorsWriter::Spec> specs;
@@ -124,13 +129,13 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out, bool
   std::map<std::string, std::string> meta{{"format", "fsdpx-consolidated"}, {"step", std::to_string(ix.j.value("step", 0))}};
   if (fs::exists(fs::path(dir) / "trainer_state.json")) meta["trainer_state"] = read_text(fs::path(dir) / "trainer_state.json");
   if (fs::exists(fs::path(dir) / "config.ini")) meta["config"] = read_text(fs::path(dir) / "config.ini");
-  const std::string tmp = out + ".tmp";
-  SafetensorsWriter w(tmp, specs, meta);
+  TempOutput tmp(out);  // removed on any failure: no partial file is left behind
+  SafetensorsWriter w(tmp.path(), specs, meta);
   for (const auto& s : specs)
     w.write(read_whole_tensor(files, s.name, ix.j["tensors"][s.name], s.shape, s.dtype,
                               dir + " (not consolidating a corrupted checkpoint)"));
   w.close();
-  fs::rename(tmp, out);
+  tmp.commit();
 }
 
 }  // namespace fsdpx

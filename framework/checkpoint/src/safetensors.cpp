@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdpx/error.h"
+#include "fsdpx/files.h"
 
 namespace fsdpx {
 
@@ -47,6 +48,7 @@ int64_t SafetensorsEntry::row_bytes() const {
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  check_input_file(path, "safetensors file");  // not a directory, a device or a FIFO
   in_.open(path, std::ios::binary);
   if (!in_) throw Error(path + ": cannot be opened");
   in_.seekg(0, std::ios::end);

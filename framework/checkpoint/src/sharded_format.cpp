@@ -132,6 +132,8 @@ void load_sharded(const std::string& dir, CheckpointState& st, const CheckpointC
   agree(ctx, "loading checkpoint " + dir, [&] {
     at::NoGradGuard no_grad;
     ix = read_index(dir);
+    if (const std::string why = checkpoint_problem(dir); !why.empty())
+      throw Error("checkpoint " + dir + " is not complete: " + why);
     st.step = ix.j.value("step", int64_t{0});
     st.trainer_state_json = fs::exists(fs::path(dir) / "trainer_state.json") ? read_text(fs::path(dir) / "trainer_state.json") : "";
     st.config_ini = fs::exists(fs::path(dir) / "config.ini") ? read_text(fs::path(dir) / "config.ini") : "";

@@ -13,6 +13,7 @@
 #include <torch/version.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/files.h"
 #include "fsdpx/framework/base/suggest.h"
 
 namespace fsdpx {
@@ -58,6 +59,13 @@ void check_not_world_writable(const fs::path& p, const char* what) {
   }
 }
 
+// A plugin or component that another file already registered: always an error, also in a
+// folder scan (DESIGN.md's plugin contract: refuse duplicates loudly, naming both files).
+class DuplicateError : public Error {
+ public:
+  using Error::Error;
+};
+
 fs::path canonical_or_self(const fs::path& p) {
   std::error_code ec;
   fs::path c = fs::weakly_canonical(p, ec);
@@ -97,6 +105,7 @@ class PluginHost::RegistrarImpl final : public Registrar {
     if (!s.factory) fail(where + " registers " + kind_title(s.kind) + " '" + s.name + "' without a factory");
     for (const auto& existing : host_.components_) {
       if (existing->spec.kind == s.kind && existing->spec.name == s.name) {
+        duplicate_ = true;
         fail(where + " registers " + kind_title(s.kind) + " '" + s.name +
              "', which plugin '" + existing->plugin->name + "' already registered from " +
              existing->plugin->path.string() + "; remove one of the two plugins");
@@ -127,6 +136,8 @@ class PluginHost::RegistrarImpl final : public Registrar {
   // The message of a refusal raised by add_component, if any (it also propagates as an
   // exception through the plugin's registration function).
   const std::string& refusal() const { return refusal_; }
+  // The refusal above is a component that another plugin already registered.
+  bool duplicate() const { return duplicate_; }
 
  private:
   [[noreturn]] void fail(const std::string& message) {
@@ -137,6 +148,7 @@ class PluginHost::RegistrarImpl final : public Registrar {
   std::shared_ptr<const PluginRecord> plugin_;
   std::vector<std::unique_ptr<const ComponentRecord>> pending_;
   std::string refusal_;
+  bool duplicate_ = false;
 };
 
 PluginHost::PluginHost(std::shared_ptr<const HostServices> services)
@@ -146,20 +158,21 @@ PluginHost::~PluginHost() = default;
 
 fs::path PluginHost::default_plugin_dir() { return libfsdpx_directory() / "fsdpx" / "plugins"; }
 
-std::vector<std::string> PluginHost::discover(const PluginSearch& search) {
-  std::vector<std::string> errors;
-  auto scan = [&](const fs::path& dir) {
+PluginHost::Discovery PluginHost::discover_all(const PluginSearch& search) {
+  Discovery found;
+  // A folder the user did not name (the default one, FSDPX_PLUGIN_PATH's) may only warn.
+  auto scan = [&](const fs::path& dir, bool named) {
     try {
-      auto more = load_directory(dir, search.allow_insecure);
-      errors.insert(errors.end(), more.begin(), more.end());
+      if (!search.allow_insecure) check_not_world_writable(dir, "plugin directory");
+      scan_directory(dir, search.allow_insecure, found);
     } catch (const std::exception& e) {
-      errors.push_back(e.what());
+      (named ? found.errors : found.warnings).push_back(e.what());
     }
   };
   std::error_code ec;
   if (search.default_dir) {
     fs::path dir = default_plugin_dir();
-    if (fs::is_directory(dir, ec)) scan(dir);
+    if (fs::is_directory(dir, ec)) scan(dir, false);
   }
   if (search.environment) {
     if (const char* env = std::getenv("FSDPX_PLUGIN_PATH")) {
@@ -171,16 +184,16 @@ std::vector<std::string> PluginHost::discover(const PluginSearch& search) {
         std::string dir = list.substr(start, colon - start);
         if (!dir.empty()) {
           if (fs::is_directory(dir, ec)) {
-            scan(dir);
+            scan(dir, false);
           } else {
-            errors.push_back("FSDPX_PLUGIN_PATH names " + dir + ", which is not a directory");
+            found.warnings.push_back("FSDPX_PLUGIN_PATH names " + dir + ", which is not a directory");
           }
         }
         start = colon + 1;
       }
     }
   }
-  for (const auto& dir : search.dirs) scan(dir);
+  for (const auto& dir : search.dirs) scan(dir, true);
   for (const auto& file : search.files) {
     try {
       if (!search.allow_insecure) {
@@ -189,17 +202,33 @@ std::vector<std::string> PluginHost::discover(const PluginSearch& search) {
       }
       load(file, /*named=*/true);
     } catch (const std::exception& e) {
-      errors.push_back(e.what());
+      found.errors.push_back(e.what());
     }
   }
-  return errors;
+  return found;
+}
+
+std::vector<std::string> PluginHost::discover(const PluginSearch& search) {
+  Discovery found = discover_all(search);
+  if (found.errors.size() == 1) throw Error(found.errors.front());
+  if (found.errors.size() > 1)
+    throw Error(found.errors.front() + " (and " + std::to_string(found.errors.size() - 1) +
+                " more plugin errors: fsdpx-plugins list shows them all)");
+  return found.warnings;
 }
 
 std::vector<std::string> PluginHost::load_directory(const fs::path& dir, bool allow_insecure) {
+  if (!allow_insecure) check_not_world_writable(dir, "plugin directory");
+  Discovery found;
+  scan_directory(dir, allow_insecure, found);
+  if (!found.errors.empty()) throw Error(found.errors.front());
+  return found.warnings;
+}
+
+void PluginHost::scan_directory(const fs::path& dir, bool allow_insecure, Discovery& found) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw Error("plugin directory " + dir.string() + " does not exist or is not a directory");
-  if (!allow_insecure) check_not_world_writable(dir, "plugin directory");
   std::vector<fs::path> files;
   fs::directory_iterator it(dir, ec), end;
   if (ec) throw Error("plugin directory " + dir.string() + " cannot be read: " + ec.message());
@@ -209,16 +238,16 @@ std::vector<std::string> PluginHost::load_directory(const fs::path& dir, bool al
     if (it->path().extension() == ".so" && !it->is_directory(dir_ec)) files.push_back(it->path());
   }
   std::sort(files.begin(), files.end());
-  std::vector<std::string> errors;
   for (const auto& f : files) {
     try {
       if (!allow_insecure) check_not_world_writable(f, "plugin file");
       load(f, /*named=*/false);
+    } catch (const DuplicateError& e) {
+      found.errors.push_back(e.what());
     } catch (const std::exception& e) {
-      errors.push_back(e.what());
+      found.warnings.push_back(e.what());
     }
   }
-  return errors;
 }
 
 namespace {
@@ -261,10 +290,11 @@ std::shared_ptr<PluginRecord> plugin_record(const std::string& where, const fsdp
 void PluginHost::load(const fs::path& file, bool named) {
   const fs::path canonical = canonical_or_self(file);
   if (std::find(loaded_files_.begin(), loaded_files_.end(), canonical) != loaded_files_.end()) return;
-  std::error_code ec;
-  if (!fs::exists(file, ec)) throw Error("plugin file " + file.string() + " does not exist");
-  if (fs::is_directory(file, ec))
+  const std::string kind = file_kind(file.string());
+  if (kind == "missing") throw Error("plugin file " + file.string() + " does not exist");
+  if (kind == "a directory")
     throw Error("plugin file " + file.string() + " is a directory; use --plugin-dir for directories");
+  if (!kind.empty()) throw Error("plugin file " + file.string() + " is " + kind + ", not a shared library");
 
   const std::string where = file.string();
   std::shared_ptr<PluginLibrary> library = PluginLibrary::open(file);
@@ -283,8 +313,8 @@ void PluginHost::load(const fs::path& file, bool named) {
   record->library = library;
   for (const auto& p : plugins_) {
     if (p->name == record->name)
-      throw Error(where + ": plugin '" + record->name + "' is already loaded from " + p->path.string() +
-                  "; remove one of the two copies");
+      throw DuplicateError(where + ": plugin '" + record->name + "' is already loaded from " + p->path.string() +
+                           "; remove one of the two copies");
   }
   register_plugin(record, info);
   plugins_.push_back(record);
@@ -297,6 +327,7 @@ void PluginHost::register_plugin(const std::shared_ptr<const PluginRecord>& reco
   try {
     info->register_components(reinterpret_cast<fsdpx_registrar*>(static_cast<Registrar*>(&registrar)));
   } catch (const std::exception& e) {
+    if (registrar.duplicate()) throw DuplicateError(registrar.refusal());
     if (!registrar.refusal().empty()) throw Error(registrar.refusal());
     throw Error(plugin + " failed while registering its components: " + e.what() +
                 "; none of its components were registered");
@@ -304,7 +335,8 @@ void PluginHost::register_plugin(const std::shared_ptr<const PluginRecord>& reco
     throw Error(plugin + " failed while registering its components (a non-standard exception); "
                 "none of its components were registered");
   }
-  if (!registrar.refusal().empty()) throw Error(registrar.refusal());  // the plugin caught it
+  if (registrar.duplicate()) throw DuplicateError(registrar.refusal());  // the plugin caught it
+  if (!registrar.refusal().empty()) throw Error(registrar.refusal());
   auto pending = registrar.take();
   if (pending.empty()) services_->log(LogLevel::Warning, plugin + " registered no components");
   for (auto& c : pending) components_.push_back(std::move(c));
@@ -371,7 +403,7 @@ std::shared_ptr<void> PluginHost::create_erased(Kind kind, const std::string& na
   } catch (const Error& e) {
     throw Error(c.title() + ": " + e.what());
   } catch (const std::exception& e) {
-    throw Error(c.title() + " could not be created: " + e.what());
+    throw Error(c.title() + " could not be created: " + message_of(e));
   }
   if (!object) throw Error(c.title() + ": its factory returned nothing (a bug in the plugin)");
   auto keep = std::make_shared<KeepAlive>(KeepAlive{c.plugin->library, services_, std::move(object)});

@@ -1,12 +1,15 @@
 #include "fsdpx/framework/plugin_host/run_config.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
 #include <boost/program_options/parsers.hpp>
 
 #include "fsdpx/error.h"
+#include "fsdpx/files.h"
 #include "fsdpx/framework/base/suggest.h"
 
 namespace fsdpx {
@@ -78,13 +81,20 @@ std::vector<std::string> long_names(const po::options_description& desc) {
 }
 
 po::parsed_options parse_file(const fs::path& file, const po::options_description& desc) {
-  std::ifstream in(file);
-  if (!in) throw Error("config file " + file.string() + " cannot be read (--config)");
+  std::istringstream in(read_config_file(file));
   try {
     return po::parse_config_file(in, desc, /*allow_unregistered=*/true);
   } catch (const po::error& e) {
     throw Error("config file " + file.string() + ": " + e.what());
   }
+}
+
+// Refuses a key of the file's that only the command line may give.
+void refuse_command_line_only(const po::parsed_options& parsed, const ConfigRequest& request, const fs::path& file) {
+  for (const auto& o : parsed.options)
+    if (request.command_line_only.count(o.string_key))
+      throw Error("config file " + file.string() + ": " + o.string_key + " is a command-line flag (--" + o.string_key +
+                  "); an INI file cannot give it");
 }
 
 po::parsed_options parse_args(const std::vector<std::string>& args,
@@ -145,9 +155,10 @@ std::map<Kind, std::string> choose_components(const std::vector<std::string>& ar
   store_checked(registered_only(parse_args(args, pass1)), vm1, "command line");
   if (vm1.count("config")) {
     fs::path file = vm1["config"].as<std::string>();
-    if (!fs::exists(file)) throw Error("config file " + file.string() + " does not exist (--config)");
     config_file = file;
-    store_checked(registered_only(parse_file(file, pass1)), vm1, "config file " + file.string());
+    const po::parsed_options parsed = parse_file(file, pass1);
+    refuse_command_line_only(parsed, request, file);
+    store_checked(registered_only(parsed), vm1, "config file " + file.string());
   }
   std::map<Kind, std::string> chosen;
   for (Kind k : all_kinds()) {
@@ -232,7 +243,13 @@ const ComponentChoice* RunConfig::choice(Kind kind) const {
 
 std::string RunConfig::to_ini() const {
   std::ostringstream out;
-  bool first = true;
+  for (const char* key : {"plugin-dir", "plugin"}) {  // top-level keys: before the first section
+    auto it = host_values_.find(key);
+    if (it == host_values_.end() || it->second.value().type() != typeid(std::vector<std::string>)) continue;
+    for (const auto& p : it->second.as<std::vector<std::string>>())
+      out << key << "=" << fs::absolute(p).lexically_normal().string() << "\n";
+  }
+  bool first = out.tellp() == 0;
   for (const auto& [kind, c] : components_) {
     out << (first ? "" : "\n") << "[" << section_name(kind) << "]\nname=" << c.name << "\n";
     for (const auto& [key, value] : c.options.text()) out << key << "=" << value << "\n";
@@ -245,11 +262,87 @@ std::string RunConfig::to_ini() const {
   return out.str();
 }
 
+std::string read_config_file(const fs::path& file) {
+  constexpr uintmax_t kMaxBytes = 16 << 20;  // a run's INI file is a few KiB
+  const std::string where = "config file " + file.string();
+  const std::string kind = file_kind(file.string());
+  if (kind == "missing") throw Error(where + " does not exist (--config)");
+  if (kind == "a directory")
+    throw Error(where + " is a directory (--config); give an INI file, such as a run directory's config.ini");
+  if (!kind.empty()) throw Error(where + " is " + kind + ", not a regular file (--config)");
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(file, ec);
+  if (!ec && size > kMaxBytes)
+    throw Error(where + " is " + std::to_string(size >> 20) + " MiB, not a run's INI file (--config)");
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  if (!in) throw Error(where + " cannot be read (--config)");
+  const std::string s = text.str();
+  if (const size_t nul = s.find('\0'); nul != std::string::npos) {
+    const auto line = 1 + std::count(s.begin(), s.begin() + static_cast<std::ptrdiff_t>(nul), '\n');
+    throw Error(where + ": line " + std::to_string(line) + " holds a NUL byte; an INI file is text (--config)");
+  }
+  return s;
+}
+
+PluginSearch plugin_search(const std::vector<std::string>& args, PluginSearch search) {
+  std::optional<fs::path> config;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto value = [&](const std::string& flag) -> std::optional<std::string> {
+      if (args[i] == flag && i + 1 < args.size()) return args[++i];
+      if (args[i].rfind(flag + "=", 0) == 0) return args[i].substr(flag.size() + 1);
+      return std::nullopt;
+    };
+    if (auto d = value("--plugin-dir")) search.dirs.emplace_back(*d);
+    else if (auto f = value("--plugin")) search.files.emplace_back(*f);
+    else if (auto c = value("--config")) config = *c;
+    else if (args[i] == "--allow-insecure-plugin-dir") search.allow_insecure = true;
+  }
+  if (!config) return search;
+  po::options_description keys;
+  keys.add_options()("plugin-dir", po::value<std::vector<std::string>>())(
+      "plugin", po::value<std::vector<std::string>>());
+  for (const auto& o : parse_file(*config, keys).options) {
+    if (o.unregistered || o.value.empty()) continue;
+    (o.string_key == "plugin-dir" ? search.dirs : search.files).emplace_back(o.value.front());
+  }
+  return search;
+}
+
 po::options_description component_choice_options(const ConfigRequest& request) {
   po::options_description desc("Configuration and components (fsdpx-plugins list shows the installed ones)");
   add_common_options(desc, request.optional_kinds);
   return desc;
 }
+
+namespace {
+
+// A numeric option's declared range, for the type column: " in [0, 65536]", " >= 1", " > 0".
+std::string range_text(const OptionSpec& o) {
+  auto text = [](double v) {
+    std::ostringstream s;
+    s << v;
+    return s.str();
+  };
+  if (auto r = int_range(o)) {
+    constexpr int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
+    if (r->max == kMax) return r->min == kMin ? std::string() : " >= " + std::to_string(r->min);
+    if (r->min == kMin) return " <= " + std::to_string(r->max);
+    return " in [" + std::to_string(r->min) + ", " + std::to_string(r->max) + "]";
+  }
+  if (auto r = float_range(o)) {
+    const bool lo = std::isfinite(r->min), hi = std::isfinite(r->max);
+    if (lo && !hi) return (r->min_open ? " > " : " >= ") + text(r->min);
+    if (!lo && hi) return (r->max_open ? " < " : " <= ") + text(r->max);
+    if (lo && hi)
+      return std::string(" in ") + (r->min_open ? "(" : "[") + text(r->min) + ", " + text(r->max) +
+             (r->max_open ? ")" : "]");
+  }
+  return "";
+}
+
+}  // namespace
 
 std::string describe_component(const ComponentRecord& c) {
   std::ostringstream out;
@@ -269,6 +362,7 @@ std::string describe_component(const ComponentRecord& c) {
   auto type_of = [](const OptionSpec& o) {
     std::string t = type_name(o.type);
     if (o.type == OptionType::Choice) t += " {" + join_names(o.choices) + "}";
+    t += range_text(o);
     return t;
   };
   for (const auto& o : c.spec.options) {

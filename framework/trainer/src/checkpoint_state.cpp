@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 
@@ -167,14 +168,12 @@ void apply_checkpoint(const CheckpointState& st, Optimizer& optimizer, DataSourc
     }
     optimizer.load_state(param, updated);
   }
-  if (!st.trainer_state_json.empty()) {
-    json j;
-    try {
-      j = json::parse(st.trainer_state_json);
-    } catch (const json::exception& e) {
-      throw Error(std::string("checkpoint: trainer state is not valid JSON (") + e.what() + ")");
-    }
-    if (j.contains("data")) data.restore(j["data"].dump());
-  }
+  // Without its data position a run cannot go on exactly where it stopped: refused, not guessed.
+  if (st.trainer_state_json.empty())
+    throw Error("checkpoint: it holds no trainer state (trainer_state.json), so the data position is unknown; "
+                "it can initialise weights (--init-from) but not resume a run");
+  if (const std::string why = trainer_state_problem(st.trainer_state_json, std::nullopt); !why.empty())
+    throw Error("checkpoint: its trainer state " + why);
+  data.restore(json::parse(st.trainer_state_json)["data"].dump());
 }
 }  // namespace fsdpx

@@ -16,15 +16,12 @@ namespace fsdpx {
 // The configuration's choice for `kind`; throws fsdpx::Error asking for --<section>.name.
 const ComponentChoice& chosen(const RunConfig& config, Kind kind);
 
-// The chosen component of T's kind, created with its options; errors name the section.
+// The chosen component of T's kind, created with its options; errors name the component once
+// (PluginHost::create does: "optimizer 'adamw' (plugin optimizer_adamw): ...").
 template <class T>
 std::shared_ptr<T> make(const PluginHost& host, const RunConfig& config) {
   const ComponentChoice& c = chosen(config, T::kKind);
-  try {
-    return host.create<T>(c.name, c.options);
-  } catch (const Error& e) {
-    throw Error(std::string(section_name(T::kKind)) + " '" + c.name + "': " + e.what());
-  }
+  return host.create<T>(c.name, c.options);
 }
 
 // The wrap policy's units, with --activation-checkpointing applied: units whose layer type is

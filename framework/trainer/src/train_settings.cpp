@@ -6,7 +6,9 @@
 #include <boost/program_options.hpp>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/plugin_host/host_options.h"
 #include "fsdpx/framework/trainer/lr_schedule.h"
+#include "run_paths.h"
 
 namespace po = boost::program_options;
 
@@ -41,26 +43,33 @@ void check_save_init(const std::string& save_init, const std::string& out_dir) {
 po::options_description TrainSettings::options() {
   po::options_description d("Training (fsdpx-train's own options; also top-level keys of --config)");
   d.add_options()
-    ("steps", po::value<int64_t>()->default_value(100), "optimizer steps to train (a resumed run counts from its checkpoint)")
-    ("batch-size", po::value<int64_t>()->default_value(8), "samples per rank per micro-batch")
-    ("grad-accum", po::value<int64_t>()->default_value(1), "micro-batches per optimizer step")
-    ("seed", po::value<int64_t>()->default_value(0), "seed of the parameters and the data order")
+    ("steps", int_value<int64_t>({1})->default_value(100),
+     "optimizer steps to train (a resumed run counts from its checkpoint)")
+    ("batch-size", int_value<int64_t>({1, 1 << 24})->default_value(8), "samples per rank per micro-batch")
+    ("grad-accum", int_value<int64_t>({1, 1 << 20})->default_value(1), "micro-batches per optimizer step")
+    ("seed", int_value<int64_t>({0})->default_value(0), "seed of the parameters and the data order")
     ("out", po::value<std::string>()->default_value(""), "run directory: metrics.jsonl, config.ini, summary.json, checkpoints")
-    ("log-every", po::value<int64_t>()->default_value(10), "steps between metric lines")
+    ("log-every", int_value<int64_t>({1})->default_value(10), "steps between metric lines")
     ("lr-schedule", po::value<std::string>()->default_value("constant"), "constant or cosine (the optimizer's lr is the peak)")
-    ("warmup-steps", po::value<int64_t>()->default_value(0), "linear warm-up steps")
-    ("min-lr-ratio", po::value<double>()->default_value(0.1, "0.1"), "cosine floor as a fraction of the peak lr")
-    ("clip-grad-norm", po::value<double>()->default_value(0.0), "clip the global gradient norm to this (0: off)")
-    ("eval-every", po::value<int64_t>()->default_value(0), "held-out evaluation every N steps (0: at the end only)")
-    ("peak-tflops", po::value<double>()->default_value(0.0), "per-rank peak for MFU (0: measured by a short matmul probe in the compute dtype)")
-    ("overlap", po::value<int>()->default_value(1), "1: gather the next unit while this one computes; 0: no overlap")
+    ("warmup-steps", int_value<int64_t>({0})->default_value(0), "linear warm-up steps")
+    ("min-lr-ratio", float_value(FloatRange::closed(0, 1))->default_value(0.1, "0.1"),
+     "cosine floor as a fraction of the peak lr")
+    ("clip-grad-norm", float_value(FloatRange::at_least(0))->default_value(0.0),
+     "clip the global gradient norm to this (0: off)")
+    ("eval-every", int_value<int64_t>({0})->default_value(0), "held-out evaluation every N steps (0: at the end only)")
+    ("peak-tflops", float_value(FloatRange::at_least(0))->default_value(0.0),
+     "per-rank peak for MFU (0: measured by a short matmul probe in the compute dtype)")
+    ("overlap", int_value<int>({0, 1})->default_value(1),
+     "1: gather the next unit while this one computes; 0: no overlap")
     ("deterministic", po::bool_switch(), "bitwise-identical losses and weights at every world size and strategy for a "
      "given seed and global batch: one sample per forward, one thread per rank, gradients summed in global-sample order "
      "(slower; --dry-run shows the cost in bytes)")
     ("activation-checkpointing", po::value<std::string>()->default_value(""), "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")
-    ("max-memory-mib", po::value<int64_t>()->default_value(0), "stop with an error when a rank's allocated peak in a step (the plan's measure) exceeds this many MiB (0: no limit)")
-    ("save-every", po::value<int64_t>()->default_value(0), "checkpoint every N steps (0: at the end only); needs [checkpoint]")
-    ("keep-last", po::value<int64_t>()->default_value(0), "keep the newest K checkpoints (0: all)")
+    ("max-memory-mib", int_value<int64_t>({0, int64_t{1} << 30})->default_value(0),
+     "stop with an error when a rank's allocated peak in a step (the plan's measure) exceeds this many MiB (0: no limit)")
+    ("save-every", int_value<int64_t>({0})->default_value(0),
+     "checkpoint every N steps (0: at the end only); needs [checkpoint]")
+    ("keep-last", int_value<int64_t>({0})->default_value(0), "keep the newest K checkpoints (0: all)")
     ("resume", po::value<std::string>()->default_value(""), "auto (newest complete checkpoint under OUT/checkpoints) or a checkpoint directory")
     ("init-from", po::value<std::string>()->default_value(""), "initial weights from a safetensors file of whole tensors under the model's names, or a directory holding model.safetensors (a consolidated checkpoint, or --save-init's)")
     ("save-init", po::value<std::string>()->default_value(""), "write the initial weights, whole, to DIR/model.safetensors (with digests.json) before the first step");
@@ -94,32 +103,14 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
       if (!item.empty()) s.checkpoint_layer_types.push_back(item);
   }
   s.max_memory_mib = vm["max-memory-mib"].as<int64_t>();
-  auto positive = [](const char* name, int64_t v) {
-    if (v < 1) throw Error(std::string("--") + name + " must be at least 1, got " + std::to_string(v));
-  };
-  auto non_negative = [](const char* name, double v) {
-    if (!(v >= 0)) throw Error(std::string("--") + name + " must be 0 or more, got " + std::to_string(v));
-  };
-  positive("steps", s.steps);
-  positive("batch-size", s.batch_size);
-  positive("grad-accum", s.grad_accum);
-  positive("log-every", s.log_every);
-  if (seed < 0) throw Error("--seed must be 0 or more, got " + std::to_string(seed));
+  // Every number is within the range options() declares for it (host_options.h).
   s.seed = static_cast<uint64_t>(seed);
-  non_negative("warmup-steps", static_cast<double>(s.warmup_steps));
-  non_negative("clip-grad-norm", s.clip_grad_norm);
-  non_negative("eval-every", static_cast<double>(s.eval_every));
-  non_negative("peak-tflops", s.peak_tflops);
-  non_negative("save-every", static_cast<double>(s.save_every));
-  non_negative("keep-last", static_cast<double>(s.keep_last));
-  non_negative("max-memory-mib", static_cast<double>(s.max_memory_mib));
-  if (s.max_memory_mib > (int64_t{1} << 30)) throw Error("--max-memory-mib must be at most 2^30 MiB, got " + std::to_string(s.max_memory_mib));
-  if (overlap != 0 && overlap != 1) throw Error("--overlap must be 0 or 1, got " + std::to_string(overlap));
   s.overlap = overlap == 1;
   s.deterministic = vm["deterministic"].as<bool>();
   // The schedule's own checks (kind, warm-up within the run, floor in [0, 1]).
   LrSchedule::parse(s.lr_schedule, 1.0, s.warmup_steps, s.steps, s.min_lr_ratio);
   check_save_init(s.save_init, s.out_dir);
+  check_run_paths(s);
   if (s.resume == "auto" && s.out_dir.empty())
     throw Error("--resume auto looks for checkpoints under --out DIR, and no --out was given; give --out or a checkpoint path");
   return s;

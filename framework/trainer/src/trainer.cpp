@@ -176,7 +176,7 @@ class Trainer {
       train();
     } catch (const std::exception& e) {
       // The other ranks stop with this message at once, instead of waiting in a collective.
-      if (groups_) groups_->report_failure(e.what());
+      if (groups_) groups_->report_failure(message_of(e));
       throw;
     }
     return 0;
@@ -314,6 +314,8 @@ class Trainer {
       on_rank_zero(world(), [&] { recover_interrupted_saves(run_dir_.checkpoints()); });
       auto latest = ckpt_->latest(run_dir_.checkpoints());
       dir = latest ? *latest : "";
+      for (const auto& skipped : skipped_checkpoints(run_dir_.checkpoints()))  // never older without a word
+        if (writer()) std::fprintf(stderr, "fsdpx: warning: --resume auto skips %s\n", skipped.c_str());
     }
     if (dir.empty()) {
       if (writer()) std::printf("no complete checkpoint under %s yet: starting from step 0\n", run_dir_.checkpoints().c_str());

@@ -16,6 +16,7 @@
 #include <fsdpx/data_source.h>
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
+#include <fsdpx/files.h>
 #include <fsdpx/framework/trainer/sampler.h>
 #include <fsdpx/plugin.h>
 
@@ -73,13 +74,22 @@ bool has_header(const std::vector<std::vector<std::string>>& rows, const std::st
 }
 
 // Labels as class indices: non-negative integers as they are, else text mapped to its index in
-// sorted order.
-std::vector<int64_t> label_ids(const std::vector<std::string>& labels) {
+// sorted order. A column of numbers that are not all such integers is a feature, not a label:
+// refused (`where` names the file and column), since mapping each value to a class would train it
+// as one.
+std::vector<int64_t> label_ids(const std::vector<std::string>& labels, const std::string& where) {
   std::vector<int64_t> y(labels.size());
-  bool numeric = true;
-  for (const auto& l : labels) {
+  bool numeric = true, all_numbers = true;
+  for (size_t i = 0; i < labels.size(); ++i) {
     double v;
-    numeric = numeric && parse_number(l, v) && v == std::floor(v) && v >= 0 && v < 1e15;
+    const bool number = parse_number(labels[i], v);
+    all_numbers = all_numbers && number;
+    numeric = numeric && number && v == std::floor(v) && v >= 0 && v < 1e15;
+    if (all_numbers && !numeric)
+      throw fsdpx::Error(where + " holds '" + labels[i] + "' (row " + std::to_string(i + 1) +
+                         "), a number that is not a class index: it looks like a feature, and the file may have no "
+                         "label column. A label column holds class indices 0, 1, ... or class names; give its index "
+                         "with --data.label_column N");
   }
   if (numeric) {
     for (size_t i = 0; i < labels.size(); ++i) {
@@ -112,7 +122,8 @@ Table parse_table(std::istream& in, const std::string& path, int64_t label_colum
   const int64_t label = label_column < 0 ? cols + label_column : label_column;
   if (label < 0 || label >= cols)
     throw fsdpx::Error("data.label_column " + std::to_string(label_column) + " is outside the " + std::to_string(cols) +
-                       " columns of " + path + " (0.." + std::to_string(cols - 1) + ", or -1 for the last)");
+                       " columns of " + path + " (0.." + std::to_string(cols - 1) + ", or negative from the end: -1 is "
+                       "the last); give the index of the column that holds the labels");
   Table t;
   t.rows = static_cast<int64_t>(rows.size());
   t.features = cols - 1;
@@ -138,7 +149,7 @@ Table parse_table(std::istream& in, const std::string& path, int64_t label_colum
       t.x[static_cast<size_t>(i * t.features + k++)] = static_cast<float>(v);
     }
   }
-  t.y = label_ids(labels);
+  t.y = label_ids(labels, "csv file " + path + ": the label column " + std::to_string(label) + " (data.label_column)");
   return t;
 }
 
@@ -146,6 +157,9 @@ class Csv final : public fsdpx::DataSource, public fsdpx::HeldOutData {
  public:
   Csv(const std::string& path, int64_t label_column, const std::string& header, double holdout, uint64_t split_seed,
       bool standardize) {
+    // Parsed, a row's text takes about 16 times its bytes while the table is built.
+    fsdpx::check_fits_in_memory(16 * fsdpx::check_input_file(path, "data.path"), "csv file " + path + " (data.path)",
+                                "give a smaller file");
     std::ifstream in(path);
     if (!in) throw fsdpx::Error("csv file " + path + " cannot be opened (data.path); does it exist?");
     Table t = parse_table(in, path, label_column, header);
@@ -235,20 +249,21 @@ void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::DataSource>(
       "csv", "tabular rows of numeric features and a label column (e.g. scikit-learn's breast_cancer.csv)",
       {fsdpx::string_option("path", "", "the CSV file"),
-       fsdpx::int_option("label_column", -1, "the label's column index (negative counts from the end)"),
+       fsdpx::int_option("label_column", -1, {-(1 << 20), 1 << 20},
+                         "the label's column index (negative counts from the end)"),
        fsdpx::choice_option("header", "auto", {"auto", "yes", "no"},
                             "whether the first line is a header (auto: when it is not all numbers or its width differs)"),
-       fsdpx::float_option("holdout", 0.2, "fraction of the rows held out for evaluation, in [0, 0.9]"),
-       fsdpx::int_option("split_seed", 0, "seed of the train/held-out split (independent of the run's seed)"),
+       fsdpx::float_option("holdout", 0.2, fsdpx::FloatRange::closed(0, 0.9),
+                           "fraction of the rows held out for evaluation"),
+       fsdpx::int_option("split_seed", 0, fsdpx::IntRange{0},
+                         "seed of the train/held-out split (independent of the run's seed)"),
        fsdpx::flag_option("standardize", true, "scale features to zero mean and unit variance (training rows' statistics)")},
       [](const fsdpx::ComponentContext& ctx) {
         const auto& o = ctx.options;
         if (o.get_string("path").empty()) throw fsdpx::Error("path is empty; give the CSV file with --data.path FILE");
-        const double h = o.get_float("holdout");
-        if (!(h >= 0 && h <= 0.9)) throw fsdpx::Error("holdout must be in [0, 0.9], got " + std::to_string(h));
-        if (o.get_int("split_seed") < 0) throw fsdpx::Error("split_seed must be 0 or more");
-        return std::make_shared<Csv>(o.get_string("path"), o.get_int("label_column"), o.get_string("header"), h,
-                                     static_cast<uint64_t>(o.get_int("split_seed")), o.get_bool("standardize"));
+        return std::make_shared<Csv>(o.get_string("path"), o.get_int("label_column"), o.get_string("header"),
+                                     o.get_float("holdout"), static_cast<uint64_t>(o.get_int("split_seed")),
+                                     o.get_bool("standardize"));
       });
 }
 

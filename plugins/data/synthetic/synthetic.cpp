@@ -48,12 +48,11 @@ class Synthetic final : public fsdpx::DataSource {
 void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::DataSource>(
       "synthetic", "random token sequences, the same at every world size (for benchmarks and tests)",
-      {fsdpx::int_option("samples", 4096, "sequences in one epoch"), fsdpx::int_option("seq", 64, "tokens per sequence"),
-       fsdpx::int_option("vocab", 256, "token ids are drawn from [0, vocab)")},
+      {fsdpx::int_option("samples", 4096, {1, 1 << 22}, "sequences in one epoch"),
+       fsdpx::int_option("seq", 64, {1, 1 << 20}, "tokens per sequence"),
+       fsdpx::int_option("vocab", 256, {1, 1 << 24}, "token ids are drawn from [0, vocab)")},
       [](const fsdpx::ComponentContext& ctx) {
-        const auto& o = ctx.options;
-        for (const char* k : {"samples", "seq", "vocab"})
-          if (o.get_int(k) < 1) throw fsdpx::Error(std::string(k) + " must be at least 1, got " + std::to_string(o.get_int(k)));
+        const auto& o = ctx.options;  // each within its declared range
         return std::make_shared<Synthetic>(o.get_int("samples"), o.get_int("seq"), o.get_int("vocab"));
       });
 }

@@ -16,6 +16,7 @@
 #include <fsdpx/data_source.h>
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
+#include <fsdpx/files.h>
 #include <fsdpx/framework/trainer/sampler.h>
 #include <fsdpx/plugin.h>
 
@@ -35,7 +36,10 @@ std::vector<fs::path> text_files(const std::string& path) {
   if (!fs::exists(path, ec))
     throw fsdpx::Error("text data " + path + " does not exist (data.path); give a text file or a directory of them"
                        " (Debian's corpus: apt-get install fortunes, then /usr/share/games/fortunes)");
-  if (!fs::is_directory(path, ec)) return {path};
+  if (!fs::is_directory(path, ec)) {
+    fsdpx::check_input_file(path, "data.path");  // a device such as /dev/zero would be read until memory runs out
+    return {path};
+  }
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(path, ec))
     if (e.is_regular_file() && !e.is_symlink() && looks_like_text(e.path())) files.push_back(e.path());
@@ -48,7 +52,17 @@ std::vector<fs::path> text_files(const std::string& path) {
 class Text final : public fsdpx::DataSource, public fsdpx::HeldOutData {
  public:
   Text(const std::string& path, int64_t seq, double holdout) : seq_(seq) {
-    for (const auto& f : text_files(path)) {
+    const std::vector<fs::path> files = text_files(path);
+    uint64_t total = 0;
+    for (const auto& f : files) {
+      std::error_code ec;
+      const uint64_t n = fs::file_size(f, ec);
+      total += ec ? 0 : n;
+    }
+    fsdpx::check_fits_in_memory(total, "text data " + path + " (data.path)",
+                                "the text source holds its bytes in memory: tokenize it (scripts/tokenize) and "
+                                "train with --data.name tokens, which reads on demand");
+    for (const auto& f : files) {
       std::ifstream in(f, std::ios::binary);
       if (!in) throw fsdpx::Error("text file " + f.string() + " cannot be read (data.path)");
       bytes_.insert(bytes_.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -105,14 +119,12 @@ void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::DataSource>(
       "text", "byte-level tokens (vocabulary 256) from a text file or a directory of them",
       {fsdpx::string_option("path", "/usr/share/games/fortunes", "a text file, or a directory whose text files are read"),
-       fsdpx::int_option("seq", 64, "tokens per sequence"),
-       fsdpx::float_option("holdout", 0.02, "fraction of the samples set aside for evaluation, in [0, 0.5]")},
+       fsdpx::int_option("seq", 64, {1, 1 << 20}, "tokens per sequence"),
+       fsdpx::float_option("holdout", 0.02, fsdpx::FloatRange::closed(0, 0.5),
+                           "fraction of the samples set aside for evaluation")},
       [](const fsdpx::ComponentContext& ctx) {
-        const auto& o = ctx.options;
-        if (o.get_int("seq") < 1) throw fsdpx::Error("seq must be at least 1, got " + std::to_string(o.get_int("seq")));
-        const double h = o.get_float("holdout");
-        if (!(h >= 0 && h <= 0.5)) throw fsdpx::Error("holdout must be in [0, 0.5], got " + std::to_string(h));
-        return std::make_shared<Text>(o.get_string("path"), o.get_int("seq"), h);
+        const auto& o = ctx.options;  // seq and holdout within their declared ranges
+        return std::make_shared<Text>(o.get_string("path"), o.get_int("seq"), o.get_float("holdout"));
       });
 }
 

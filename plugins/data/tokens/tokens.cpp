@@ -10,6 +10,7 @@
 
 #include <fsdpx/data_source.h>
 #include <fsdpx/error.h>
+#include <fsdpx/files.h>
 #include <fsdpx/framework/trainer/sampler.h>
 #include <fsdpx/plugin.h>
 
@@ -18,6 +19,7 @@ namespace {
 class Tokens final : public fsdpx::DataSource {
  public:
   Tokens(std::string path, int width, int64_t seq) : path_(std::move(path)), width_(width), seq_(seq) {
+    fsdpx::check_input_file(path_, "data.path");
     in_.open(path_, std::ios::binary);
     if (!in_) throw fsdpx::Error("token file " + path_ + " cannot be opened (data.path); does it exist?");
     in_.seekg(0, std::ios::end);
@@ -86,11 +88,10 @@ void register_components(fsdpx::Registrar& r) {
       "tokens", "a binary file of uint16/uint32 token ids (nanoGPT's format), read as seq+1-token samples",
       {fsdpx::string_option("path", "", "the token file"),
        fsdpx::choice_option("dtype", "uint16", {"uint16", "uint32"}, "width of one token id"),
-       fsdpx::int_option("seq", 64, "tokens per sequence")},
+       fsdpx::int_option("seq", 64, {1, 1 << 20}, "tokens per sequence")},
       [](const fsdpx::ComponentContext& ctx) {
         const auto& o = ctx.options;
         if (o.get_string("path").empty()) throw fsdpx::Error("path is empty; give the token file with --data.path FILE");
-        if (o.get_int("seq") < 1) throw fsdpx::Error("seq must be at least 1, got " + std::to_string(o.get_int("seq")));
         return std::make_shared<Tokens>(o.get_string("path"), o.get_string("dtype") == "uint16" ? 2 : 4, o.get_int("seq"));
       });
 }

@@ -33,6 +33,7 @@
 #include <fsdpx/activation_memory.h>
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
+#include <fsdpx/files.h>
 #include <fsdpx/hf_interop.h>
 #include <fsdpx/model.h>
 #include <fsdpx/plugin.h>
@@ -336,6 +337,7 @@ std::string Gpt::hf_config_json() const {
 
 json read_hf_config(const std::string& dir) {
   const std::filesystem::path p = std::filesystem::path(dir) / "config.json";
+  if (fsdpx::file_kind(p.string()) != "missing") fsdpx::check_input_file(p.string(), "--model.from_hf's");
   std::ifstream in(p);
   if (!in)
     throw fsdpx::Error("--model.from_hf " + dir + ": no config.json there; give a Hugging Face model directory "
@@ -413,6 +415,10 @@ Config config_from_hf(const json& j, const std::string& file) {
   return c;
 }
 
+// The options' ranges: beyond any model this plugin is meant for, and small enough that a plan
+// (--dry-run) of the largest counts its parameters and bytes in 64 bits.
+constexpr int64_t kMaxWidth = 65536, kMaxCount = 1024, kMaxVocab = int64_t{1} << 24, kMaxSeq = int64_t{1} << 20;
+
 Config preset(const std::string& size) {
   Config c;
   if (size == "small") c = Config{256, 4, 8, 256, 128, 0, false};
@@ -448,8 +454,7 @@ std::shared_ptr<Gpt> make_gpt(const fsdpx::Options& o) {
     c = config_from_hf(source, (std::filesystem::path(hf) / "config.json").string());
   }
   auto take = [&](const char* name, int64_t& field) {
-    int64_t v = o.get_int(name);
-    if (v < 0) throw fsdpx::Error(std::string(name) + " must be positive, got " + std::to_string(v));
+    int64_t v = o.get_int(name);  // within its declared range
     if (v > 0 && !hf.empty() && std::string(name) != "seq")
       throw fsdpx::Error("--model." + std::string(name) + " conflicts with --model.from_hf: the configuration comes from " +
                          hf + "/config.json");
@@ -462,6 +467,15 @@ std::shared_ptr<Gpt> make_gpt(const fsdpx::Options& o) {
     c.tie_embeddings = o.get_bool("tie_embeddings");
     if (o.get_float("rope_theta") > 0) c.rope_theta = o.get_float("rope_theta");
     if (o.get_float("norm_eps") > 0) c.norm_eps = o.get_float("norm_eps");
+  } else {
+    // The configuration comes from config.json: a value given here would have no effect.
+    for (const char* name : {"rope_theta", "norm_eps"})
+      if (o.get_float(name) > 0)
+        throw fsdpx::Error("--model." + std::string(name) + " conflicts with --model.from_hf: the configuration "
+                           "comes from " + hf + "/config.json");
+    if (o.get_bool("tie_embeddings") && !c.tie_embeddings)
+      throw fsdpx::Error("--model.tie_embeddings true conflicts with --model.from_hf: " + hf +
+                         "/config.json has untied embeddings (tie_word_embeddings false)");
   }
   check_config(c);
   return std::make_shared<Gpt>(c, hf, hf.empty() ? std::string() : source.dump());
@@ -476,16 +490,17 @@ void register_components(fsdpx::Registrar& r) {
        fsdpx::string_option("from_hf", "",
                             "a Hugging Face Llama directory: configuration from its config.json, initial weights from "
                             "its safetensors (each rank reads its own rows)"),
-       fsdpx::int_option("dim", 0, "model width (0: the preset's)"),
-       fsdpx::int_option("layers", 0, "decoder blocks (0: the preset's)"),
-       fsdpx::int_option("heads", 0, "attention heads (0: the preset's)"),
-       fsdpx::int_option("kv_heads", 0, "key/value heads, dividing heads (0: the preset's, or heads)"),
-       fsdpx::int_option("vocab", 0, "vocabulary size (0: the preset's; 256 = bytes)"),
-       fsdpx::int_option("seq", 0, "context length (0: the preset's)"),
-       fsdpx::int_option("ffn_hidden", 0, "SwiGLU hidden size (0: Llama's 8/3 x dim rule)"),
+       fsdpx::int_option("dim", 0, {0, kMaxWidth}, "model width (0: the preset's)"),
+       fsdpx::int_option("layers", 0, {0, kMaxCount}, "decoder blocks (0: the preset's)"),
+       fsdpx::int_option("heads", 0, {0, kMaxCount}, "attention heads (0: the preset's)"),
+       fsdpx::int_option("kv_heads", 0, {0, kMaxCount}, "key/value heads, dividing heads (0: the preset's, or heads)"),
+       fsdpx::int_option("vocab", 0, {0, kMaxVocab}, "vocabulary size (0: the preset's; 256 = bytes)"),
+       fsdpx::int_option("seq", 0, {0, kMaxSeq}, "context length (0: the preset's)"),
+       fsdpx::int_option("ffn_hidden", 0, {0, kMaxSeq}, "SwiGLU hidden size (0: Llama's 8/3 x dim rule)"),
        fsdpx::flag_option("tie_embeddings", false, "share the input embedding with the output projection"),
-       fsdpx::float_option("rope_theta", 0, "rotary base (0: the preset's, 10000 or 500000 for llama3-8b)"),
-       fsdpx::float_option("norm_eps", 0, "RMSNorm epsilon (0: the preset's, 1e-5)")},
+       fsdpx::float_option("rope_theta", 0, fsdpx::FloatRange::at_least(0),
+                           "rotary base (0: the preset's, 10000 or 500000 for llama3-8b)"),
+       fsdpx::float_option("norm_eps", 0, fsdpx::FloatRange::closed(0, 1), "RMSNorm epsilon (0: the preset's, 1e-5)")},
       [](const fsdpx::ComponentContext& ctx) { return make_gpt(ctx.options); });
 }
 

@@ -118,8 +118,11 @@ class Mlp final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::Ac
     if (batch.targets.numel() > 0) {
       const int64_t hi = batch.targets.max().item<int64_t>(), lo = batch.targets.min().item<int64_t>();
       if (lo < 0 || hi >= classes_)
-        throw fsdpx::Error("mlp has " + std::to_string(classes_) + " classes but the data has label " +
-                           std::to_string(lo < 0 ? lo : hi) + "; set --model.classes");
+        throw fsdpx::Error("mlp has " + std::to_string(classes_) + " classes (labels 0.." +
+                           std::to_string(classes_ - 1) + ") but the data has label " +
+                           std::to_string(lo < 0 ? lo : hi) +
+                           "; if the data's labels are right, set --model.classes " + std::to_string(hi + 1) +
+                           "; if they are a feature, choose the label column (--data.label_column)");
     }
     // The features in the dtype the first layer computes in (bf16 under a mixed policy).
     const at::Tensor& w = root_->hidden_layers.empty() ? root_->head_weight : root_->hidden_layers[0]->weight;
@@ -133,15 +136,12 @@ class Mlp final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::Ac
 void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::Model>(
       "mlp", "a classifier for tabular data: hidden ReLU layers and a linear head, cross-entropy",
-      {fsdpx::int_option("in_features", 30, "features per sample (the breast-cancer data has 30)"),
-       fsdpx::int_option("hidden", 64, "units per hidden layer"),
-       fsdpx::int_option("layers", 2, "hidden layers"),
-       fsdpx::int_option("classes", 2, "output classes")},
+      {fsdpx::int_option("in_features", 30, {1, 1 << 20}, "features per sample (the breast-cancer data has 30)"),
+       fsdpx::int_option("hidden", 64, {1, 1 << 20}, "units per hidden layer"),
+       fsdpx::int_option("layers", 2, {0, 1024}, "hidden layers"),
+       fsdpx::int_option("classes", 2, {1, 1 << 24}, "output classes")},
       [](const fsdpx::ComponentContext& ctx) {
-        const auto& o = ctx.options;
-        for (const char* k : {"in_features", "hidden", "classes"})
-          if (o.get_int(k) < 1) throw fsdpx::Error(std::string(k) + " must be at least 1, got " + std::to_string(o.get_int(k)));
-        if (o.get_int("layers") < 0) throw fsdpx::Error("layers must be 0 or more, got " + std::to_string(o.get_int("layers")));
+        const auto& o = ctx.options;  // each within its declared range
         return std::make_shared<Mlp>(o.get_int("in_features"), o.get_int("hidden"), o.get_int("layers"),
                                      o.get_int("classes"));
       });

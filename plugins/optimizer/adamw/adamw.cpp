@@ -87,16 +87,12 @@ class AdamW final : public fsdpx::Optimizer {
 void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::Optimizer>(
       "adamw", "Adam with decoupled weight decay (torch.optim.AdamW); fp32 moments",
-      {fsdpx::float_option("lr", 1e-3, "peak learning rate"),
+      {fsdpx::float_option("lr", 1e-3, fsdpx::FloatRange::above(0), "peak learning rate"),
        fsdpx::list_option("betas", "0.9,0.999", "coefficients of the moving averages of the gradient and its square"),
-       fsdpx::float_option("eps", 1e-8, "added to the denominator"),
-       fsdpx::float_option("weight_decay", 1e-2, "decoupled weight decay")},
+       fsdpx::float_option("eps", 1e-8, fsdpx::FloatRange::above(0), "added to the denominator"),
+       fsdpx::float_option("weight_decay", 1e-2, fsdpx::FloatRange::at_least(0), "decoupled weight decay")},
       [](const fsdpx::ComponentContext& ctx) {
-        const auto& o = ctx.options;
-        if (!(o.get_float("lr") > 0)) throw fsdpx::Error("lr must be positive, got " + std::to_string(o.get_float("lr")));
-        if (!(o.get_float("eps") > 0)) throw fsdpx::Error("eps must be positive, got " + std::to_string(o.get_float("eps")));
-        if (o.get_float("weight_decay") < 0)
-          throw fsdpx::Error("weight_decay must not be negative, got " + std::to_string(o.get_float("weight_decay")));
+        const auto& o = ctx.options;  // lr, eps, weight_decay within their declared ranges
         auto [b1, b2] = fsdpx::adam_betas(o);
         return std::make_shared<AdamW>(o.get_float("lr"), b1, b2, o.get_float("eps"), o.get_float("weight_decay"));
       });

@@ -127,10 +127,11 @@ void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::Optimizer>(
       "anyprecision_adamw",
       "AdamW with moments and Kahan compensation in chosen dtypes (torchdistx's AnyPrecisionAdamW)",
-      {fsdpx::float_option("lr", 1e-3, "peak learning rate"),
+      {fsdpx::float_option("lr", 1e-3, fsdpx::FloatRange::above(0), "peak learning rate"),
        fsdpx::list_option("betas", "0.9,0.999", "coefficients of the moving averages of the gradient and its square"),
-       fsdpx::float_option("eps", 1e-8, "added to the denominator"),
-       fsdpx::float_option("weight_decay", 0.0, "decoupled weight decay, applied before the moment updates"),
+       fsdpx::float_option("eps", 1e-8, fsdpx::FloatRange::above(0), "added to the denominator"),
+       fsdpx::float_option("weight_decay", 0.0, fsdpx::FloatRange::at_least(0),
+                           "decoupled weight decay, applied before the moment updates"),
        fsdpx::flag_option("use_kahan_summation", false, "compensated updates for bf16 parameters"),
        fsdpx::choice_option("momentum_dtype", "fp32", dtypes, "dtype of the first moment"),
        fsdpx::choice_option("variance_dtype", "bf16", dtypes, "dtype of the second moment"),
@@ -140,10 +141,7 @@ void register_components(fsdpx::Registrar& r) {
         AnyPrecisionAdamW::Config c{};
         c.lr = o.get_float("lr");
         c.eps = o.get_float("eps");
-        c.wd = o.get_float("weight_decay");
-        if (!(c.lr > 0)) throw fsdpx::Error("lr must be positive, got " + std::to_string(c.lr));
-        if (!(c.eps > 0)) throw fsdpx::Error("eps must be positive, got " + std::to_string(c.eps));
-        if (c.wd < 0) throw fsdpx::Error("weight_decay must not be negative, got " + std::to_string(c.wd));
+        c.wd = o.get_float("weight_decay");  // lr, eps, weight_decay within their declared ranges
         std::tie(c.b1, c.b2) = fsdpx::adam_betas(o);
         c.kahan = o.get_bool("use_kahan_summation");
         c.momentum = dtype_of(o.get_string("momentum_dtype"));

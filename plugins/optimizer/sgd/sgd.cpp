@@ -81,17 +81,15 @@ class Sgd final : public fsdpx::Optimizer {
 void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::Optimizer>(
       "sgd", "stochastic gradient descent with momentum, Nesterov and weight decay (torch.optim.SGD)",
-      {fsdpx::float_option("lr", 1e-2, "peak learning rate"), fsdpx::float_option("momentum", 0.0, "momentum factor"),
-       fsdpx::float_option("dampening", 0.0, "dampening of the momentum"),
-       fsdpx::float_option("weight_decay", 0.0, "L2 penalty added to the gradient"),
+      {fsdpx::float_option("lr", 1e-2, fsdpx::FloatRange::above(0), "peak learning rate"),
+       fsdpx::float_option("momentum", 0.0, fsdpx::FloatRange::at_least(0), "momentum factor"),
+       fsdpx::float_option("dampening", 0.0, fsdpx::FloatRange::closed(0, 1), "dampening of the momentum"),
+       fsdpx::float_option("weight_decay", 0.0, fsdpx::FloatRange::at_least(0), "L2 penalty added to the gradient"),
        fsdpx::flag_option("nesterov", false, "Nesterov momentum (needs momentum > 0 and no dampening)")},
       [](const fsdpx::ComponentContext& ctx) {
         const auto& o = ctx.options;
         const double lr = o.get_float("lr"), mu = o.get_float("momentum"), damp = o.get_float("dampening"),
                      wd = o.get_float("weight_decay");
-        if (!(lr > 0)) throw fsdpx::Error("lr must be positive, got " + std::to_string(lr));
-        if (mu < 0) throw fsdpx::Error("momentum must not be negative, got " + std::to_string(mu));
-        if (wd < 0) throw fsdpx::Error("weight_decay must not be negative, got " + std::to_string(wd));
         if (o.get_bool("nesterov") && (mu <= 0 || damp != 0))
           throw fsdpx::Error("nesterov needs momentum > 0 and dampening 0");
         return std::make_shared<Sgd>(lr, mu, damp, wd, o.get_bool("nesterov"));

@@ -74,10 +74,12 @@ void register_components(fsdpx::Registrar& r) {
       "fp16_mixed",
       "fp32 master shards; all-gather and compute in fp16; reduce in reduce_dtype; dynamic loss scaling on shards",
       {fsdpx::choice_option("reduce_dtype", "fp32", {"fp32", "fp16"}, "dtype of the gradient reduce-scatter"),
-       fsdpx::float_option("init_scale", 65536.0, "the first loss scale"),
-       fsdpx::float_option("growth_factor", 2.0, "the scale's factor after growth_interval steps without inf/NaN"),
-       fsdpx::float_option("backoff_factor", 0.5, "the scale's factor after a step with inf/NaN (skipped)"),
-       fsdpx::int_option("growth_interval", 2000, "steps without inf/NaN before the scale grows")},
+       fsdpx::float_option("init_scale", 65536.0, fsdpx::FloatRange::above(0), "the first loss scale"),
+       fsdpx::float_option("growth_factor", 2.0, fsdpx::FloatRange::at_least(1),
+                           "the scale's factor after growth_interval steps without inf/NaN"),
+       fsdpx::float_option("backoff_factor", 0.5, fsdpx::FloatRange{0, 1, true, true},
+                           "the scale's factor after a step with inf/NaN (skipped)"),
+       fsdpx::int_option("growth_interval", 2000, fsdpx::IntRange{1}, "steps without inf/NaN before the scale grows")},
       [](const fsdpx::ComponentContext& ctx) {
         const auto& o = ctx.options;
         fsdpx::PrecisionSpec s;
@@ -93,15 +95,7 @@ void register_components(fsdpx::Registrar& r) {
         c.init_scale = o.get_float("init_scale");
         c.growth_factor = o.get_float("growth_factor");
         c.backoff_factor = o.get_float("backoff_factor");
-        c.growth_interval = o.get_int("growth_interval");
-        if (!(c.init_scale > 0) || !std::isfinite(c.init_scale))
-          throw fsdpx::Error("init_scale must be a positive number, got " + std::to_string(c.init_scale));
-        if (!(c.growth_factor >= 1.0))
-          throw fsdpx::Error("growth_factor must be 1 or more, got " + std::to_string(c.growth_factor));
-        if (!(c.backoff_factor > 0.0 && c.backoff_factor < 1.0))
-          throw fsdpx::Error("backoff_factor must be between 0 and 1, got " + std::to_string(c.backoff_factor));
-        if (c.growth_interval < 1)
-          throw fsdpx::Error("growth_interval must be 1 or more, got " + std::to_string(c.growth_interval));
+        c.growth_interval = o.get_int("growth_interval");  // each within its declared range
         return std::make_shared<Fp16Mixed>(s, c);
       });
 }

@@ -37,10 +37,10 @@ void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::ShardingStrategy>(
       "cpu_offload", "a base strategy with sharded parameters, gradients and optimizer state in host memory",
       {fsdpx::choice_option("base", "full_shard", {"full_shard", "shard_grad_op", "hybrid_shard"}, "the strategy to offload"),
-       fsdpx::int_option("shard_size", 0, "hybrid_shard only: ranks per shard group; 0: the ranks per node")},
+       fsdpx::int_option("shard_size", 0, {0, 1 << 20},
+                         "hybrid_shard only: ranks per shard group; 0: the ranks per node")},
       [](const fsdpx::ComponentContext& ctx) {
         const int64_t s = ctx.options.get_int("shard_size");
-        if (s < 0) throw fsdpx::Error("shard_size must be 0 (a node) or positive, got " + std::to_string(s));
         if (s > 0 && ctx.options.get_string("base") != "hybrid_shard")
           throw fsdpx::Error("shard_size applies to base hybrid_shard only; base is " + ctx.options.get_string("base"));
         return std::make_shared<CpuOffload>(ctx.options.get_string("base"), static_cast<int>(s));

@@ -38,11 +38,11 @@ class HybridShard final : public fsdpx::ShardingStrategy {
 void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::ShardingStrategy>(
       "hybrid_shard", "shard within groups of shard_size ranks (default: a node), replicate across groups (HSDP)",
-      {fsdpx::int_option("shard_size", 0, "ranks per shard group; 0: the ranks per node (local world size)"),
+      {fsdpx::int_option("shard_size", 0, {0, 1 << 20},
+                         "ranks per shard group; 0: the ranks per node (local world size)"),
        fsdpx::flag_option("reshard_after_forward", true, "free gathered parameters after forward (false: ZeRO-2 flavour)")},
       [](const fsdpx::ComponentContext& ctx) {
-        const int64_t s = ctx.options.get_int("shard_size");
-        if (s < 0) throw fsdpx::Error("shard_size must be 0 (a node) or a positive divisor of the world size, got " + std::to_string(s));
+        const int64_t s = ctx.options.get_int("shard_size");  // within its declared range
         return std::make_shared<HybridShard>(static_cast<int>(s), ctx.options.get_bool("reshard_after_forward"));
       });
 }

@@ -59,13 +59,10 @@ void register_components(fsdpx::Registrar& r) {
       "size_based",
       "a submodule becomes a unit once the parameters under it that no nested unit took reach "
       "min_num_params (PyTorch's size_based_auto_wrap_policy)",
-      {fsdpx::int_option("min_num_params", 100000000,
+      {fsdpx::int_option("min_num_params", 100000000, fsdpx::IntRange{1},
                          "smallest number of parameter elements that makes a submodule a unit")},
       [](const fsdpx::ComponentContext& ctx) {
-        int64_t min = ctx.options.get_int("min_num_params");
-        if (min < 1)
-          throw fsdpx::Error("min_num_params must be at least 1, got " + std::to_string(min));
-        return std::make_shared<SizeBasedWrap>(min);
+        return std::make_shared<SizeBasedWrap>(ctx.options.get_int("min_num_params"));
       });
 }
 

@@ -28,11 +28,10 @@ class TopLevelWrap final : public fsdpx::WrapPolicy {
 void register_components(fsdpx::Registrar& registrar) {
   registrar.add<fsdpx::WrapPolicy>(
       "top_level", "each direct child of the model with enough parameters is a unit",
-      {fsdpx::int_option("min_num_params", 1, "smallest child (parameter elements) to wrap")},
+      // A numeric option declares its range; the host refuses a value outside it, naming it.
+      {fsdpx::int_option("min_num_params", 1, fsdpx::IntRange{0}, "smallest child (parameter elements) to wrap")},
       [](const fsdpx::ComponentContext& ctx) {
-        int64_t min = ctx.options.get_int("min_num_params");
-        if (min < 0) throw fsdpx::Error("min_num_params must be >= 0, got " + std::to_string(min));
-        return std::make_shared<TopLevelWrap>(min);
+        return std::make_shared<TopLevelWrap>(ctx.options.get_int("min_num_params"));
       });
 }
 

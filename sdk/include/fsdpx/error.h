@@ -16,4 +16,8 @@ class FSDPX_API Error : public std::runtime_error {
   ~Error() override;
 };
 
+// What a user reads of `e`: its what(), less the C++ stack trace that LibTorch's c10::Error
+// appends to its message (a frame per line).
+FSDPX_API std::string message_of(const std::exception& e);
+
 }  // namespace fsdpx

@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -20,8 +22,8 @@ namespace fsdpx {
 
 enum class OptionType {
   Bool,    // true/false, 1/0, yes/no, on/off
-  Int,     // a signed 64-bit integer
-  Float,   // a finite double
+  Int,     // a signed 64-bit integer, within the option's declared range
+  Float,   // a finite double, within the option's declared range
   String,  // any text
   Choice,  // one of OptionSpec::choices
   List,    // comma-separated text items, e.g. "Block,Embedding"
@@ -35,7 +37,30 @@ struct OptionSpec {
   OptionType type;
   std::string default_value;  // as it would be written in an INI file; must itself be valid
   std::string help;           // one line
-  std::vector<std::string> choices;  // Choice only: the allowed values
+  // Choice: the allowed values. Int and Float: the declared range, when there is one (two
+  // items, as int_option/float_option with a range write them: "[1" and "65536]", "(0" and
+  // "inf]"); empty: any value of the type. The range rides in this field so that OptionSpec
+  // keeps the layout of ABI 1.0. int_range()/float_range() read it back.
+  std::vector<std::string> choices;
+};
+
+// The values a numeric option allows. Every numeric option should declare one: a value outside
+// it is refused before the component sees it, with the range in the message.
+struct IntRange {
+  int64_t min = std::numeric_limits<int64_t>::min();
+  int64_t max = std::numeric_limits<int64_t>::max();
+};
+struct FloatRange {
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  bool min_open = false;  // min itself is not allowed
+  bool max_open = false;  // max itself is not allowed
+
+  static FloatRange closed(double lo, double hi) { return {lo, hi, false, false}; }
+  static FloatRange at_least(double lo) { return {lo, std::numeric_limits<double>::infinity(), false, false}; }
+  static FloatRange above(double lo, double hi = std::numeric_limits<double>::infinity()) {
+    return {lo, hi, true, false};
+  }
 };
 
 // Shorthands for declaring options.
@@ -46,6 +71,15 @@ FSDPX_API OptionSpec string_option(std::string name, std::string default_value, 
 FSDPX_API OptionSpec choice_option(std::string name, std::string default_value,
                                    std::vector<std::string> choices, std::string help);
 FSDPX_API OptionSpec list_option(std::string name, std::string default_value, std::string help);
+// Numeric options with their range: int_option("dim", 0, {0, 65536}, "...").
+FSDPX_API OptionSpec int_option(std::string name, int64_t default_value, IntRange range, std::string help);
+FSDPX_API OptionSpec float_option(std::string name, double default_value, FloatRange range, std::string help);
+// The range a numeric option declared, if any. Throws fsdpx::Error on a malformed one.
+FSDPX_API std::optional<IntRange> int_range(const OptionSpec& spec);
+FSDPX_API std::optional<FloatRange> float_range(const OptionSpec& spec);
+// What a value of `spec` must be, for messages: "an integer in [1, 65536]", "a number greater
+// than 0", "one of fp32, bf16", "a boolean (true/false, yes/no, on/off, 1/0)".
+FSDPX_API std::string expected_value(const OptionSpec& spec);
 
 // The checked values of one component's options: every declared option has a value (given or
 // default). Built by the host; a component reads it in its factory.

@@ -33,9 +33,22 @@ FSDPX_API std::string checkpoint_dir_name(int64_t step);  // "step-00000010"
 // calls it (the trainer's rank 0, before the others list). Throws fsdpx::Error naming a
 // directory that cannot be moved.
 FSDPX_API void recover_interrupted_saves(const std::string& root);
-// Complete checkpoints under `root` (those whose index.json or digests.json parses), oldest
-// first. Read-only: every rank may call it at once.
+// Why the checkpoint directory `dir` is not complete, or "" when it is: every file its format
+// needs is present and parses. Sharded: index.json, each rank file it lists (at the size it
+// records), trainer_state.json (check_trainer_state) and config.ini. Consolidated:
+// model.safetensors (its header), digests.json, and its trainer state when it records one.
+// Reads headers and small files only.
+FSDPX_API std::string checkpoint_problem(const std::string& dir);
+// Why `text`, a checkpoint's trainer state, cannot resume a run, or "": a JSON object with the
+// "step" (`step` when given), the "seed" and the data position "data" (an object); "loss_scaler"
+// and "hf_config", when there, objects of their form.
+FSDPX_API std::string trainer_state_problem(const std::string& text, std::optional<int64_t> step);
+// Complete checkpoints under `root` (checkpoint_problem finds nothing), oldest first. Read-only:
+// every rank may call it at once.
 FSDPX_API std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
+// The step-N directories under `root` newer than its newest complete checkpoint, newest first,
+// each as "DIR: why it is not complete", for --resume auto to name what it skips.
+FSDPX_API std::vector<std::string> skipped_checkpoints(const std::string& root);
 // The newest of them (CheckpointBackend::latest of both formats).
 FSDPX_API std::optional<std::string> latest_checkpoint(const std::string& root);
 // Removes all but the newest `keep` complete checkpoints, and stale temporary directories. One

@@ -59,13 +59,23 @@ class FSDPX_API PluginHost {
   // <prefix>/lib/fsdpx/plugins for the libfsdpx in use.
   static std::filesystem::path default_plugin_dir();
 
-  // Loads every plugin that `search` names. A failure of one plugin does not stop the others:
-  // returns one message per failure, each naming the file; empty when all went well.
+  // What loading found wrong, one message per failure, each naming the file. Errors: a plugin
+  // file the user named (--plugin) or a folder the user named (--plugin-dir) that cannot be
+  // loaded or read, and a plugin or component registered twice (both files named). Warnings: a
+  // file of a folder scan that is not a loadable fsdpx plugin, a folder of FSDPX_PLUGIN_PATH or
+  // the default folder that cannot be read.
+  struct Discovery {
+    std::vector<std::string> errors, warnings;
+  };
+  // Loads every plugin that `search` names. A failure of one plugin does not stop the others.
+  Discovery discover_all(const PluginSearch& search);
+  // The same, for a run: throws fsdpx::Error with the first error (and how many more there are);
+  // returns the warnings, for the host to print.
   std::vector<std::string> discover(const PluginSearch& search);
 
   // Loads every *.so in `dir`. Libraries without the entry symbol are skipped quietly. Throws
-  // fsdpx::Error if `dir` is missing or writable by others (unless allowed); returns the
-  // per-file failures.
+  // fsdpx::Error if `dir` is missing or writable by others (unless allowed), or when a plugin or
+  // component of it is already registered; returns the other per-file failures.
   std::vector<std::string> load_directory(const std::filesystem::path& dir, bool allow_insecure);
 
   // Loads one plugin file the user named. Throws fsdpx::Error on any failure, including a
@@ -103,6 +113,8 @@ class FSDPX_API PluginHost {
  private:
   class RegistrarImpl;
   void load(const std::filesystem::path& file, bool named);
+  // Loads `dir`'s plugins: duplicates go to `found.errors`, other per-file failures to `found.warnings`.
+  void scan_directory(const std::filesystem::path& dir, bool allow_insecure, Discovery& found);
   // Runs the plugin's registration; its components join only if all of it succeeds.
   void register_plugin(const std::shared_ptr<const PluginRecord>& record, const fsdpx_plugin_info* info);
   std::shared_ptr<void> create_erased(Kind kind, const std::string& name,

@@ -33,6 +33,9 @@ struct ConfigRequest {
   // Kinds the host can do without: --<section>.name none (or [section] name=none) leaves the
   // run without one, e.g. fsdpx-train's checkpoint. `none` for any other kind is an error.
   std::set<Kind> optional_kinds;
+  // Host options that only the command line may give (actions, a launcher's flags): an INI file
+  // holding one is refused, naming it, instead of being accepted and ignored.
+  std::set<std::string> command_line_only = {};
 };
 
 class FSDPX_API RunConfig {
@@ -54,8 +57,9 @@ class FSDPX_API RunConfig {
   const boost::program_options::variables_map& host_values() const { return host_values_; }
   const std::optional<std::filesystem::path>& config_file() const { return config_file_; }
 
-  // The resolved configuration as an INI file that reproduces it: every chosen component with
-  // every option, defaults included, in kind order.
+  // The resolved configuration as an INI file that reproduces it: the plugin folders and files
+  // the host options name (plugin-dir, plugin: absolute paths, when the host has such options),
+  // then every chosen component with every option, defaults included, in kind order.
   std::string to_ini() const;
 
  private:
@@ -64,6 +68,16 @@ class FSDPX_API RunConfig {
   boost::program_options::variables_map host_values_;
   std::optional<std::filesystem::path> config_file_;
 };
+
+// The plugins a command line and its --config file name, added to `search`: --plugin-dir DIR and
+// --plugin FILE (repeatable; also top-level keys plugin-dir and plugin of the file) and
+// --allow-insecure-plugin-dir (command line only). Read before RunConfig::resolve, which needs the
+// plugins loaded. Throws fsdpx::Error for a --config file that cannot be read.
+FSDPX_API PluginSearch plugin_search(const std::vector<std::string>& args, PluginSearch search = {});
+
+// The text of an INI file for --config, checked first: a regular file (not a directory, device or
+// FIFO) of plausible size holding no NUL byte. Throws fsdpx::Error naming the file and the line.
+FSDPX_API std::string read_config_file(const std::filesystem::path& file);
 
 // --config FILE and --<section>.name NAME for every kind (with "none" where `request` allows it),
 // for a host's --help.

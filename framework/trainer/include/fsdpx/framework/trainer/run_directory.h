@@ -15,13 +15,25 @@ class FSDPX_API RunDirectory {
  public:
   // `dir` empty: the run leaves nothing. `writer`: this rank writes (rank 0).
   RunDirectory(std::string dir, bool writer);
+  ~RunDirectory();  // releases the lock
+  RunDirectory(const RunDirectory&) = delete;
+  RunDirectory& operator=(const RunDirectory&) = delete;
+
+  // The lock a run holds on its directory for its whole life: DIR/.fsdpx-run.lock, flock()ed by
+  // the writer and naming its process. The kernel releases it when that process ends, however it
+  // ends, so a lock file that no live process holds never stops anyone.
+  static constexpr const char* kLockFile = ".fsdpx-run.lock";
+  // Refuses (fsdpx::Error naming the other run's pid and host) a `dir` that a running run
+  // holds; passes for "" or a directory no run holds. For checks before any worker starts.
+  static void check_not_in_use(const std::string& dir);
 
   bool active() const { return writer_ && !dir_.empty(); }
   const std::string& dir() const { return dir_; }
   std::string path(const std::string& name) const;  // DIR/name
   std::string checkpoints() const;                  // DIR/checkpoints ("" without a directory)
 
-  // Creates the directory and writes config.ini (`config_ini`, after a comment saying how to
+  // Creates the directory, takes its lock (refusing, with the other run's pid, a directory that
+  // a running run holds), and writes config.ini (`config_ini`, after a comment saying how to
   // reproduce the run on `world` ranks) and plan.json (`plan_json`). Throws fsdpx::Error naming
   // the file that cannot be written.
   void create(const std::string& config_ini, int world, const std::string& plan_json);
@@ -38,6 +50,7 @@ class FSDPX_API RunDirectory {
   std::string dir_;
   bool writer_;
   std::ofstream metrics_;
+  int lock_fd_ = -1;
 };
 
 }  // namespace fsdpx

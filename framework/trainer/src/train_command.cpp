@@ -1,0 +1,120 @@
+#include "fsdpx/framework/trainer/train_command.h"
+
+#include <string>
+#include <vector>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/plugin_host/host_options.h"
+#include "fsdpx/framework/trainer/train_settings.h"
+#include "fsdpx/framework/trainer/trainer.h"
+
+namespace po = boost::program_options;
+
+namespace fsdpx {
+namespace {
+
+// The flags that place a rank; the local launcher sets each of them for its workers.
+const char* const kPlacement[] = {"rank", "world-size", "local-rank", "local-world-size", "node-rank", "num-nodes"};
+const char* const kActions[] = {"dry-run", "check-comm", "print-topology"};
+
+po::options_description topology_options() {
+  constexpr int kMaxRanks = 1 << 20;
+  po::options_description topo("Topology (flags win over torchrun's variables, which win over Slurm's)");
+  topo.add_options()
+    ("nproc-per-node", int_value<int>({1, 1024}), "start this many workers on this machine (local launcher)")
+    ("rank", int_value<int>({0, kMaxRanks - 1}), "global rank (else RANK, else SLURM_PROCID)")
+    ("world-size", int_value<int>({1, kMaxRanks}), "number of ranks (else WORLD_SIZE, else SLURM_NTASKS)")
+    ("local-rank", int_value<int>({0, kMaxRanks - 1}), "rank within the node (else LOCAL_RANK, else SLURM_LOCALID)")
+    ("local-world-size", int_value<int>({1, kMaxRanks}),
+     "ranks on this node (else LOCAL_WORLD_SIZE, else Slurm's tasks per node)")
+    ("node-rank", int_value<int>({0, kMaxRanks - 1}), "index of this node (else GROUP_RANK, else SLURM_NODEID)")
+    ("num-nodes", int_value<int>({1, kMaxRanks}), "number of nodes (else GROUP_WORLD_SIZE, else SLURM_NNODES)")
+    ("master-addr", po::value<std::string>(), "rendezvous host (else MASTER_ADDR, else Slurm's first node)")
+    ("master-port", int_value<int>({1, 65535}), "rendezvous port (else MASTER_PORT, else derived from SLURM_JOB_ID)")
+    ("rendezvous-timeout", float_value(FloatRange::closed(0.001, 1e7))->default_value(60),
+     "seconds to wait for every rank to join")
+    ("collective-timeout", float_value(FloatRange::closed(0.001, 1e7))->default_value(300),
+     "seconds before a collective is declared hung")
+    ("check-collectives", po::bool_switch(),
+     "debug: before each collective the ranks compare op, dtype, element count, unit and phase "
+     "(one small all-gather each); a mismatch stops the run naming both calls before anything hangs")
+    ("device", po::value<std::string>()->default_value("cpu"), "cpu (Gloo) or cuda (NCCL, one GPU per local rank)");
+  return topo;
+}
+
+}  // namespace
+
+po::options_description train_command_options() {
+  po::options_description actions("Actions (command line only; one at a time)");
+  actions.add_options()
+    ("dry-run", "print the plan (units, bytes per rank, bytes moved per step, dtypes) and exit; no process group")
+    ("print-topology", "print this rank's resolved topology and exit (no rendezvous)")
+    ("check-comm", "rendezvous, build the process groups and verify all-reduce, all-gather and barrier")
+    ("help,h", "this help");
+  po::options_description memory("Memory (command line only)");
+  memory.add_options()
+    ("skip-memory-check", "start even when the plan's peak per rank, times the ranks on this node, exceeds the memory "
+     "the node has available (MemAvailable, or the memory cgroup's limit)");
+  po::options_description plugins(
+      "Plugins (--plugin-dir and --plugin also as keys of --config; config.ini records them)");
+  plugins.add_options()
+    ("plugin-dir", po::value<std::vector<std::string>>()->composing(), "also load plugins from this directory")
+    ("plugin", po::value<std::vector<std::string>>()->composing(), "also load this plugin file (it must load)")
+    ("allow-insecure-plugin-dir", "load plugins from world-writable or foreign-owned places (command line only)");
+  po::options_description all;
+  all.add(TrainSettings::options()).add(topology_options()).add(actions).add(memory).add(plugins);
+  return all;
+}
+
+ConfigRequest train_config_request(const po::options_description& options) {
+  ConfigRequest request{&options, default_components(), {Kind::Checkpoint}};
+  request.command_line_only = {"nproc-per-node", "dry-run", "check-comm", "print-topology", "help",
+                               "allow-insecure-plugin-dir", "skip-memory-check"};
+  return request;
+}
+
+void check_train_flags(const RunConfig& config, int nproc_per_node) {
+  const po::variables_map& vm = config.host_values();
+  std::vector<std::string> actions;
+  for (const char* a : kActions)
+    if (vm.count(a)) actions.push_back(std::string("--") + a);
+  if (actions.size() > 1)
+    throw Error(actions[0] + " and " + actions[1] + " cannot go together: each is an action of its own; give one");
+  if (nproc_per_node > 0)
+    for (const char* p : kPlacement)
+      if (vm.count(p))
+        throw Error(std::string("--nproc-per-node and --") + p + " cannot go together: the launcher places the " +
+                    std::to_string(nproc_per_node) + " ranks it starts itself; drop --" + p +
+                    " (or start one process per rank without --nproc-per-node)");
+  const std::string device = vm["device"].as<std::string>();
+  if (device != "cpu" && device != "cuda") throw Error("--device must be cpu or cuda, got '" + device + "'");
+  const std::string resume = vm["resume"].as<std::string>(), save_init = vm["save-init"].as<std::string>();
+  const char* needs_checkpoint = vm["save-every"].as<int64_t>() > 0 ? "--save-every"
+                                 : vm["keep-last"].as<int64_t>() > 0 ? "--keep-last"
+                                 : !resume.empty()                   ? "--resume"
+                                                                     : nullptr;
+  if (needs_checkpoint && !config.choice(Kind::Checkpoint))
+    throw Error(std::string(needs_checkpoint) + " needs a checkpoint component, and the run has none: add "
+                "--checkpoint.name sharded (or [checkpoint] name=sharded)");
+  if (!save_init.empty() && !resume.empty() && resume != "auto")
+    throw Error("--save-init and --resume " + resume + " cannot go together: the run starts from the checkpoint's "
+                "weights, not from the initial weights --save-init would write");
+}
+
+TopologyFlags topology_flags(const po::variables_map& vm) {
+  TopologyFlags f;
+  auto i = [&](const char* k, std::optional<int>& out) {
+    if (vm.count(k)) out = vm[k].as<int>();
+  };
+  i("rank", f.rank);
+  i("world-size", f.world_size);
+  i("local-rank", f.local_rank);
+  i("local-world-size", f.local_world_size);
+  i("node-rank", f.node_rank);
+  i("num-nodes", f.num_nodes);
+  i("master-port", f.master_port);
+  if (vm.count("master-addr")) f.master_addr = vm["master-addr"].as<std::string>();
+  return f;
+}
+
+}  // namespace fsdpx

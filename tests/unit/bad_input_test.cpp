@@ -1,0 +1,302 @@
+// Bad input to fsdpx-train, fsdpx-plugins and the option parser, one class of defect per suite
+// (issue 26): paths used without checking what they are (InputPaths), options accepted without
+// effect (OptionEffects), flags that cannot go together (FlagConflicts), and messages (Messages).
+// Every case runs the real programs on real files, through test::run_command (a 60 s timeout).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include "fsdpx/error.h"
+#include "fsdpx/files.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/plugin_host/run_config.h"
+#include "fsdpx/framework/trainer/train_command.h"
+#include "test_paths.h"
+
+namespace fsdpx {
+namespace {
+namespace fs = std::filesystem;
+using test::run_command;
+
+std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
+std::string plugins_tool() { return (test::bin_dir() / "fsdpx-plugins").string(); }
+
+// A quick run's configuration: small data, one step.
+const std::string kQuick = " --data.name synthetic --data.seq 16 --batch-size 2 --steps 1 ";
+
+int lines(const std::string& text) {
+  int n = 0;
+  for (char c : text) n += c == '\n';
+  return n + (!text.empty() && text.back() != '\n');
+}
+
+// One line on stderr, starting with the program's name, holding `want`; a non-zero status.
+void expect_one_line(const test::CommandResult& r, const std::string& program, const std::string& want) {
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.err.rfind(program + ": ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+}
+
+// A copy of a real plugin cut after its first 4 KiB, as a copy that ran out of space leaves it.
+fs::path truncated_plugin(const fs::path& dir) {
+  const fs::path p = dir / "wrap_cut.so";
+  fs::copy_file(test::plugin_dir() / "wrap_size_based.so", p);
+  fs::resize_file(p, 4096);
+  return p;
+}
+
+// --- Class 1: every file input is checked for its kind before use ------------------------------
+
+TEST(InputPaths, ADirectoryGivenAsConfigIsRefused) {
+  test::TempDir dir;
+  EXPECT_EQ(test::error_of([&] { read_config_file(dir.path()); }),
+            "config file " + dir.path().string() +
+                " is a directory (--config); give an INI file, such as a run directory's config.ini");
+  auto r = run_command(train() + " --config " + dir.path().string() + " --dry-run");
+  expect_one_line(r, "fsdpx-train", "is a directory (--config)");
+}
+
+TEST(InputPaths, DataPathsThatAreNotRegularFilesAreRefused) {
+  test::TempDir dir;
+  const fs::path fifo = dir.path() / "corpus.txt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // A FIFO nobody writes to would block the run for ever (timeout 20 ends it on a build that reads it).
+  auto r = run_command("timeout 20 " + train() + " --data.path " + fifo.string() + " --dry-run");
+  expect_one_line(r, "fsdpx-train", "data.path " + fifo.string() + " is a FIFO, not a regular file");
+  r = run_command(train() + " --data.name tokens --data.path /dev/zero --dry-run");
+  expect_one_line(r, "fsdpx-train", "data.path /dev/zero is a character device, not a regular file");
+  r = run_command(train() + " --model.name mlp --data.name csv --data.path " + dir.path().string() + " --dry-run");
+  expect_one_line(r, "fsdpx-train", "data.path " + dir.path().string() + " is a directory; give a file");
+  EXPECT_EQ(test::error_of([] { check_input_file("/dev/zero", "--x"); }),
+            "--x /dev/zero is a character device, not a regular file");
+  // A regular file larger than the memory a source would hold it in is refused up front.
+  const std::string huge = test::error_of([] { check_fits_in_memory(uint64_t{1} << 60, "text data x", "use less"); });
+  EXPECT_EQ(huge.rfind("text data x needs 1073741824.0 GiB of memory, and this machine has ", 0), 0u) << huge;
+  EXPECT_EQ(test::error_of([] { check_fits_in_memory(1, "text data x", "use less"); }), "(no error)");
+}
+
+// A plugin cut short is refused before dlopen maps it (which ended both programs with SIGBUS,
+// exit 135 and nothing printed, when they merely scanned its folder), with one line naming it.
+TEST(InputPaths, ATruncatedPluginInAScannedFolderIsRefusedWithOneLine) {
+  test::TempDir dir;
+  const fs::path cut = truncated_plugin(dir.path());
+  auto list = run_command(plugins_tool() + " --plugin-dir " + dir.path().string() + " list");
+  EXPECT_EQ(list.exit_code, 1) << list.err;
+  EXPECT_NE(list.out.find("size_based"), std::string::npos) << "the other plugins are still listed";
+  EXPECT_NE(list.err.find("fsdpx-plugins: warning: cannot load plugin " + cut.string() +
+                          ": the file is cut short (4096 bytes, but its ELF "),
+            std::string::npos)
+      << list.err;
+  EXPECT_EQ(lines(list.err), 1) << list.err;
+  auto run = run_command("env FSDPX_PLUGIN_PATH=" + dir.path().string() + " " + train() + kQuick + " --dry-run");
+  EXPECT_EQ(run.exit_code, 0) << run.err;  // a folder scan warns and goes on
+  EXPECT_NE(run.err.find("fsdpx-train: warning: cannot load plugin " + cut.string() + ": the file is cut short"),
+            std::string::npos)
+      << run.err;
+  PluginHost host;
+  EXPECT_NE(test::error_of([&] { host.load_file(cut); }).find("the file is cut short"), std::string::npos);
+}
+
+TEST(InputPaths, AFifoNamedLikeAPluginIsNotOpened) {
+  test::TempDir dir;
+  ASSERT_EQ(::mkfifo((dir.path() / "blocks.so").c_str(), 0600), 0);
+  auto r = run_command("timeout 20 " + plugins_tool() + " --plugin-dir " + dir.path().string() + " list");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("plugin file " + (dir.path() / "blocks.so").string() + " is a FIFO, not a shared library"),
+            std::string::npos)
+      << r.err;
+}
+
+// --- Class 2: the INI accepts what the command line accepts, or refuses it; ranges ------------
+
+// A host flag written in the INI file takes effect: plugin-dir loads the folder's plugins, so the
+// file can choose their components.
+TEST(OptionEffects, PluginDirInTheIniFileLoadsItsPlugins) {
+  test::TempDir dir;
+  const fs::path plugins = dir.path() / "plugins";
+  fs::create_directories(plugins);
+  fs::copy_file(test::fixture("good"), plugins / "good.so");
+  test::write_file(dir.path() / "run.ini",
+                   "plugin-dir = " + plugins.string() + "\n[wrap]\nname = fixture_depth\ndepth = 2\n");
+  auto r = run_command(train() + kQuick + "--config " + (dir.path() / "run.ini").string() + " --dry-run");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("wrap=fixture_depth"), std::string::npos) << r.out;
+}
+
+// What only the command line can do (launch, act) is refused in the file, naming the key.
+TEST(OptionEffects, CommandLineOnlyFlagsInTheIniFileAreRefused) {
+  test::TempDir dir;
+  for (const std::string key : {"nproc-per-node = 2", "dry-run = true", "allow-insecure-plugin-dir = true"}) {
+    SCOPED_TRACE(key);
+    const fs::path ini = dir.path() / "run.ini";
+    test::write_file(ini, key + "\n");
+    auto r = run_command(train() + kQuick + "--config " + ini.string() + " --dry-run");
+    const std::string name = key.substr(0, key.find(' '));
+    expect_one_line(r, "fsdpx-train",
+                    "config file " + ini.string() + ": " + name + " is a command-line flag (--" + name +
+                        "); an INI file cannot give it");
+  }
+}
+
+// A value outside an option's range is refused, instead of being recorded in config.ini while
+// the run used the preset's value.
+TEST(OptionEffects, OutOfRangeComponentValuesAreRefused) {
+  for (const char* opt : {"norm_eps", "rope_theta"}) {
+    SCOPED_TRACE(opt);
+    auto r = run_command(train() + kQuick + "--model." + opt + " -1 --dry-run");
+    expect_one_line(r, "fsdpx-train", std::string("option model.") + opt + " expects a number ");
+    EXPECT_NE(r.err.find("got '-1'"), std::string::npos) << r.err;
+  }
+}
+
+// Every numeric option of every installed plugin declares its range.
+TEST(OptionEffects, EveryNumericOptionOfTheInstalledPluginsDeclaresItsRange) {
+  PluginHost host;
+  PluginSearch search;
+  search.environment = false;
+  ASSERT_TRUE(host.discover(search).empty());
+  int numeric = 0;
+  for (const ComponentRecord* c : host.components())
+    for (const OptionSpec& o : c->spec.options) {
+      if (o.type == OptionType::Int) {
+        EXPECT_TRUE(int_range(o)) << c->title() << " " << o.name;
+      }
+      if (o.type == OptionType::Float) {
+        EXPECT_TRUE(float_range(o)) << c->title() << " " << o.name;
+      }
+      numeric += o.type == OptionType::Int || o.type == OptionType::Float;
+    }
+  EXPECT_GT(numeric, 30);
+}
+
+// ... and so does every numeric option of fsdpx-train: a word where a number belongs is refused
+// with the expected type and range.
+TEST(OptionEffects, EveryNumericHostOptionStatesItsTypeAndRange) {
+  PluginHost host;
+  host.load_file(test::plugin_dir() / "wrap_size_based.so");
+  const auto options = train_command_options();
+  int numeric = 0;
+  for (const auto& o : options.options()) {
+    const std::string key = o->long_name();
+    const bool takes_value = o->semantic()->max_tokens() == 1 && !o->semantic()->is_composing();
+    if (!takes_value || key == "nproc-per-node") continue;
+    std::string message;
+    try {
+      RunConfig::resolve(host, {"--" + key, "abc"}, ConfigRequest{&options, {}, {}});
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    if (message.empty()) continue;  // text options take "abc"
+    ++numeric;
+    EXPECT_NE(message.find("command line: --" + key + " expects a"), std::string::npos) << message;
+    EXPECT_NE(message.find(", got 'abc'"), std::string::npos) << message;
+  }
+  EXPECT_GE(numeric, 20);
+}
+
+// --- Class 3: flags that cannot go together, refused before any worker starts ----------------
+
+TEST(FlagConflicts, TwoActionsAreRefused) {
+  auto r = run_command(train() + kQuick + "--dry-run --check-comm");
+  expect_one_line(r, "fsdpx-train", "--dry-run and --check-comm cannot go together");
+  EXPECT_EQ(r.out, "");
+}
+
+// The launcher places its ranks: a --rank or --world-size beside it started two rank 0s, and the
+// error then blamed a port.
+TEST(FlagConflicts, TheLauncherWithRankFlagsIsRefusedBeforeAnyWorkerStarts) {
+  for (const std::string flags : {"--check-comm --rank 0 --world-size 4", "--local-rank 1", "--num-nodes 2"}) {
+    SCOPED_TRACE(flags);
+    auto r = run_command(train() + kQuick + "--nproc-per-node 2 --rendezvous-timeout 5 " + flags);
+    expect_one_line(r, "fsdpx-train", "cannot go together: the launcher places the 2 ranks it starts itself");
+    EXPECT_EQ(r.err.find("[rank"), std::string::npos) << "no worker started: " << r.err;
+  }
+}
+
+TEST(FlagConflicts, AnUnknownDeviceIsRefusedBeforeAnyWorkerStarts) {
+  auto r = run_command(train() + kQuick + "--nproc-per-node 2 --device tpu");
+  expect_one_line(r, "fsdpx-train", "--device must be cpu or cuda, got 'tpu'");
+}
+
+TEST(FlagConflicts, CheckpointFlagsWithoutACheckpointAreRefused) {
+  auto r = run_command(train() + kQuick + "--nproc-per-node 2 --keep-last 2");
+  expect_one_line(r, "fsdpx-train", "--keep-last needs a checkpoint component, and the run has none");
+  test::TempDir dir;
+  r = run_command(train() + kQuick + "--checkpoint.name sharded --resume " + dir.path().string() + " --save-init " +
+                  (dir.path() / "init").string() + " --dry-run");
+  expect_one_line(r, "fsdpx-train", "--save-init and --resume " + dir.path().string() + " cannot go together");
+}
+
+// --- Class 8: messages ------------------------------------------------------------------------
+
+TEST(Messages, NumbersStateTheirTypeAndRangeAndIntegersPrintAsIntegers) {
+  auto r = run_command(train() + " --steps abc --dry-run");
+  expect_one_line(r, "fsdpx-train", "--steps expects an integer of at least 1, got 'abc'");
+  r = run_command(train() + " --steps 99999999999999999999 --dry-run");
+  expect_one_line(r, "fsdpx-train", "--steps expects an integer of at least 1, got '99999999999999999999'");
+  r = run_command(train() + " --warmup-steps -1 --dry-run");
+  expect_one_line(r, "fsdpx-train", "--warmup-steps expects an integer of at least 0, got '-1'");
+  r = run_command(train() + " --optimizer.lr -1 --dry-run");
+  expect_one_line(r, "fsdpx-train", "option optimizer.lr expects a number greater than 0, got '-1'");
+  r = run_command(train() + " --rendezvous-timeout 0 --dry-run");
+  expect_one_line(r, "fsdpx-train", "--rendezvous-timeout expects a number in [0.001, 10000000], got '0'");
+  EXPECT_EQ(r.err.find(".000000"), std::string::npos) << r.err;
+}
+
+// A component's error names it once ("optimizer 'adamw' (plugin ...): ..."), not twice.
+TEST(Messages, AComponentIsNamedOnce) {
+  auto r = run_command(train() + kQuick + "--optimizer.betas 0.9 --dry-run");
+  expect_one_line(r, "fsdpx-train", "optimizer 'adamw' (plugin optimizer_adamw): betas takes two numbers");
+  EXPECT_EQ(r.err.find("optimizer 'adamw': optimizer 'adamw'"), std::string::npos) << r.err;
+}
+
+TEST(Messages, AMissingResumeDirectoryIsCalledMissing) {
+  auto r = run_command(train() + kQuick + "--checkpoint.name sharded --resume /nonexistent/step-00000010 --dry-run");
+  expect_one_line(r, "fsdpx-train", "--resume /nonexistent/step-00000010 does not exist");
+}
+
+// An INI line holding a NUL byte: the message is whole (a C string would end at the NUL) and names
+// the line.
+TEST(Messages, AnIniLineHoldingANulByteIsNamed) {
+  test::TempDir dir;
+  const fs::path ini = dir.path() / "run.ini";
+  std::ofstream(ini, std::ios::binary) << "steps = 2\n" << std::string("seed = 1\0 7\n", 12);
+  auto r = run_command(train() + kQuick + "--config " + ini.string() + " --dry-run");
+  expect_one_line(r, "fsdpx-train", "config file " + ini.string() + ": line 2 holds a NUL byte; an INI file is text");
+}
+
+// Beyond its range a model size is one line, not a LibTorch stack trace; and a LibTorch error's
+// message, where one gets through, has no stack trace either.
+TEST(Messages, NoLibTorchStackTraces) {
+  auto r = run_command(train() + kQuick + "--model.dim 2000000000 --dry-run");
+  expect_one_line(r, "fsdpx-train", "option model.dim expects an integer in [0, 65536], got '2000000000'");
+  try {
+    TORCH_CHECK(false, "the check failed");
+  } catch (const std::exception& e) {
+    EXPECT_EQ(message_of(e), "the check failed");
+  }
+}
+
+// A CSV file without a label column: the last column is a feature, and its values must not become
+// classes (the advice was to raise --model.classes, which trained a feature as the label).
+TEST(Messages, ACsvFeatureIsNotTakenForTheLabel) {
+  test::TempDir dir;
+  std::string rows;
+  for (int i = 0; i < 40; ++i) rows += std::to_string(i % 7) + "," + std::to_string(i * 0.37) + "\n";
+  test::write_file(dir.path() / "features.csv", rows);
+  auto r = run_command(train() + " --model.name mlp --model.in_features 1 --wrap.name size_based --data.name csv "
+                       "--batch-size 2 --steps 1 --data.path " + (dir.path() / "features.csv").string() + " --dry-run");
+  expect_one_line(r, "fsdpx-train", "a number that is not a class index: it looks like a feature");
+  EXPECT_EQ(r.err.find("--model.classes"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace fsdpx
