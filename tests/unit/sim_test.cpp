@@ -1,0 +1,222 @@
+// The simulated accelerator "sim" (devices/sim, PrivateUse1) on its own: registration, streams
+// and events, copies and pinned memory, device memory that host code cannot read, allocator
+// statistics and the memory budget, storage resize, generators, and kernels that give the CPU's
+// results bit for bit (they are the CPU's, through the fallback).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <functional>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <ATen/DeviceAccelerator.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <gtest/gtest.h>
+
+#include "fsdpx/sim/sim.h"
+
+namespace sim = fsdpx::sim;
+
+namespace {
+
+const c10::Device kSim0(c10::DeviceType::PrivateUse1, 0);
+const c10::Device kSim1(c10::DeviceType::PrivateUse1, 1);
+constexpr size_t kAgg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+
+bool bit_equal(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.cpu(), y = b.cpu();
+  return x.sizes() == y.sizes() && x.dtype() == y.dtype() && at::equal(x, y);
+}
+
+// fn in a forked child: its wait status. (fork, not threads: the child may die of SIGSEGV.)
+int in_child(const std::function<void()>& fn) {
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    fn();
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+TEST(Sim, RegisteredAsPrivateUse1WithStreamsAndEvents) {
+  EXPECT_EQ(c10::get_privateuse1_backend(), "sim");
+  EXPECT_EQ(c10::Device("sim:1"), kSim1);
+  EXPECT_EQ(at::getAccelerator(false), c10::DeviceType::PrivateUse1);
+  EXPECT_EQ(at::accelerator::deviceCount(), sim::device_count());
+  {
+    c10::DeviceGuard g(kSim1);
+    EXPECT_EQ(at::empty({4}, at::TensorOptions().device(c10::DeviceType::PrivateUse1)).device(), kSim1);
+  }
+  c10::impl::VirtualGuardImpl vg(c10::DeviceType::PrivateUse1);
+  const c10::Stream def = vg.getDefaultStream(kSim0), s1 = vg.getNewStream(kSim0), s2 = vg.getStreamFromGlobalPool(kSim0);
+  EXPECT_TRUE(def.id() == 0 && s1.id() != 0 && s2.id() != 0 && s1 != s2);
+  {
+    c10::StreamGuard sg(s1);
+    EXPECT_EQ(vg.getStream(kSim0), s1);
+    bool other_thread_default = false;  // the current stream is per thread, as on CUDA
+    std::thread([&] { other_thread_default = vg.getStream(kSim0).id() == 0; }).join();
+    EXPECT_TRUE(other_thread_default);
+  }
+  EXPECT_EQ(vg.getStream(kSim0), def);
+  c10::Event ev(c10::DeviceType::PrivateUse1);
+  ev.record(s1);
+  ev.block(s2);
+  EXPECT_TRUE(ev.query());
+  ev.synchronize();
+  c10::Event t0(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
+  c10::Event t1(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
+  t0.record(def);
+  t1.record(def);
+  EXPECT_GE(t0.elapsedTime(t1), 0.0);
+  EXPECT_THROW((void)ev.elapsedTime(t1), c10::Error);  // no timing asked, as on CUDA
+}
+
+TEST(Sim, CopiesConvertAndPinnedMemoryIsPinned) {
+  at::Tensor c = at::randn({17, 33}, at::detail::createCPUGenerator(1));
+  at::Tensor s = c.to(kSim0);
+  EXPECT_TRUE(bit_equal(s, c));
+  EXPECT_TRUE(bit_equal(s.to(at::kDouble), c.to(at::kDouble)));
+  EXPECT_TRUE(bit_equal(c.to(kSim0, at::kBFloat16), c.to(at::kBFloat16)));
+  EXPECT_TRUE(bit_equal(s.t().contiguous(), c.t().contiguous()));
+  EXPECT_TRUE(bit_equal(s.to(kSim1), c));
+  at::Tensor o = at::arange(10, at::kFloat).to(kSim0);  // overlapping copy within one storage
+  o.slice(0, 1, 10).copy_(o.slice(0, 0, 9).clone());
+  EXPECT_TRUE(bit_equal(o, at::cat({at::zeros({1}), at::arange(9, at::kFloat)})));
+  EXPECT_EQ(s[3][4].item<float>(), c[3][4].item<float>());
+  at::Tensor base = at::zeros({4, 6}, s.options());  // in place on a view: written back into the base
+  base.slice(1, 1, 6, 2).add_(1);
+  EXPECT_EQ(base.sum().item<float>(), 12.f);
+  const auto p0 = sim::pinned_stats();
+  at::Tensor pinned = at::empty({1024}, at::TensorOptions().pinned_memory(true));
+  EXPECT_TRUE(pinned.is_pinned());
+  EXPECT_TRUE(pinned.slice(0, 100).is_pinned());
+  EXPECT_FALSE(c.is_pinned());
+  EXPECT_EQ(sim::pinned_stats().current_bytes - p0.current_bytes, 1024 * 4);
+  pinned.copy_(at::arange(1024, at::kFloat).to(kSim0), /*non_blocking=*/true);
+  EXPECT_TRUE(bit_equal(pinned, at::arange(1024, at::kFloat)));
+  pinned = at::Tensor();
+  EXPECT_EQ(sim::pinned_stats().current_bytes, p0.current_bytes);
+}
+
+// Device memory is mapped without access for host code: reading a sim tensor's data_ptr on the
+// host faults, as on a GPU. The device's own kernels reach it through an alias.
+TEST(Sim, HostCodeCannotReadDeviceMemory) {
+  if (sim::protection_mode() == sim::Protection::None) GTEST_SKIP() << "FSDPX_SIM_PROTECT=none";
+  at::Tensor s = at::ones({1024}).to(kSim0);
+  const float* p = static_cast<const float*>(s.const_data_ptr());
+  const int st = in_child([&] {
+    volatile float x = p[10];
+    (void)x;
+  });
+  // Killed by SIGSEGV; under AddressSanitizer its handler reports the SEGV and exits non-zero.
+  EXPECT_TRUE((WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV) || (WIFEXITED(st) && WEXITSTATUS(st) != 0)) << st;
+  sim::DeviceAccess acc;
+  EXPECT_EQ(static_cast<float*>(acc.host(p))[10], 1.0f);
+  EXPECT_EQ(s.sum().item<float>(), 1024.f);
+}
+
+TEST(Sim, AllocatorStatisticsAndTheBudget) {
+  sim::empty_cache();
+  sim::reset_peak_stats(0);
+  const auto before = sim::device_stats(0);
+  {
+    at::Tensor a = at::empty({1 << 20}, at::TensorOptions().device(kSim0));  // 4 MiB
+    const auto during = sim::device_stats(0);
+    EXPECT_EQ(during.allocated_bytes[kAgg].current - before.allocated_bytes[kAgg].current, 4 << 20);
+    EXPECT_GE(during.reserved_bytes[kAgg].current, during.allocated_bytes[kAgg].current);
+  }
+  const auto after = sim::device_stats(0);
+  EXPECT_EQ(after.allocated_bytes[kAgg].current, before.allocated_bytes[kAgg].current);
+  EXPECT_EQ(after.allocated_bytes[kAgg].peak - before.allocated_bytes[kAgg].current, 4 << 20);
+  sim::reset_peak_stats(0);
+  EXPECT_EQ(sim::device_stats(0).allocated_bytes[kAgg].peak, after.allocated_bytes[kAgg].current);
+  // A budget: an allocation past it is LibTorch's OutOfMemoryError naming the device, the bytes
+  // asked for and the bytes left.
+  const size_t used = static_cast<size_t>(sim::device_stats(1).reserved_bytes[kAgg].current);
+  sim::set_memory_budget(1, used + (8 << 20));
+  at::Tensor fits = at::empty({1 << 20}, at::TensorOptions().device(kSim1));
+  try {
+    (void)at::empty({4 << 20}, at::TensorOptions().device(kSim1));
+    ADD_FAILURE() << "no error past the budget";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("sim out of memory on sim:1: tried to allocate 16.00 MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("left"), std::string::npos) << m;
+  }
+  sim::set_memory_budget(1, 0);
+}
+
+// resize_bytes_sim frees a storage's bytes in place and gives them back: the views over it stay
+// the same objects (FSDP's unsharded parameters), and the statistics follow.
+TEST(Sim, StorageResizeFreesAndRegrows) {
+  at::Tensor flat = at::arange(1024, at::kFloat).to(kSim0);
+  at::Tensor view = flat.narrow(0, 512, 512);
+  const int64_t live = sim::device_stats(0).allocated_bytes[kAgg].current;
+  sim::resize_bytes_sim(flat.storage().unsafeGetStorageImpl(), 0);
+  EXPECT_EQ(sim::device_stats(0).allocated_bytes[kAgg].current, live - 4096);
+  sim::resize_bytes_sim(flat.storage().unsafeGetStorageImpl(), 4096, /*copy_old=*/false);
+  flat.copy_(at::arange(1024, at::kFloat).mul(2));
+  EXPECT_TRUE(bit_equal(view, at::arange(512, 1024, at::kFloat).mul(2)));
+  EXPECT_EQ(flat.device(), kSim0);
+}
+
+// The kernels are the CPU's, through the fallback: forward and backward of embedding, linear,
+// GELU, causal attention, softmax and cross-entropy give the CPU's gradients bit for bit, and
+// fused AdamW and SGD steps the CPU's parameters.
+TEST(Sim, ForwardBackwardAndFusedOptimizersEqualTheCpuBitForBit) {
+  auto run = [](c10::Device d) {
+    at::Generator gen = at::detail::createCPUGenerator(1234);
+    auto r = [&](std::vector<int64_t> s) { return (at::randn(s, gen) * 0.2).to(d).requires_grad_(true); };
+    at::Tensor emb = r({50, 32}), w1 = r({64, 32}), w2 = r({32, 64}), wq = r({32, 32}), wo = r({32, 32});
+    at::Tensor tokens = at::randint(0, 50, {3, 8}, gen).to(d), targets = at::randint(0, 50, {3, 8}, gen).to(d);
+    at::Tensor x = at::embedding(emb, tokens);
+    x = x + at::linear(at::gelu(at::linear(x, w1)), w2);
+    at::Tensor h = at::linear(x, wq).view({3, 8, 4, 8}).transpose(1, 2);
+    at::Tensor a = at::scaled_dot_product_attention(h, h, h, {}, 0.0, /*is_causal=*/true);
+    x = x + at::linear(a.transpose(1, 2).reshape({3, 8, 32}), wo);
+    at::Tensor loss = at::cross_entropy_loss(at::matmul(x, emb.t()).reshape({24, 50}), targets.reshape({24}));
+    loss.backward();
+    std::vector<at::Tensor> params{emb, w1, w2, wq, wo}, grads, m, v, steps;
+    for (auto& p : params) {
+      grads.push_back(p.grad());
+      m.push_back(at::zeros_like(p));
+      v.push_back(at::zeros_like(p));
+      steps.push_back(at::ones({}, p.options().dtype(at::kFloat)));  // the kernel reads the step taken
+    }
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> flat(params.begin(), params.end());
+    at::_fused_adamw_(flat, grads, m, v, {}, steps, 1e-3, 0.9, 0.999, 0.01, 1e-8, false, false);
+    at::_fused_sgd_(flat, grads, std::vector<at::Tensor>{}, 0.0, 0.0, 0.1, 0.0, false, false, true);
+    std::vector<at::Tensor> out{loss.detach()};
+    for (auto& p : params) out.push_back(p.detach().cpu());
+    for (auto& g : grads) out.push_back(g.cpu());
+    return out;
+  };
+  const auto cpu = run(at::kCPU), dev = run(kSim0);
+  ASSERT_EQ(cpu.size(), dev.size());
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_TRUE(bit_equal(cpu[i], dev[i])) << "tensor " << i;
+}
+
+// A sim device's generator draws what a CPU generator of the same seed draws, and its state can
+// be saved and replayed (activation checkpointing); it is a stream apart from the CPU's.
+TEST(Sim, GeneratorsReplayAndMatchTheCpu) {
+  at::Generator g = sim::new_generator(0);
+  g.set_current_seed(42);
+  at::Generator c = at::detail::createCPUGenerator(42);
+  at::Tensor a = at::empty({100}, at::TensorOptions().device(kSim0));
+  a.normal_(0, 1, g);
+  at::Tensor b = at::empty({100});
+  b.normal_(0, 1, c);
+  EXPECT_TRUE(bit_equal(a, b));
+  const at::Tensor state = g.get_state();
+  at::Tensor first = at::empty({10}, a.options()).uniform_(0, 1, g);
+  g.set_state(state);
+  EXPECT_TRUE(bit_equal(at::empty({10}, a.options()).uniform_(0, 1, g), first));
+}
+
+}  // namespace
