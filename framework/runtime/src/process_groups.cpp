@@ -15,6 +15,7 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/c10d_backends.h"
 #include "peer_monitor.h"
+#include "staged_communicator.h"
 
 namespace fsdpx {
 namespace {
@@ -36,10 +37,16 @@ struct ProcessGroups::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<FlightRecorder> recorder = std::make_shared<FlightRecorder>();
   std::shared_ptr<const PeerMonitor> monitor;
-  std::shared_ptr<Communicator> world;
+  std::shared_ptr<Communicator> world, control;
   std::map<std::string, int> groups_created;  // per (name, members): agreed by the members alone
 
-  std::shared_ptr<Communicator> make(const std::string& name, const std::vector<int>& ranks) {
+  bool nccl() const {
+    return options.device == DeviceKind::Cuda && options.backend != Backend::Gloo;
+  }
+
+  // A device group: NCCL, or Gloo staged through (pinned) host memory when the device is not the
+  // CPU. `host_only`: Gloo on CPU tensors whatever the device (the control group).
+  std::shared_ptr<Communicator> make(const std::string& name, const std::vector<int>& ranks, bool host_only = false) {
     const int me = options.topology.rank;
     auto it = std::find(ranks.begin(), ranks.end(), me);
     if (it == ranks.end())
@@ -51,8 +58,9 @@ struct ProcessGroups::Impl {
     const std::string key = "fsdpx/group/" + name + "/" + join_ints(ranks);
     auto prefix = c10::make_intrusive<c10d::PrefixStore>(key + "/" + std::to_string(groups_created[key]++), store);
     c10::intrusive_ptr<c10d::Backend> backend;
+    const bool on_nccl = nccl() && !host_only;
     try {
-      if (options.device == DeviceKind::Cuda) {
+      if (on_nccl) {
         backend = make_nccl_backend(prefix, group_rank, size, options.collective_timeout,
                                     options.topology.local_rank);
       } else {
@@ -64,8 +72,10 @@ struct ProcessGroups::Impl {
       throw Error("rank " + std::to_string(me) + ": creating group '" + name + "' (ranks " +
                   join_ints(ranks) + ") failed: " + first_line(e));
     }
-    return std::make_shared<BackendCommunicator>(name, backend, ranks, me, monitor, options.collective_timeout,
-                                                 recorder, options.check_collectives);
+    auto c = std::make_shared<BackendCommunicator>(name, backend, ranks, me, monitor, options.collective_timeout,
+                                                   recorder, options.check_collectives);
+    if (on_nccl || host_only || options.device == DeviceKind::Cpu) return c;
+    return std::make_shared<StagedCommunicator>(c, at::TensorOptions().pinned_memory(true));
   }
 };
 
@@ -135,6 +145,7 @@ std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& optio
   std::vector<int> all(t.world_size);
   for (int r = 0; r < t.world_size; ++r) all[r] = r;
   impl->world = impl->make("world", all);
+  impl->control = impl->make("control", all, /*host_only=*/true);
   return std::shared_ptr<ProcessGroups>(new ProcessGroups(std::move(impl)));
 }
 
@@ -144,6 +155,7 @@ ProcessGroups::~ProcessGroups() {
     // Close this rank's connections first (unless a caller still holds the world group): a peer
     // blocked on them alone then fails now, while the store is still here to diagnose against.
     impl_->world.reset();
+    impl_->control.reset();
     // Let peers finish diagnosing against this rank's heartbeat and, on rank 0, its store.
     std::this_thread::sleep_for(std::chrono::milliseconds(impl_->options.topology.rank == 0 ? 3000 : 1500));
   }
@@ -152,6 +164,7 @@ ProcessGroups::~ProcessGroups() {
 const Topology& ProcessGroups::topology() const { return impl_->options.topology; }
 DeviceKind ProcessGroups::device() const { return impl_->options.device; }
 std::shared_ptr<Communicator> ProcessGroups::world() const { return impl_->world; }
+std::shared_ptr<Communicator> ProcessGroups::control() const { return impl_->control; }
 
 void ProcessGroups::report_failure(const std::string& message) const {
   if (impl_->monitor) impl_->monitor->report_failure(message);

@@ -12,11 +12,15 @@
 
 namespace fsdpx {
 
-enum class DeviceKind { Cpu, Cuda };
+enum class DeviceKind { Cpu, Cuda, Sim };
+// Which library carries the device groups' collectives: NCCL (CUDA, a GPU per rank), or Gloo,
+// staging device tensors through host memory (the CPU, sim, several ranks sharing a GPU).
+enum class Backend { Default, Gloo, Nccl };  // Default: NCCL on CUDA, Gloo elsewhere
 
 struct RuntimeOptions {
   Topology topology;
-  DeviceKind device = DeviceKind::Cpu;  // Cpu: Gloo; Cuda: NCCL on device local_rank
+  DeviceKind device = DeviceKind::Cpu;
+  Backend backend = Backend::Default;
   std::chrono::milliseconds rendezvous_timeout{60000};
   std::chrono::milliseconds collective_timeout{300000};
   // When another rank reports a failure (report_failure), end this process within about a
@@ -40,7 +44,12 @@ class FSDPX_API ProcessGroups {
 
   const Topology& topology() const;
   DeviceKind device() const;
+  // Every rank, for tensors on the device: NCCL, or Gloo staged through host memory for a device.
   std::shared_ptr<Communicator> world() const;
+  // Every rank, over Gloo, for scalars and metadata on the CPU (losses, counts, flags, checkpoint
+  // sums): apart from the device groups in every configuration, so that a device group (NCCL)
+  // never sees a CPU tensor and metadata never waits behind device collectives.
+  std::shared_ptr<Communicator> control() const;
 
   // A group of `ranks` (global ranks, ascending). Every rank in it must call this, in the same
   // order relative to other group creations; the others must not. A new backend over a

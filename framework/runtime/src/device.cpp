@@ -1,0 +1,181 @@
+#include "fsdpx/framework/runtime/device.h"
+
+#include <dlfcn.h>
+
+#include <vector>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+#include <ATen/native/Resize.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include "fsdpx/error.h"
+
+namespace fsdpx {
+
+const char* stream_role_name(StreamRole role) {
+  switch (role) {
+    case StreamRole::Compute: return "compute";
+    case StreamRole::AllGatherCopyIn: return "all-gather copy-in";
+    case StreamRole::AllGather: return "all-gather";
+    case StreamRole::ReduceScatter: return "reduce-scatter";
+    case StreamRole::AllReduce: return "all-reduce";
+    case StreamRole::Offload: return "offload";
+  }
+  return "stream";
+}
+
+DeviceRuntime::~DeviceRuntime() = default;
+
+namespace {
+
+// A generator's state, and its restoration, under its lock (kernels draw under it).
+at::Tensor state_of(at::Generator g) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  return g.get_state();
+}
+void restore(at::Generator g, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_state(state);
+}
+
+class CpuRuntime final : public DeviceRuntime {
+ public:
+  c10::Device device() const override { return c10::Device(c10::kCPU); }
+  c10::Stream stream(StreamRole) const override { return c10::Stream(c10::Stream::DEFAULT, device()); }
+  MemoryStats memory_stats() const override { return cpu_memory_stats(); }
+  void reset_peak_memory() const override { reset_cpu_peak_memory(); }
+  void resize_storage(const c10::Storage& storage, size_t bytes) const override { resize_storage_bytes(storage, bytes); }
+  at::TensorOptions host_options() const override { return at::TensorOptions(); }
+  at::Tensor rng_state() const override { return state_of(at::detail::getDefaultCPUGenerator()); }
+  void set_rng_state(const at::Tensor& state) const override { restore(at::detail::getDefaultCPUGenerator(), state); }
+  void synchronize() const override {}
+};
+
+constexpr size_t kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+
+// A device with LibTorch's device-generic interfaces: a DeviceGuardImplInterface (streams,
+// events), a DeviceAllocator (statistics) and a default generator. CUDA and PrivateUse1 (sim)
+// alike; what is proven on sim is what runs on CUDA.
+class AcceleratorRuntime final : public DeviceRuntime {
+ public:
+  explicit AcceleratorRuntime(c10::Device device) : device_(device), guard_(device.type()) {
+    guard_.setDevice(device_);
+    streams_.push_back(guard_.getStream(device_));  // StreamRole::Compute
+    for (int r = 1; r < kStreamRoles; ++r) streams_.push_back(guard_.getStreamFromGlobalPool(device_, /*isHighPriority=*/false));
+  }
+  c10::Device device() const override { return device_; }
+  c10::Stream stream(StreamRole role) const override { return streams_[static_cast<size_t>(role)]; }
+
+  MemoryStats memory_stats() const override {
+    const auto s = c10::getDeviceAllocator(device_.type())->getDeviceStats(device_.index());
+    MemoryStats m;
+    m.allocated = s.allocated_bytes[kAggregate].current;
+    m.peak_allocated = s.allocated_bytes[kAggregate].peak;
+    m.reserved = s.reserved_bytes[kAggregate].current;
+    m.peak_reserved = s.reserved_bytes[kAggregate].peak;
+    return m;
+  }
+  void reset_peak_memory() const override { c10::getDeviceAllocator(device_.type())->resetPeakStats(device_.index()); }
+
+  // A fresh block of the storage's own allocator (none for 0 bytes) in place of the old one: the
+  // old block goes back to the allocator, which on CUDA reuses it in stream order.
+  void resize_storage(const c10::Storage& storage, size_t bytes) const override {
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    if (impl->nbytes() == bytes) return;
+    TORCH_CHECK(impl->resizable() && impl->allocator(), "resize_storage: the storage of ", device_, " is not resizable");
+    c10::OptionalDeviceGuard guard(impl->device());
+    impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+    impl->set_nbytes(bytes);
+  }
+
+  at::TensorOptions host_options() const override { return at::TensorOptions().pinned_memory(true); }
+  at::Tensor rng_state() const override { return state_of(generator()); }
+  void set_rng_state(const at::Tensor& state) const override { restore(generator(), state); }
+  void synchronize() const override { guard_.synchronizeDevice(device_.index()); }
+
+ private:
+  at::Generator generator() const { return at::globalContext().defaultGenerator(device_); }
+
+  c10::Device device_;
+  c10::impl::VirtualGuardImpl guard_;
+  std::vector<c10::Stream> streams_;  // by StreamRole
+};
+
+// libfsdpx_sim.so, loaded once: from FSDPX_SIM_LIBRARY, else beside libfsdpx.
+void load_sim() {
+  static std::once_flag once;
+  static std::string failure;
+  std::call_once(once, [] {
+    std::string path;
+    if (const char* env = std::getenv("FSDPX_SIM_LIBRARY"); env && *env) {
+      path = env;
+    } else {
+      Dl_info info{};
+      if (dladdr(reinterpret_cast<void*>(&load_sim), &info) && info.dli_fname)
+        path = (std::filesystem::path(info.dli_fname).parent_path() / "libfsdpx_sim.so").string();
+    }
+    // RTLD_GLOBAL: its registrations hold pointers into it for the life of the process.
+    if (path.empty() || !::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL)) {
+      const char* why = ::dlerror();
+      failure = "--device sim needs the simulated device's library, libfsdpx_sim.so, which did not load from " +
+                (path.empty() ? std::string("beside libfsdpx") : path) + (why ? std::string(": ") + why : "") +
+                "; build it (make build) or point FSDPX_SIM_LIBRARY at it";
+    }
+  });
+  if (!failure.empty()) throw Error(failure);
+}
+
+// How many devices of `type` this process sees (0 when the type has no runtime here).
+int visible_devices(c10::DeviceType type) {
+  if (type == c10::kCUDA && !at::hasCUDA()) return 0;
+  return c10::impl::VirtualGuardImpl(type).deviceCount();
+}
+
+c10::DeviceType device_type_of(const std::string& spec) {
+  if (spec == "cpu") return c10::kCPU;
+  if (spec == "cuda") return c10::kCUDA;
+  if (spec == "sim") {
+    load_sim();
+    return c10::kPrivateUse1;
+  }
+  throw Error("--device must be cpu, cuda or sim, got '" + spec + "'");
+}
+
+}  // namespace
+
+void check_device(const std::string& spec, int local_ranks, bool one_device_per_rank) {
+  const c10::DeviceType type = device_type_of(spec);
+  if (type == c10::kCPU) return;
+  const int count = visible_devices(type);
+  if (count == 0) {
+    std::string found = "no GPU visible";
+    if (type == c10::kCUDA) {
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+      found += visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : std::string(" to this process");
+      found += at::hasCUDA() ? "" : ": LibTorch found no CUDA device or driver";
+    }
+    throw Error("--device " + spec + ": " + found + "; train with --device cpu (or --device sim, the simulated accelerator)");
+  }
+  if (one_device_per_rank && local_ranks > count)
+    throw Error("--device " + spec + ": " + std::to_string(local_ranks) + " ranks on this node but " +
+                std::to_string(count) + " device(s) visible; run at most one rank per device, or share the "
+                "devices with --backend gloo (collectives staged through host memory)");
+}
+
+std::shared_ptr<DeviceRuntime> open_device(const std::string& spec, int local_rank) {
+  const c10::DeviceType type = device_type_of(spec);
+  if (type == c10::kCPU) return std::make_shared<CpuRuntime>();
+  const int count = visible_devices(type);
+  check_device(spec, 1, true);
+  // Device local_rank; ranks share devices round-robin when there are more (check_device decides
+  // whether they may); a rank that sees one device (srun --gpus-per-task=1) uses it.
+  const int index = local_rank % count;
+  return std::make_shared<AcceleratorRuntime>(c10::Device(type, static_cast<c10::DeviceIndex>(index)));
+}
+
+}  // namespace fsdpx
