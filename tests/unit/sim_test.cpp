@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdpx/sim/sim.h"
+#include "test_paths.h"
 
 namespace sim = fsdpx::sim;
 
@@ -217,6 +218,19 @@ TEST(Sim, GeneratorsReplayAndMatchTheCpu) {
   at::Tensor first = at::empty({10}, a.options()).uniform_(0, 1, g);
   g.set_state(state);
   EXPECT_TRUE(bit_equal(at::empty({10}, a.options()).uniform_(0, 1, g), first));
+}
+
+// Collectives on sim tensors, through host memory and Gloo (the staged communicator), at 2 and 4
+// ranks: every collective of the CPU's test, results back on the device; metadata over the
+// control group stays on the CPU.
+TEST(SimCollectives, EveryCollectiveStagedThroughTheHost) {
+  const std::string worker = (fsdpx::test::build_dir() / "tests" / "comm_worker").string();
+  for (int n : {2, 4}) {
+    auto r = fsdpx::test::run_command("timeout 300 " + worker + " --nproc-per-node " + std::to_string(n) +
+                                      " --scenario collectives --device sim");
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("collectives ok on sim:" + std::to_string(n - 1)), std::string::npos) << r.out << r.err;
+  }
 }
 
 }  // namespace
