@@ -7,6 +7,7 @@
 
 #include <csignal>
 #include <functional>
+#include <map>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -15,6 +16,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
 
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/optimizer.h"
 #include "fsdpx/sim/sim.h"
 #include "test_paths.h"
 
@@ -218,6 +221,41 @@ TEST(Sim, GeneratorsReplayAndMatchTheCpu) {
   at::Tensor first = at::empty({10}, a.options()).uniform_(0, 1, g);
   g.set_state(state);
   EXPECT_TRUE(bit_equal(at::empty({10}, a.options()).uniform_(0, 1, g), first));
+}
+
+// The optimizer plugins on device shards: adamw and sgd through ATen's fused kernels (the CPU's,
+// here through the fallback: the same bits), anyprecision_adamw through its tensor-op form (each
+// operand widened, updated, rounded once), within a few ulps of its single CPU pass (measured
+// 2.4e-7 over 20 steps, with fp32 or the default bf16 variance).
+TEST(SimOptimizers, StepOnTheDeviceAsOnTheCpu) {
+  fsdpx::PluginHost host;
+  for (const char* p : {"optimizer_adamw", "optimizer_anyprecision_adamw", "optimizer_sgd"})
+    host.load_file(fsdpx::test::plugin_dir() / (std::string(p) + ".so"));
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases{
+      {"adamw", {{"weight_decay", "0.1"}}}, {"sgd", {{"momentum", "0.9"}}},
+      {"anyprecision_adamw", {{"variance_dtype", "fp32"}, {"weight_decay", "0.1"}}}, {"anyprecision_adamw", {}}};
+  for (const auto& [name, options] : cases) {
+    auto cpu = host.create<fsdpx::Optimizer>(name, options), dev = host.create<fsdpx::Optimizer>(name, options);
+    at::Generator gen = at::detail::createCPUGenerator(11);
+    at::Tensor base = at::randn({70, 37}, gen);
+    at::Tensor a = base.clone().requires_grad_(true), b = base.to(kSim0).requires_grad_(true);
+    cpu->init({{"w", a}});
+    dev->init({{"w", b}});
+    double worst = 0;
+    for (int step = 0; step < 20; ++step) {
+      at::Tensor g = at::randn({70, 37}, gen);
+      a.mutable_grad() = g.clone();
+      b.mutable_grad() = g.to(kSim0);
+      cpu->step(0.01);
+      dev->step(0.01);
+      worst = std::max(worst, (a - b.cpu()).abs().max().item<double>());
+    }
+    EXPECT_EQ(b.device(), kSim0);
+    const bool fused = name != "anyprecision_adamw";
+    std::printf("%s on sim vs the CPU, 20 steps: max |diff| %.3g\n", name.c_str(), worst);
+    if (fused) EXPECT_EQ(worst, 0.0) << name;
+    else EXPECT_LT(worst, 1e-6) << name;
+  }
 }
 
 // Collectives on sim tensors, through host memory and Gloo (the staged communicator), at 2 and 4
