@@ -614,7 +614,7 @@ TEST(EngineSteps, StepAfterAFailedForwardEqualsAFreshOne) {
     EngineOptions o;
     o.layout = ShardingLayout{2, 1, true, false};
     o.overlap = true;
-    Chain c(o, EngineComms{g.world(), g.world(), nullptr});
+    Chain c(o, EngineComms{g.world(), g.world(), nullptr, nullptr});
     c.engine->backward(c.forward());  // the forward order is known now: 'one' prefetches 'two'
     c.model->fail_after_one = true;
     EXPECT_EQ(test::error_of([&] { c.forward(); }), "the forward failed after unit 'one'");

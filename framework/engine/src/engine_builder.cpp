@@ -142,12 +142,12 @@ void check_ranks_agree(const ShardingEngine::Impl& e) {
                                             c10::toString(u->group.precision.reduce));
     for (const auto& p : u->group.params) checksum = parameter_seed(checksum, p.name + shape_text(p.shape) + "@" + u->fqn);
   }
-  const auto& world = e.config.comms.world;
-  if (!world || world->size() <= 1) return;
-  const int n = world->size();
+  if (!e.config.comms.world || e.config.comms.world->size() <= 1) return;
+  Communicator& control = e.config.control();
+  const int n = control.size();
   at::Tensor mine = at::full({1}, static_cast<int64_t>(checksum & 0x7fffffffffffffffULL), at::kLong);
   at::Tensor all = at::empty({n}, at::kLong);
-  world->all_gather(all, mine).wait();
+  control.all_gather(all, mine).wait();
   std::vector<std::string> differ;
   for (int r = 0; r < n; ++r)
     if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ.push_back(std::to_string(r));

@@ -36,7 +36,7 @@ bool fault_skips_gather(const EngineConfig& config, const std::string& unit) {
 
 bool ParamGroup::separate() const {
   const PrecisionSpec& p = precision;
-  return sharded_layout() || p.compute != p.storage;
+  return sharded_layout() || p.compute != p.storage || config->offloads();
 }
 
 bool ParamGroup::reshard_after_forward() const {
@@ -51,13 +51,13 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
     total += p.shard_numel;
   }
   const PrecisionSpec& prec = precision;
-  const auto opts = at::TensorOptions().dtype(at::kFloat);
-  flat_shard = at::zeros({total}, opts.dtype(prec.storage));
-  flat_grad = at::empty({total}, opts.dtype(prec.gradient));
+  flat_shard = at::zeros({total}, config->for_shards(prec.storage));
+  flat_grad = at::empty({total}, config->for_shards(prec.gradient));
   resize_storage(flat_grad.storage(), 0);  // no bytes until hold_gradients
   if (separate()) {
+    const c10::Device dev = config->device->device();
     unsharded = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * total) * c10::elementSize(prec.compute),
-                             c10::GetAllocator(at::kCPU), /*resizable=*/true);
+                             c10::GetAllocator(dev.type()), /*resizable=*/true);
     unsharded_flat = tensor_over(unsharded, 0, {S * total}, prec.compute);
   }
   for (ShardedParam& p : params) {
@@ -91,7 +91,8 @@ void ParamGroup::start_gather() {
   if (state != State::Sharded) return;
   state = State::Gathering;
   if (!sharded_layout()) return;
-  gather_in = cast_for_all_gather(flat_shard, precision.compute);
+  // The shard in the compute dtype, on the device (offloading: copied from host memory now).
+  gather_in = cast_for_all_gather(flat_shard, precision.compute, config->device->device());
   if (fault_skips_gather(*config, label)) {
     gather_out = at::zeros({config->shard_size * total}, gather_in.options());
     gather_work = Work();
@@ -163,13 +164,17 @@ void ParamGroup::reduce_grads() {
     if (S == 1) {
       reduce_work = comms.world->all_gather(reduce_out, reduce_in);
     } else {
-      if (S != W) reduce_in = reduce_in.view({S, total}).index_select(0, at::arange(W, at::kLong).remainder(S)).reshape({-1});
+      if (S != W)
+        reduce_in = reduce_in.view({S, total})
+                        .index_select(0, at::arange(W, at::kLong).remainder(S).to(reduce_in.device()))
+                        .reshape({-1});
       reduce_work = comms.world->all_to_all(reduce_out, reduce_in);
     }
   } else if (sharded_layout()) {
     // Straight into the gradient shard when the dtypes agree; else through a reduce-dtype buffer.
     hold_gradients(/*zero=*/false);
-    reduce_out = reduce_in.scalar_type() == flat_grad.scalar_type() ? flat_grad : at::empty({total}, reduce_in.options());
+    const bool direct = reduce_in.scalar_type() == flat_grad.scalar_type() && flat_grad.device() == reduce_in.device();
+    reduce_out = direct ? flat_grad : at::empty({total}, reduce_in.options());
     reduce_work = comms.shard->reduce_scatter(reduce_out, reduce_in, ReduceOp::Avg);
   } else {
     hold_gradients(/*zero=*/false);

@@ -4,6 +4,8 @@
 
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+#include <ATen/ops/_has_compatible_shallow_copy_type.h>
 
 #include "fsdpx/framework/runtime/memory_accounting.h"
 
@@ -28,13 +30,31 @@ void ShardedParam::init_shard(Model& model, at::Generator gen, int shard_rank) c
   at::Tensor full = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
   model.init_parameter(name, full, gen);
   const int64_t mine = valid_rows(shard_rank);
-  if (mine > 0)
+  if (mine > 0)  // onto the shard's device (or host memory) from the CPU, where the values are drawn
     shard.view({rows_per_shard, row})
         .narrow(0, 0, mine)
         .copy_(full.reshape({d0, row}).narrow(0, shard_rank * rows_per_shard, mine));
 }
 
-void ShardedParam::attach() const { param.set_data(gathered); }
+void ShardedParam::attach() const { point_at(param, gathered); }
+
+void point_at(const at::Tensor& param, const at::Tensor& data) {
+  if (param.is_same(data) || at::_has_compatible_shallow_copy_type(param, data)) {
+    param.set_data(data);
+    return;
+  }
+  // LibTorch's check knows the dense backends by name (CPU, CUDA, ...), not PrivateUse1 (sim), so
+  // it refuses a CPU (deferred) parameter's first move there. The same steps as set_data: a
+  // gradient accumulator made for the old device goes, then the metadata (storage, sizes,
+  // device, dispatch keys) comes from `data`; the autograd identity stays.
+  TORCH_CHECK(param.device().is_cpu() && !data.is_sparse() && data.layout() == c10::kStrided,
+              "parameter on ", param.device(), " cannot point at a tensor on ", data.device());
+  if (torch::autograd::AutogradMeta* meta = torch::autograd::impl::get_autograd_meta(param)) {
+    std::lock_guard<std::mutex> lock(meta->mutex_);
+    meta->grad_accumulator_.reset();
+  }
+  param.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+}
 
 void ShardedParam::release() const {
   param.unsafeGetTensorImpl()->release_storage_and_set_meta_custom_data_ptr_error_msg_(sharded_message);
@@ -44,7 +64,7 @@ void resize_storage(const c10::Storage& storage, size_t bytes) { resize_storage_
 
 at::Tensor tensor_over(const c10::Storage& storage, int64_t offset, at::IntArrayRef sizes, at::ScalarType dtype) {
   at::NoGradGuard no_grad;
-  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(storage.device()));
   std::vector<int64_t> strides(sizes.size(), 1);
   for (int64_t i = static_cast<int64_t>(sizes.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * sizes[i + 1];
   t.set_(storage, offset, sizes, strides);

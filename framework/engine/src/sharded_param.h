@@ -43,6 +43,10 @@ struct ShardedParam {
   void init_shard(Model& model, at::Generator gen, int shard_rank) const;
 };
 
+// param.set_data(data), also for the first move of a CPU (deferred) parameter to a device LibTorch
+// does not list among the dense backends it checks (PrivateUse1: sim).
+void point_at(const at::Tensor& param, const at::Tensor& data);
+
 // Resizes a storage of the engine's device to `bytes` (0 frees it; the storage object stays).
 void resize_storage(const c10::Storage& storage, size_t bytes);
 

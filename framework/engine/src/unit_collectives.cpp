@@ -7,8 +7,8 @@
 
 namespace fsdpx {
 
-at::Tensor cast_for_all_gather(const at::Tensor& flat_shard, at::ScalarType compute) {
-  return flat_shard.scalar_type() == compute ? flat_shard : flat_shard.to(compute);
+at::Tensor cast_for_all_gather(const at::Tensor& flat_shard, at::ScalarType compute, c10::Device device) {
+  return flat_shard.to(device, compute, /*non_blocking=*/true);  // itself when already there
 }
 
 void copy_out_gathered(at::Tensor& unsharded_flat, const at::Tensor& gathered, const std::vector<ShardedParam>& params,

@@ -11,9 +11,10 @@
 
 namespace fsdpx {
 
-// The all-gather input: the flat shard in the compute dtype (cast before the collective, so a
-// bf16 compute dtype halves the bytes on the wire).
-at::Tensor cast_for_all_gather(const at::Tensor& flat_shard, at::ScalarType compute);
+// The all-gather input: the flat shard in the compute dtype on `device` (cast before the
+// collective, so a bf16 compute dtype halves the bytes on the wire; copied there when the shard
+// lives in host memory). The shard itself when it already is both.
+at::Tensor cast_for_all_gather(const at::Tensor& flat_shard, at::ScalarType compute, c10::Device device);
 
 // Copies `gathered` ([shard_size, total]: every rank's flat shard in rank order) into
 // `unsharded_flat`, parameter by parameter, so that each parameter's rows are contiguous:
