@@ -33,6 +33,6 @@ std::unique_ptr<PluginHost> default_plugins();
 // memory for sim).
 std::shared_ptr<ProcessGroups> join_world(std::chrono::milliseconds rendezvous = std::chrono::seconds(60),
                                           std::chrono::milliseconds collectives = std::chrono::seconds(300),
-                                          DeviceKind device = DeviceKind::Cpu);
+                                          DeviceKind device = DeviceKind::Cpu, Backend backend = Backend::Default);
 
 }  // namespace fsdpx::tool

@@ -5,7 +5,8 @@
 //   engine_worker [--nproc-per-node N] --strategy full_shard --wrap layer_type --out PREFIX
 //                 [--steps 4] [--global-batch 12] [--accum 1] [--clip 0] [--overlap 1]
 //                 [--reference]      (one process, plain LibTorch, no engine)
-//                 [--device sim] [--offload]   (the engine on that device; shards in host memory)
+//                 [--device sim|cuda] [--backend gloo] [--offload]   (the engine on that device; Gloo
+//                 staged through host memory, e.g. ranks sharing a GPU; shards in host memory)
 //
 // PREFIX.losses  (rank 0): one line per step, the mean loss over the global batch
 // PREFIX.params  (rank 0): every parameter whole, "name numel rows" then numel float32 values
@@ -137,8 +138,10 @@ struct Sharded {
 
 Sharded build_sharded(Run& r) {
   Sharded sh;
+  const c10::DeviceType type = r.device->device().type();
   sh.groups = tool::join_world(std::chrono::seconds(60), std::chrono::seconds(60),
-                               r.device->is_cpu() ? DeviceKind::Cpu : DeviceKind::Sim);
+                               type == c10::kCPU ? DeviceKind::Cpu : type == c10::kCUDA ? DeviceKind::Cuda : DeviceKind::Sim,
+                               r.vm["backend"].as<std::string>() == "gloo" ? Backend::Gloo : Backend::Default);
   const Topology& topo = sh.groups->topology();
   auto strategy = r.host.create<ShardingStrategy>(r.vm["strategy"].as<std::string>());
   auto policy = r.host.create<WrapPolicy>(r.vm["wrap"].as<std::string>(), key_values(list(r.vm, "wrap-option")));
@@ -280,7 +283,8 @@ int main(int argc, char** argv) {
       ("seed", po::value<uint64_t>()->default_value(7), "")
       ("overlap", po::value<int>()->default_value(1), "")
       ("reference", "")
-      ("device", po::value<std::string>()->default_value("cpu"), "cpu or sim")
+      ("device", po::value<std::string>()->default_value("cpu"), "cpu, sim or cuda")
+      ("backend", po::value<std::string>()->default_value("default"), "gloo: device tensors staged through host memory")
       ("offload", "shards, gradients and optimizer state in host memory (cpu_offload)")
       ("precision", po::value<std::string>()->default_value("fp32"), "a precision plugin")
       ("hybrid-shard", po::value<int>()->default_value(0),

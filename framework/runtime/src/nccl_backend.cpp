@@ -16,6 +16,8 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout, int device) {
   int count = static_cast<int>(c10::cuda::device_count());
+  if (count == 0)
+    throw Error("NCCL needs a GPU per rank: no GPU visible to this process; train with --device cpu, or --device sim");
   // Under `srun --gpus-per-task=1` each rank sees exactly one GPU: device 0.
   if (count == 1) device = 0;
   if (device < 0 || device >= count)

@@ -21,6 +21,7 @@ std::string flight_key(int r) { return "fsdpx/flight/" + std::to_string(r); }
 PeerMonitor::PeerMonitor(const Topology& t, std::chrono::milliseconds timeout, bool exit_on_peer_failure,
                          std::shared_ptr<const FlightRecorder> recorder, bool watch)
     : rank_(t.rank), world_(t.world_size), exit_on_peer_failure_(exit_on_peer_failure), watch_(watch && t.world_size > 1),
+      watching_(watch_),
       recorder_(std::move(recorder)) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(t.master_port);
@@ -226,8 +227,9 @@ void PeerMonitor::end_process(const std::string& why) {
   std::fprintf(stderr, "fsdpx: stopping rank %d: %s\n", rank_, why.c_str());
   std::fflush(stderr);
   run_abort_hooks();
-  // Rank 0 hosts the store: the others read the failure from it within two beats.
-  if (rank_ == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Rank 0 hosts the store: with watchers, a third rank reads the failure from it within two beats
+  // instead of taking the store's end for rank 0's loss. Without them (Gloo) nothing waits on it.
+  if (rank_ == 0 && watching_ && world_ > 2) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   std::_Exit(1);
 }
 

@@ -74,6 +74,7 @@ class PeerMonitor {
   int rank_, world_;
   bool exit_on_peer_failure_;
   bool watch_;
+  const bool watching_;  // as configured: watch_ ends after the first loss
   int64_t next_beats_ = -1;  // the next rank's counter when last seen moving
   std::chrono::steady_clock::time_point next_moved_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point store_lost_since_{};  // unset while the store answers
