@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
@@ -10,6 +9,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/runtime/collective_context.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "unit_collectives.h"
@@ -18,17 +18,17 @@ namespace fsdpx {
 
 namespace {
 
-// FSDPX_FAULT=skip-all-gather:R:UNIT: global rank R skips the first all-gather of UNIT ("root"
-// for the root), as a rank with a bug would: it goes on with zeros, one collective behind the
-// others from then on. For the flight recorder's and --check-collectives' tests.
+// FSDPX_FAULT=skip-all-gather:R:UNIT (fsdpx/framework/base/fault_injection.h): global rank R skips
+// the first all-gather of UNIT, as a rank with a bug would: it goes on with zeros, one collective
+// behind the others from then on. For the flight recorder's and --check-collectives' tests.
 bool fault_skips_gather(const EngineConfig& config, const std::string& unit) {
   static std::atomic<bool> done{false};
-  const char* f = std::getenv("FSDPX_FAULT");
-  if (!f || done.load()) return false;
+  if (done.load()) return false;
   const int rank = config.comms.world ? config.comms.world->rank() : 0;
-  if (std::string(f) != "skip-all-gather:" + std::to_string(rank) + ":" + unit) return false;
+  if (!fault_requested("skip-all-gather", rank, unit)) return false;
   done.store(true);
-  std::fprintf(stderr, "fsdpx: FSDPX_FAULT=%s: rank %d skips the all-gather of unit %s\n", f, rank, unit.c_str());
+  std::fprintf(stderr, "fsdpx: FSDPX_FAULT=skip-all-gather:%d:%s: rank %d skips the all-gather of unit %s\n", rank,
+               unit.c_str(), rank, unit.c_str());
   return true;
 }
 
