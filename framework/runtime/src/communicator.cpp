@@ -2,18 +2,6 @@
 
 namespace fsdpx {
 
-const char* collective_name(Collective c) {
-  switch (c) {
-    case Collective::AllGather: return "all_gather";
-    case Collective::ReduceScatter: return "reduce_scatter";
-    case Collective::AllReduce: return "all_reduce";
-    case Collective::Broadcast: return "broadcast";
-    case Collective::Barrier: return "barrier";
-    case Collective::AllToAll: return "all_to_all";
-  }
-  return "collective";
-}
-
 Work::Work(std::function<void()> wait) : state_(std::make_shared<State>()) { state_->wait = std::move(wait); }
 
 void Work::wait() {

@@ -22,6 +22,7 @@
 #include "components.h"
 #include "fsdpx/evaluation.h"
 #include "fsdpx/hf_interop.h"
+#include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/collective_context.h"
@@ -226,9 +227,6 @@ class Trainer {
     if (plan_.dtypes.loss_scaling && !scaler_)
       throw Error("precision '" + plan_.precision + "' asks for loss scaling but offers no scaler (fsdpx/loss_scaling.h)");
     if (config_.choice(Kind::Checkpoint)) ckpt_ = make<CheckpointBackend>(host_, config_);
-    if (!ckpt_ && (s_.save_every > 0 || !s_.resume.empty()))
-      throw Error(std::string(s_.resume.empty() ? "--save-every" : "--resume") +
-                  " needs a checkpoint component: add --checkpoint.name sharded (or [checkpoint] name=sharded)");
     EngineOptions eo;
     eo.layout = plan_.layout;
     eo.precision = plan_.dtypes;
@@ -594,11 +592,11 @@ class Trainer {
     return true;
   }
 
-  // FSDPX_FAULT=inf-grad:R:STEP: rank R finds an inf in its first gradient shard at step STEP (from 1).
+  // FSDPX_FAULT=inf-grad:R:STEP (fsdpx/framework/base/fault_injection.h): rank R finds an inf in
+  // its first gradient shard at step STEP (from 1).
   void inject_inf_fault(int64_t step) const {
-    const char* f = std::getenv("FSDPX_FAULT");
-    if (!f || shards_.empty() || !shards_.front().param.grad().defined()) return;
-    if (std::string(f) != "inf-grad:" + std::to_string(rank_) + ":" + std::to_string(step + 1)) return;
+    if (shards_.empty() || !shards_.front().param.grad().defined()) return;
+    if (!fault_requested("inf-grad", rank_, std::to_string(step + 1))) return;
     shards_.front().param.grad().view(-1)[0].fill_(std::numeric_limits<double>::infinity());
   }
 

@@ -16,7 +16,6 @@ namespace fsdpx {
 
 enum class Collective { AllGather = 0, ReduceScatter, AllReduce, Broadcast, Barrier, AllToAll };
 constexpr int kNumCollectives = 6;
-FSDPX_API const char* collective_name(Collective c);  // "all_gather", ...
 
 enum class ReduceOp { Sum, Avg, Max };
 
