@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/framework/base/fault_injection.h"
+#include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/runtime/collective_context.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "unit_collectives.h"
@@ -34,21 +35,16 @@ bool fault_skips_gather(const EngineConfig& config, const std::string& unit) {
 
 }  // namespace
 
-bool ParamGroup::separate() const {
-  const PrecisionSpec& p = precision;
-  return sharded_layout() || p.compute != p.storage;
-}
+bool ParamGroup::separate() const { return gathers_into_own_storage(config->shard_size, precision); }
 
-bool ParamGroup::reshard_after_forward() const {
-  return sharded_layout() && !root && config->options.layout.reshard_after_forward;
-}
+bool ParamGroup::reshard_after_forward() const { return reshards_after_forward(config->options.layout, root); }
 
 void ParamGroup::materialise(Model& model, const std::string& unit) {
   label = root ? "root" : unit;
   const int64_t S = config->shard_size;
   for (ShardedParam& p : params) {
     p.lay_out(S, total);
-    total += p.shard_numel;
+    total += p.geometry.shard_numel;
   }
   const PrecisionSpec& prec = precision;
   const auto opts = at::TensorOptions().dtype(at::kFloat);
@@ -62,7 +58,7 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
   }
   for (ShardedParam& p : params) {
     std::vector<int64_t> shard_shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
-    shard_shape[0] = p.rows_per_shard;
+    shard_shape[0] = p.geometry.rows_per_shard;
     {
       at::NoGradGuard no_grad;
       p.shard = tensor_over(flat_shard.storage(), p.offset, shard_shape, prec.storage);

@@ -12,6 +12,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 
@@ -22,18 +23,6 @@ namespace {
 
 constexpr const char* kOptimPrefix = "optim/";
 
-int64_t rows_of(const at::Tensor& local) { return local.dim() == 0 ? 1 : local.size(0); }
-int64_t rows_of(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape[0]; }
-int64_t row_elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
-}  // namespace
-
-namespace {
-
 std::map<std::string, std::vector<int64_t>> plan_shapes(const ShardingEngine& engine) {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& u : engine.plan().units)
@@ -42,9 +31,10 @@ std::map<std::string, std::vector<int64_t>> plan_shapes(const ShardingEngine& en
 }
 
 // A parameter's real rows on this rank, as a view of its shard.
-TensorShard param_rows(const ParamShard& p, const std::vector<int64_t>& shape, int shard_rank) {
-  const int64_t d0 = rows_of(shape), rps = rows_of(p.param);
-  const int64_t offset = shard_rank * rps, valid = std::clamp<int64_t>(d0 - offset, 0, rps);
+TensorShard param_rows(const ParamShard& p, const std::vector<int64_t>& shape, const ShardingEngine& engine) {
+  const ShardGeometry geo(shape, engine.shard_size());
+  const int shard_rank = engine.shard_rank();
+  const int64_t offset = geo.first_row(shard_rank), valid = geo.valid_rows(shard_rank);
   at::Tensor param = p.param.detach();
   at::Tensor local = shape.empty() ? (shard_rank == 0 ? param.reshape({}) : param.narrow(0, 0, 0)) : param.narrow(0, 0, valid);
   return {p.name, local, shape, offset};
@@ -62,18 +52,17 @@ CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& 
   at::NoGradGuard no_grad;
   const auto shapes = plan_shapes(engine);
   CheckpointState st;
-  const int sr = engine.shard_rank();
   for (const ParamShard& p : engine.shards()) {
     const std::vector<int64_t>& shape = shape_of(shapes, p.name);
-    st.tensors.push_back(param_rows(p, shape, sr));
+    st.tensors.push_back(param_rows(p, shape, engine));
     if (!p.param.requires_grad()) continue;  // frozen: no optimizer state
-    const int64_t d0 = rows_of(shape), rps = rows_of(p.param);
+    const ShardGeometry geo(shape, engine.shard_size());
     const int64_t offset = st.tensors.back().row_offset, valid = rows_of(st.tensors.back().local);
     for (const auto& [key, t] : optimizer.state(p.name)) {
       at::Tensor c = for_load ? t.detach().clone() : t.detach();
-      if (t.dim() > 0 && t.size(0) == rps && !shape.empty()) {
+      if (t.dim() > 0 && t.size(0) == geo.rows_per_shard && !shape.empty()) {
         std::vector<int64_t> g = t.sizes().vec();
-        g[0] = d0;
+        g[0] = geo.rows;
         st.tensors.push_back({kOptimPrefix + p.name + "/" + key, c.narrow(0, 0, valid), g, offset});
       } else {
         st.tensors.push_back({kOptimPrefix + p.name + "/" + key, c, t.sizes().vec(), 0});
@@ -87,7 +76,7 @@ CheckpointState weights_state(const ShardingEngine& engine) {
   at::NoGradGuard no_grad;
   const auto shapes = plan_shapes(engine);
   CheckpointState st;
-  for (const ParamShard& p : engine.shards()) st.tensors.push_back(param_rows(p, shape_of(shapes, p.name), engine.shard_rank()));
+  for (const ParamShard& p : engine.shards()) st.tensors.push_back(param_rows(p, shape_of(shapes, p.name), engine));
   return st;
 }
 
@@ -117,7 +106,7 @@ CheckpointContext checkpoint_context(const ProcessGroups& groups, const Sharding
     world->all_gather(metas, meta).wait();
     int64_t most = 0;
     for (int r = 0; r < W; ++r) most = std::max(most, metas[2 * r + 1].item<int64_t>());
-    const int64_t row = row_elements(shape);
+    const int64_t row = row_numel(shape);
     at::Tensor mine = local.reshape({-1});  // a full share goes as it is; a short one is padded
     if (local.numel() != most * row) {
       mine = at::zeros({most * row}, local.options());

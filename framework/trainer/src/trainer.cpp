@@ -48,6 +48,12 @@ std::map<Kind, std::string> default_components() {
           {Kind::Wrap, "layer_type"}, {Kind::Precision, "fp32"}, {Kind::Optimizer, "adamw"}};
 }
 
+void check_device_trains(DeviceKind device) {
+  if (device == DeviceKind::Cuda)
+    throw Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups are "
+                "built and checked by --check-comm); use --device cpu");
+}
+
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -199,9 +205,7 @@ class Trainer {
   Communicator& world() const { return *groups_->world(); }
 
   void plan() {
-    if (ro_.device == DeviceKind::Cuda)
-      throw Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups are "
-                  "built and checked by --check-comm); use --device cpu");
+    check_device_trains(ro_.device);
     if (s_.deterministic && at::get_cpu_capability() != "DEFAULT")
       throw Error("--deterministic needs ATen's unvectorised CPU kernels, and this process already chose " +
                   at::get_cpu_capability() + " ones: set ATEN_CPU_CAPABILITY=default before the first tensor operation "
