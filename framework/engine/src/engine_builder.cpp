@@ -4,8 +4,6 @@
 #include <functional>
 #include <map>
 
-#include <ATen/ops/empty.h>
-#include <ATen/ops/full.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "engine_state.h"
@@ -13,6 +11,7 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/base/suggest.h"
 #include "fsdpx/framework/engine/unit_precision.h"
+#include "fsdpx/framework/runtime/every_rank.h"
 
 namespace fsdpx {
 namespace {
@@ -98,13 +97,10 @@ void check_ranks_agree(const ShardingEngine::Impl& e) {
   }
   const auto& world = e.config.comms.world;
   if (!world || world->size() <= 1) return;
-  const int n = world->size();
-  at::Tensor mine = at::full({1}, static_cast<int64_t>(checksum & 0x7fffffffffffffffULL), at::kLong);
-  at::Tensor all = at::empty({n}, at::kLong);
-  world->all_gather(all, mine).wait();
+  const auto all = from_every_rank(*world, std::vector<int64_t>{static_cast<int64_t>(checksum & 0x7fffffffffffffffULL)});
   std::vector<std::string> differ;
-  for (int r = 0; r < n; ++r)
-    if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ.push_back(std::to_string(r));
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r] != all[0]) differ.push_back(std::to_string(r));
   if (!differ.empty())
     throw Error("the model differs between ranks: the parameter names and shapes, the units, the sharding layout, "
                 "the overlap settings or the deterministic mode of rank(s) " + join_names(differ) +

@@ -7,16 +7,13 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
-#include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/runtime/every_rank.h"
 #include "fsdpx/framework/runtime/process_groups.h"
-
-using json = nlohmann::json;
 
 namespace fsdpx {
 namespace {
@@ -99,13 +96,9 @@ CheckpointContext checkpoint_context(const ProcessGroups& groups, const Sharding
     const std::vector<int64_t>& shape = s.global_shape;
     if (W == 1) return local.reshape(shape).clone();
     // Every rank's (offset, rows), then the rows padded to the largest share.
-    at::Tensor meta = at::empty({2}, at::kLong);
-    meta[0] = s.row_offset;
-    meta[1] = rows_of(local);
-    at::Tensor metas = at::empty({2 * W}, at::kLong);
-    world->all_gather(metas, meta).wait();
+    const auto metas = from_every_rank(*world, std::vector<int64_t>{s.row_offset, rows_of(local)});
     int64_t most = 0;
-    for (int r = 0; r < W; ++r) most = std::max(most, metas[2 * r + 1].item<int64_t>());
+    for (int r = 0; r < W; ++r) most = std::max(most, metas[r][1]);
     const int64_t row = row_numel(shape);
     at::Tensor mine = local.reshape({-1});  // a full share goes as it is; a short one is padded
     if (local.numel() != most * row) {
@@ -119,13 +112,13 @@ CheckpointContext checkpoint_context(const ProcessGroups& groups, const Sharding
     // gathered buffer already is the tensor.
     bool in_rank_order = true;
     for (int r = 0; r < W; ++r) {
-      const int64_t off = metas[2 * r].item<int64_t>(), n = metas[2 * r + 1].item<int64_t>();
+      const int64_t off = metas[r][0], n = metas[r][1];
       in_rank_order = in_rank_order && (n == 0 || off == r * most) && (n == most || off + n == rows_of(shape) || n == 0);
     }
     if (in_rank_order && rows_of(shape) <= W * most) return all.narrow(0, 0, rows_of(shape) * row).reshape(shape);
     at::Tensor full = at::empty({rows_of(shape) * row}, local.options());
     for (int r = 0; r < W; ++r) {
-      const int64_t off = metas[2 * r].item<int64_t>(), n = metas[2 * r + 1].item<int64_t>();
+      const int64_t off = metas[r][0], n = metas[r][1];
       if (n > 0) full.narrow(0, off * row, n * row).copy_(all.narrow(0, r * most * row, n * row));
     }
     return full.reshape(shape);
@@ -133,7 +126,7 @@ CheckpointContext checkpoint_context(const ProcessGroups& groups, const Sharding
   return ctx;
 }
 
-void apply_checkpoint(const CheckpointState& st, Optimizer& optimizer, DataSource& data) {
+void load_optimizer_state(const CheckpointState& st, Optimizer& optimizer) {
   at::NoGradGuard no_grad;
   std::map<std::string, std::vector<const TensorShard*>> by_param;
   for (const auto& t : st.tensors)
@@ -157,12 +150,5 @@ void apply_checkpoint(const CheckpointState& st, Optimizer& optimizer, DataSourc
     }
     optimizer.load_state(param, updated);
   }
-  // Without its data position a run cannot go on exactly where it stopped: refused, not guessed.
-  if (st.trainer_state_json.empty())
-    throw Error("checkpoint: it holds no trainer state (trainer_state.json), so the data position is unknown; "
-                "it can initialise weights (--init-from) but not resume a run");
-  if (const std::string why = trainer_state_problem(st.trainer_state_json, std::nullopt); !why.empty())
-    throw Error("checkpoint: its trainer state " + why);
-  data.restore(json::parse(st.trainer_state_json)["data"].dump());
 }
 }  // namespace fsdpx
