@@ -22,6 +22,7 @@
 #include <torch/nn/module.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/unit.h"
@@ -143,7 +144,7 @@ TEST(Engine, MemoryAndBytesMovedMatchTheFormulas) {
       std::map<std::string, int64_t> unit_elems;
       for (const auto& [name, p] : got.params) {
         const int64_t row = static_cast<int64_t>(p.values.size()) / p.rows;
-        const int64_t elems = (p.rows + S - 1) / S * row;
+        const int64_t elems = ShardGeometry({p.rows, row}, S).shard_numel;
         expect_bytes += elems * 4;
         unit_elems[unit_of(name, got.units)] += elems;
       }

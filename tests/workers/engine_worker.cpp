@@ -26,7 +26,9 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/process_groups.h"
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
 #include "fsdpx/interfaces.h"
 #include "tool.h"
@@ -170,16 +172,18 @@ Sharded build_sharded(Run& r) {
   return sh;
 }
 
-// The strategy's formula: per unit of T shard elements over S ranks, each all-gather and
-// reduce-scatter sends (S-1) x T x 4 bytes; all-reduce (DDP) 2 x (W-1)/W x T x 4.
+// The strategy's formula: per unit of T shard elements (padded) over S ranks, each all-gather
+// and reduce-scatter of S x T x 4 bytes sends (S-1) x T x 4 (the all-gather twice when the unit
+// reshards after forward); all-reduce (DDP) 2 x (W-1)/W x T x 4. From the engine's plan and the
+// shard geometry, as the run plan computes it (ring_sent_bytes).
 int64_t expected_comm(const ShardingEngine& engine, const ShardingLayout& layout, int world) {
   int64_t expect = 0;
   const int64_t S = layout.shard_group_size;
-  auto numels = engine.unit_shard_numels();
-  auto reshards = engine.unit_reshards_after_forward();
-  for (size_t u = 0; u < numels.size(); ++u) {
-    if (S > 1) expect += (reshards[u] ? 3 : 2) * (S - 1) * numels[u] * 4;
-    else if (world > 1) expect += 2 * (world - 1) * numels[u] * 4 / world;
+  const auto& units = engine.plan().units;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t bytes = S * padded_shard_numel(units[u].shapes, S) * 4;
+    if (S > 1) expect += (reshards_after_forward(layout, u == 0) ? 3 : 2) * ring_sent_bytes(Collective::AllGather, bytes, S);
+    else if (world > 1) expect += ring_sent_bytes(Collective::AllReduce, bytes, world);
   }
   return expect;
 }

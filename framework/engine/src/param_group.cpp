@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
@@ -10,6 +9,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "fsdpx/framework/base/fault_injection.h"
+#include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/runtime/collective_context.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "unit_collectives.h"
@@ -18,37 +19,34 @@ namespace fsdpx {
 
 namespace {
 
-// FSDPX_FAULT=skip-all-gather:R:UNIT: global rank R skips the first all-gather of UNIT ("root"
-// for the root), as a rank with a bug would: it goes on with zeros, one collective behind the
-// others from then on. For the flight recorder's and --check-collectives' tests.
+// FSDPX_FAULT=skip-all-gather:R:UNIT (fsdpx/framework/base/fault_injection.h): global rank R skips
+// the first all-gather of UNIT, as a rank with a bug would: it goes on with zeros, one collective
+// behind the others from then on. For the flight recorder's and --check-collectives' tests.
 bool fault_skips_gather(const EngineConfig& config, const std::string& unit) {
   static std::atomic<bool> done{false};
-  const char* f = std::getenv("FSDPX_FAULT");
-  if (!f || done.load()) return false;
+  if (done.load()) return false;
   const int rank = config.comms.world ? config.comms.world->rank() : 0;
-  if (std::string(f) != "skip-all-gather:" + std::to_string(rank) + ":" + unit) return false;
+  if (!fault_requested("skip-all-gather", rank, unit)) return false;
   done.store(true);
-  std::fprintf(stderr, "fsdpx: FSDPX_FAULT=%s: rank %d skips the all-gather of unit %s\n", f, rank, unit.c_str());
+  std::fprintf(stderr, "fsdpx: FSDPX_FAULT=skip-all-gather:%d:%s: rank %d skips the all-gather of unit %s\n", rank,
+               unit.c_str(), rank, unit.c_str());
   return true;
 }
 
 }  // namespace
 
 bool ParamGroup::separate() const {
-  const PrecisionSpec& p = precision;
-  return sharded_layout() || p.compute != p.storage || config->offloads();
+  return gathers_into_own_storage(config->shard_size, precision) || config->offloads();
 }
 
-bool ParamGroup::reshard_after_forward() const {
-  return sharded_layout() && !root && config->options.layout.reshard_after_forward;
-}
+bool ParamGroup::reshard_after_forward() const { return reshards_after_forward(config->options.layout, root); }
 
 void ParamGroup::materialise(Model& model, const std::string& unit) {
   label = root ? "root" : unit;
   const int64_t S = config->shard_size;
   for (ShardedParam& p : params) {
     p.lay_out(S, total);
-    total += p.shard_numel;
+    total += p.geometry.shard_numel;
   }
   const PrecisionSpec& prec = precision;
   flat_shard = at::zeros({total}, config->for_shards(prec.storage));
@@ -62,7 +60,7 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
   }
   for (ShardedParam& p : params) {
     std::vector<int64_t> shard_shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
-    shard_shape[0] = p.rows_per_shard;
+    shard_shape[0] = p.geometry.rows_per_shard;
     {
       at::NoGradGuard no_grad;
       p.shard = tensor_over(flat_shard.storage(), p.offset, shard_shape, prec.storage);

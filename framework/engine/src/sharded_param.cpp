@@ -1,7 +1,5 @@
 #include "sharded_param.h"
 
-#include <algorithm>
-
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
@@ -12,16 +10,8 @@
 namespace fsdpx {
 
 void ShardedParam::lay_out(int64_t shard_size, int64_t at) {
-  d0 = shape.empty() ? 1 : shape[0];
-  row = shape.empty() ? 1 : numel_of(std::vector<int64_t>(shape.begin() + 1, shape.end()));
-  rows_per_shard = d0 == 0 ? 0 : (d0 + shard_size - 1) / shard_size;
-  shard_numel = rows_per_shard * row;
+  geometry = ShardGeometry(shape, shard_size);
   offset = at;
-}
-
-int64_t ShardedParam::valid_rows(int shard_rank) const {
-  const int64_t first = shard_rank * rows_per_shard;
-  return std::max<int64_t>(0, std::min(rows_per_shard, d0 - first));
 }
 
 void ShardedParam::init_shard(Model& model, at::Generator gen, int shard_rank) const {
@@ -29,11 +19,12 @@ void ShardedParam::init_shard(Model& model, at::Generator gen, int shard_rank) c
   // The whole parameter exists only for this moment.
   at::Tensor full = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
   model.init_parameter(name, full, gen);
-  const int64_t mine = valid_rows(shard_rank);
+  const ShardGeometry& g = geometry;
+  const int64_t mine = g.valid_rows(shard_rank);
   if (mine > 0)  // onto the shard's device (or host memory) from the CPU, where the values are drawn
-    shard.view({rows_per_shard, row})
+    shard.view({g.rows_per_shard, g.row})
         .narrow(0, 0, mine)
-        .copy_(full.reshape({d0, row}).narrow(0, shard_rank * rows_per_shard, mine));
+        .copy_(full.reshape({g.rows, g.row}).narrow(0, g.first_row(shard_rank), mine));
 }
 
 void ShardedParam::attach() const { point_at(param, gathered); }

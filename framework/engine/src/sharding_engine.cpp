@@ -320,8 +320,9 @@ std::vector<std::pair<std::string, at::Tensor>> ShardingEngine::full_parameters(
     }
     at::Tensor grid = all.view({S, g.total});
     for (auto& p : g.params) {
-      at::Tensor full = grid.narrow(1, p.offset, p.shard_numel).reshape({S * p.rows_per_shard, p.row});
-      out.emplace_back(p.name, full.narrow(0, 0, p.d0).reshape(p.shape).clone());
+      const ShardGeometry& geo = p.geometry;
+      at::Tensor full = grid.narrow(1, p.offset, geo.shard_numel).reshape({S * geo.rows_per_shard, geo.row});
+      out.emplace_back(p.name, full.narrow(0, 0, geo.rows).reshape(p.shape).clone());
     }
   }
   return out;
@@ -343,18 +344,6 @@ MemoryReport ShardingEngine::memory() const {
     if (g.separate()) m.unsharded_bytes += static_cast<int64_t>(g.unsharded.nbytes());
   }
   return m;
-}
-
-std::vector<int64_t> ShardingEngine::unit_shard_numels() const {
-  std::vector<int64_t> out;
-  for (auto& u : impl_->units) out.push_back(u->group.total);
-  return out;
-}
-
-std::vector<bool> ShardingEngine::unit_reshards_after_forward() const {
-  std::vector<bool> out;
-  for (auto& u : impl_->units) out.push_back(u->group.reshard_after_forward());
-  return out;
 }
 
 }  // namespace fsdpx

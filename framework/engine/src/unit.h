@@ -33,7 +33,7 @@ struct Unit final : UnitHooks {
   ShardingEngine::Impl* engine = nullptr;
   int64_t index = 0;  // in engine->units (live_unit finds it by engine id and index)
   std::string fqn;    // "" for the root
-  torch::nn::Module* module = nullptr;
+  const torch::nn::Module* module = nullptr;
   bool root = false;
   bool checkpoint = false;  // recompute activations in backward instead of storing them
   ParamGroup group;

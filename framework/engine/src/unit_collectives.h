@@ -18,7 +18,7 @@ at::Tensor cast_for_all_gather(const at::Tensor& flat_shard, at::ScalarType comp
 
 // Copies `gathered` ([shard_size, total]: every rank's flat shard in rank order) into
 // `unsharded_flat`, parameter by parameter, so that each parameter's rows are contiguous:
-// parameter p occupies [shard_size * p.offset, shard_size * (p.offset + p.shard_numel)).
+// parameter p occupies [shard_size * p.offset, shard_size * (p.offset + p.geometry.shard_numel)).
 void copy_out_gathered(at::Tensor& unsharded_flat, const at::Tensor& gathered, const std::vector<ShardedParam>& params,
                        int64_t shard_size);
 

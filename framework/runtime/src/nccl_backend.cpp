@@ -10,8 +10,6 @@
 namespace fsdpx {
 
 #ifdef FSDPX_WITH_CUDA
-bool nccl_available() { return true; }
-
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout, int device) {
@@ -29,8 +27,6 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
 }
 #else
-bool nccl_available() { return false; }
-
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&, int, int,
                                                     std::chrono::milliseconds, int) {
   throw Error("this fsdpx was built without CUDA, so NCCL is not available; train with --device cpu");

@@ -118,10 +118,6 @@ class FSDPX_API ShardingEngine {
   int shard_size() const;
   int replicate_rank() const;
   MemoryReport memory() const;
-  // Elements of one unit's flat shard (padded), in plan order; for communication formulas.
-  std::vector<int64_t> unit_shard_numels() const;
-  // Whether unit i is resharded after forward (the root never is).
-  std::vector<bool> unit_reshards_after_forward() const;
 
   struct Impl;
 
