@@ -165,6 +165,33 @@ TEST(SimTrainOffload, TrainsTwiceTheLayersInTheSameDeviceMemory) {
   EXPECT_EQ(offload.exit_code, 0) << offload.err;
 }
 
+// A rank killed while the ranks train on sim (its collectives staged through Gloo), started as
+// torchrun or srun would (no fsdpx launcher to notice): rank 0 names it within seconds from its
+// stopped heartbeat, with its host and pid, instead of waiting out the collective timeout (60 s).
+TEST(SimTrainFaults, ARankKilledWhileTrainingIsNamedBySurvivorsWithinSeconds) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  std::string script = "cd " + dir.path().string() + "\n";
+  for (int r : {1, 0})
+    script += "bash -c 'echo $$ > pid" + std::to_string(r) + "; RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" +
+              std::to_string(r) + " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " exec " + train() +
+              kTiny + "--model.layers 8 --steps 100000 --device sim --watch-peers --collective-timeout 60' > r" +
+              std::to_string(r) + ".out 2> r" + std::to_string(r) + ".err &\n";
+  // Once rank 0 has logged step 2, rank 1 goes (SIGKILL: nothing of it runs after).
+  script += "for i in $(seq 400); do grep -q 'step 2/' r0.out 2>/dev/null && break; sleep 0.1; done\n"
+            "date +%s.%N > killed; kill -9 $(cat pid1)\nwait\ndate +%s.%N > ended\n";
+  write_file(dir.path() / "run.sh", script);
+  run_command("bash " + (dir.path() / "run.sh").string());
+  const std::string err0 = read_file(dir.path() / "r0.err");
+  EXPECT_NE(err0.find("fsdpx: stopping rank 0: rank 1 is gone (no heartbeat in "), std::string::npos) << err0;
+  EXPECT_NE(err0.find("pid " + read_file(dir.path() / "pid1").substr(0, read_file(dir.path() / "pid1").size() - 1)),
+            std::string::npos)
+      << err0;
+  const double after = std::stod(read_file(dir.path() / "ended")) - std::stod(read_file(dir.path() / "killed"));
+  std::printf("rank 0 ended %.2f s after rank 1 was killed\n", after);
+  EXPECT_LT(after, 15.0);
+}
+
 // What cannot run is one line before any worker starts.
 TEST(SimTrainBadInput, DevicesThatCannotRunAreOneLineBeforeAnyWorker) {
   TempDir dir;
