@@ -52,7 +52,7 @@ class FSDPX_API Optimizer {
   //
   // On resume the host calls, after init() and before the first step, state() for each shard,
   // fills copies of those tensors from the checkpoint, and hands them back through load_state(),
-  // once per trainable shard, with the same keys. load_state must take the values (copy them, or
+  // once per shard whose state the checkpoint holds, with the same keys. load_state must take the values (copy them, or
   // keep the tensors it is given); it throws fsdpx::Error for a key or shape it cannot take.
   virtual ShardState state(const std::string& param_name) const = 0;
   virtual void load_state(const std::string& param_name, const ShardState& state) = 0;
