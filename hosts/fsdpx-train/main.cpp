@@ -18,6 +18,7 @@
 #include <boost/program_options.hpp>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/launcher.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
@@ -44,8 +45,7 @@ int check_comm(const fsdpx::RuntimeOptions& ro) {
   auto groups = fsdpx::ProcessGroups::create(ro);
   auto world = groups->world();
   const int w = world->size(), r = world->rank();
-  // CUDA: the device the NCCL backend made current.
-  auto dev = ro.device == fsdpx::DeviceKind::Cuda ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  const at::Device dev = fsdpx::open_device(fsdpx::device_spec(ro.device), ro.topology.local_rank)->device();
   at::Tensor sum = at::full({4}, static_cast<double>(r + 1), at::TensorOptions().device(dev));
   world->all_reduce(sum, fsdpx::ReduceOp::Sum).wait();
   const double expect = w * (w + 1) / 2.0;
@@ -62,7 +62,8 @@ int check_comm(const fsdpx::RuntimeOptions& ro) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (r == 0)
     std::printf("fsdpx-train: communication check passed on %d ranks (%s) in %.2f s\n", w,
-                ro.device == fsdpx::DeviceKind::Cuda ? "nccl" : "gloo", secs);
+                dev.is_cpu() ? "gloo" : ro.backend == fsdpx::Backend::Gloo || !dev.is_cuda() ? "gloo, staged" : "nccl",
+                secs);
   return 0;
 }
 
@@ -132,7 +133,8 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
   Loaded l = load(plain, desc, nproc);
   if (has(plain, "--check-comm") || has(plain, "--print-topology")) return std::nullopt;
   auto settings = fsdpx::TrainSettings::from(l.config.host_values());
-  if (!has(plain, "--dry-run")) fsdpx::check_device_trains(fsdpx::device_of(l.config.host_values()));
+  const po::variables_map& vm = l.config.host_values();
+  if (!has(plain, "--dry-run")) fsdpx::check_device_trains(fsdpx::device_of(vm), fsdpx::backend_of(vm), nproc);
   auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(nproc));
   if (has(plain, "--dry-run")) {
     print_plan(plan, settings);
@@ -140,7 +142,10 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
   }
   fsdpx::check_optimizer_runs_here(plan);
   fsdpx::RunDirectory::check_not_in_use(settings.out_dir);  // a run holds it: refused before any worker starts
-  if (!has(plain, "--skip-memory-check")) fsdpx::check_memory_fits(plan, nproc, fsdpx::resident_bytes());
+  // The plan's bytes are the device's; host memory holds them on the CPU and on sim (whose device
+  // memory is the host's), not on a GPU.
+  if (!has(plain, "--skip-memory-check") && fsdpx::device_of(vm) != fsdpx::DeviceKind::Cuda)
+    fsdpx::check_memory_fits(plan, nproc, fsdpx::resident_bytes());
   kill_note = "the plan's peak per rank is " + std::to_string(plan.memory.peak >> 20) + " MiB allocated (at " +
               plan.memory.peak_where + "), and each process holds more besides";
   if (isatty(STDOUT_FILENO) || isatty(STDERR_FILENO)) ::setenv("FSDPX_PROGRESS", "1", 1);
@@ -182,6 +187,8 @@ int main(int argc, char** argv) {
     fsdpx::RuntimeOptions ro;
     ro.topology = resolved.topology;
     ro.device = fsdpx::device_of(vm);
+    ro.backend = fsdpx::backend_of(vm);
+    ro.watch_peers = vm["watch-peers"].as<bool>();
     ro.rendezvous_timeout = ms(vm["rendezvous-timeout"].as<double>());
     ro.collective_timeout = ms(vm["collective-timeout"].as<double>());
     ro.exit_on_peer_failure = true;  // a rank that fails ends the others with its message
@@ -193,7 +200,7 @@ int main(int argc, char** argv) {
       if (ro.topology.rank == 0) print_plan(plan, settings);
       return 0;
     }
-    if (!std::getenv("FSDPX_LAUNCHED") && !vm.count("skip-memory-check")) {
+    if (!std::getenv("FSDPX_LAUNCHED") && !vm.count("skip-memory-check") && ro.device != fsdpx::DeviceKind::Cuda) {
       // torchrun, Slurm or one process: every rank of a node sees the same memory before any allocates.
       auto plan = fsdpx::plan_run(*l.host, l.config, settings, ro.topology);
       fsdpx::check_memory_fits(plan, ro.topology.local_world_size, fsdpx::resident_bytes());

@@ -223,7 +223,7 @@ TEST(FlagConflicts, TheLauncherWithRankFlagsIsRefusedBeforeAnyWorkerStarts) {
 
 TEST(FlagConflicts, AnUnknownDeviceIsRefusedBeforeAnyWorkerStarts) {
   auto r = run_command(train() + kQuick + "--nproc-per-node 2 --device tpu");
-  expect_one_line(r, "fsdpx-train", "--device must be cpu or cuda, got 'tpu'");
+  expect_one_line(r, "fsdpx-train", "--device must be cpu, cuda or sim, got 'tpu'");
 }
 
 TEST(FlagConflicts, CheckpointFlagsWithoutACheckpointAreRefused) {

@@ -55,10 +55,45 @@ TEST(Gpu, CpuOffloadMatchesItsBaseStrategy) {
   for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(off[i], base[i], 1e-6 * std::abs(base[i])) << i;
 }
 
+// fsdpx-train on CUDA: the CPU run's losses within fp32 rounding (NCCL at one rank; two ranks
+// sharing the GPU over Gloo), and a checkpoint saved on the GPU resumes on the CPU with the
+// uninterrupted run's losses.
+TEST(Gpu, TrainerOnCudaMatchesTheCpuAndItsCheckpointsResumeAnywhere) {
+  FSDPX_NEEDS_GPUS(1);
+  fsdpx::test::TempDir dir;
+  const std::string train = (fsdpx::test::bin_dir() / "fsdpx-train").string() +
+                            " --model.size tiny --data.name synthetic --log-every 1 --steps 4 --checkpoint.name sharded ";
+  auto step_losses = [&](const std::string& out) {
+    std::vector<double> v;
+    for (const auto& j : fsdpx::test::step_metrics(out)) v.push_back(j["loss"].get<double>());
+    return v;
+  };
+  for (const auto& [n, backend] : {std::pair<int, const char*>{1, "default"}, {2, "gloo"}}) {
+    const std::string ranks = "--nproc-per-node " + std::to_string(n) + " ";
+    const std::string cpu = (dir.path() / ("cpu" + std::to_string(n))).string(),
+                      gpu = (dir.path() / ("gpu" + std::to_string(n))).string();
+    auto a = fsdpx::test::run_command("timeout 600 " + train + ranks + "--device cpu --out " + cpu);
+    auto b = fsdpx::test::run_command("timeout 600 " + train + ranks + "--save-every 2 --device cuda --backend " + backend +
+                                      " --out " + gpu);
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    const auto lc = step_losses(cpu), lg = step_losses(gpu);
+    ASSERT_EQ(lc.size(), lg.size());
+    for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lg[i], lc[i], 1e-4 * std::abs(lc[i])) << n << " rank(s), step " << i;
+    const std::string resumed = (dir.path() / ("resumed" + std::to_string(n))).string();
+    auto c = fsdpx::test::run_command("timeout 600 " + train + ranks + "--device cpu --resume " + gpu +
+                                      "/checkpoints/step-00000002 --out " + resumed);
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    const auto lr = step_losses(resumed);
+    ASSERT_EQ(lr.size(), 2u);
+    EXPECT_NEAR(lr[1], lg[3], 1e-4 * std::abs(lg[3]));
+  }
+}
+
 // The CUDA probe with a GPU: the device runtime opens and an NCCL group of one rank all-reduces.
 TEST(Gpu, ProbeOpensTheDeviceAndNcclAtOneRank) {
   FSDPX_NEEDS_GPUS(1);
-  auto r = fsdpx::test::run_command("LD_BIND_NOW=1 " + (fsdpx::test::build_dir() / "tests" / "cuda_probe").string() +
+  auto r = fsdpx::test::run_command("env LD_BIND_NOW=1 " + (fsdpx::test::build_dir() / "tests" / "cuda_probe").string() +
                                     " --expect-gpu");
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("nccl all-reduce of 1 rank: ok"), std::string::npos) << r.out;

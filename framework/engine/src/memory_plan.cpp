@@ -61,9 +61,10 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
   const PrecisionSpec& d = u.dtypes;
   UnitBuffers b;
   b.name = root ? "the root" : "unit " + u.fqn;
-  b.gathered = gathered_bytes(total, S, d);
+  b.gathered = in.offload ? S * total * elt(d.compute) : gathered_bytes(total, S, d);  // offloading: its own storage
   b.gather_out = all_gather_bytes(total, S, d);
-  b.gather_in = S > 1 && d.compute != d.storage ? total * elt(d.compute) : 0;
+  // The shard cast to the compute dtype, or offloading, copied to the device.
+  b.gather_in = S > 1 && (d.compute != d.storage || in.offload) ? total * elt(d.compute) : 0;
   for (const auto& p : u.params) b.grad_elements += p.second;
   b.grad_shard = total * elt(d.gradient);
   b.packed = S * total * elt(d.reduce);
@@ -72,7 +73,7 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
     b.reduce_out = W * total * elt(d.reduce);
   } else if (S > 1) {
     b.received = in.staged_reduce ? b.packed : 0;
-    b.reduce_out = d.reduce != d.gradient ? total * elt(d.reduce) : 0;
+    b.reduce_out = d.reduce != d.gradient || in.offload ? total * elt(d.reduce) : 0;
   }
   b.reshard_after_forward = reshards_after_forward(in.layout, root);
   b.recompute = u.recompute;
@@ -323,8 +324,13 @@ StepMemory Replay::run() {
   }
   m.optimizer_bytes = in_.optimizer_bytes;
   for (const auto& l : in_.layers) m.activation_bytes += l.saved;
-  ledger_.add(m.param_bytes + m.optimizer_bytes);
-  if (in_.deterministic) {  // zero_grad holds every gradient shard from the start
+  if (in_.offload) {  // in host memory: the device's ledger holds none of it
+    m.host_bytes = m.param_bytes + m.grad_bytes + m.optimizer_bytes;
+    for (auto& b : units_) b.grad_shard = 0;
+  } else {
+    ledger_.add(m.param_bytes + m.optimizer_bytes);
+  }
+  if (in_.deterministic && !in_.offload) {  // zero_grad holds every gradient shard from the start
     ledger_.add(m.grad_bytes);
     std::fill(shard_held_.begin(), shard_held_.end(), true);
   }
@@ -346,7 +352,7 @@ StepMemory Replay::run() {
   // Clipping squares a chunk of at most 2^20 elements of a gradient shard at a time, in a double copy.
   int64_t chunk = 0;
   for (const auto& u : in_.units) chunk = std::max(chunk, std::min<int64_t>(u.shard_numel, int64_t{1} << 20));
-  ledger_.moment("the optimizer step", in_.clip_grad_norm ? 8 * chunk : 0);
+  ledger_.moment("the optimizer step", in_.clip_grad_norm && !in_.offload ? 8 * chunk : 0);
   m.optimizer_peak = ledger_.peak();
   m.peak = std::max({m.forward_peak, m.backward_peak, m.optimizer_peak});
   if (m.peak == m.optimizer_peak && m.optimizer_peak > std::max(m.forward_peak, m.backward_peak))

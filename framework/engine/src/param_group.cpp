@@ -150,7 +150,8 @@ void ParamGroup::reduce_grads() {
   at::NoGradGuard no_grad;
   CollectiveUnit scope(label);
   const auto& comms = config->comms;
-  reduce_in = pack_gradients(params, config->shard_size, total, flat_grad.options().dtype(precision.reduce));
+  // Packed where the gradients are, on the device; offloading, the reduced shard alone goes to host memory.
+  reduce_in = pack_gradients(params, config->shard_size, total, config->on_device(precision.reduce));
   if (config->options.deterministic) {
     // Every world rank gets every rank's gradient rows of its own shard, for this rank's one
     // sample (finish_reduce adds them in order). World rank r holds shard r % S (shard groups
@@ -208,7 +209,11 @@ bool ParamGroup::needs_replicate() const {
 
 void ParamGroup::start_replicate() {
   CollectiveUnit scope(label);
-  replicate_work = config->comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
+  // Offloading: the host's gradient shard goes to the device for the all-reduce (NCCL reads device
+  // memory only) and comes back when it is waited for.
+  if (config->offloads()) replicate_on_device = flat_grad.to(config->device->device());
+  replicate_work =
+      config->comms.replicate->all_reduce(config->offloads() ? replicate_on_device : flat_grad, ReduceOp::Avg);
   replicating = true;
 }
 
@@ -218,7 +223,7 @@ void ParamGroup::start_replicate() {
 void ParamGroup::add_in_rank_order() {
   at::NoGradGuard no_grad;
   const int64_t W = config->comms.world->size();
-  at::Tensor all = reduce_out.view({W, total});
+  at::Tensor all = reduce_out.view({W, total}).to(flat_grad.device());  // offloading: to host memory, then added
   for (int64_t r = 0; r < W; ++r) flat_grad.add_(all[r]);
   all = at::Tensor();
   free_now(reduce_out);
@@ -229,6 +234,12 @@ void ParamGroup::finish_replicate() {
   replicating = false;
   replicate_work.wait();
   replicate_work = Work();
+  if (replicate_on_device.defined()) {
+    at::NoGradGuard no_grad;
+    flat_grad.copy_(replicate_on_device);
+    free_now(replicate_on_device);
+    replicate_on_device = at::Tensor();
+  }
 }
 
 namespace {
@@ -258,6 +269,7 @@ void ParamGroup::abandon(bool drop_grads) {
     replicating = false;
     wait_quietly(replicate_work);
     replicate_work = Work();
+    replicate_on_device = at::Tensor();
   }
   reshard();
   if (drop_grads)

@@ -34,6 +34,7 @@ struct ParamGroup {
   bool reduced = false, replicating = false;
   bool grads_held = false;  // flat_grad has its bytes and the shards their gradient views
   at::Tensor reduce_in, reduce_out;
+  at::Tensor replicate_on_device;  // offloading: the gradient shard's device copy, all-reduced there
 
   bool sharded_layout() const { return config->shard_size > 1; }
   // fsdpx/framework/engine/unit_buffers.h's rules for this unit: whether the gathered parameters

@@ -77,8 +77,24 @@ CheckpointState weights_state(const ShardingEngine& engine) {
   return st;
 }
 
+HostStaging stage_on_host(CheckpointState& st) {
+  HostStaging staging;
+  for (TensorShard& t : st.tensors) {
+    if (!t.local.defined() || t.local.is_cpu()) continue;
+    at::Tensor host = t.local.to(at::kCPU);
+    staging.device_and_host.emplace_back(t.local, host);
+    t.local = host;
+  }
+  return staging;
+}
+
+void HostStaging::copy_back() const {
+  at::NoGradGuard no_grad;
+  for (const auto& [device, host] : device_and_host) device.copy_(host);
+}
+
 CheckpointContext checkpoint_context(const ProcessGroups& groups, const ShardingEngine& engine) {
-  auto world = groups.world();
+  auto world = groups.control();
   CheckpointContext ctx;
   ctx.rank = world->rank();
   ctx.world_size = world->size();

@@ -39,6 +39,7 @@ void Checkpointer::initial_weights() {
                 ") both give the initial weights; keep one");
   CollectivePhase phase("checkpoint");
   CheckpointState st = weights_state(parts_.engine);
+  const HostStaging staging = stage_on_host(st);
   const CheckpointContext ctx = checkpoint_context(groups_, parts_.engine);
   if (!hf_dir.empty()) {
     load_hf_weights(hf_dir, st, ctx, [hf](const std::string& n) { return hf->hf_name(n); },
@@ -49,6 +50,7 @@ void Checkpointer::initial_weights() {
     load_initial_weights(s_.init_from, st, ctx);
     if (writer_) std::printf("initial weights from %s\n", s_.init_from.c_str());
   }
+  staging.copy_back();
   if (!s_.save_init.empty()) {
     fs::path dir = fs::absolute(s_.save_init).lexically_normal();
     if (dir.filename().empty()) dir = dir.parent_path();  // "DIR/"
@@ -63,7 +65,7 @@ int64_t Checkpointer::restore() {
   if (s_.resume.empty()) return 0;
   CollectivePhase phase("checkpoint");
   std::string dir = s_.resume;
-  Communicator& world = *groups_.world();
+  Communicator& world = *groups_.control();
   if (s_.resume == "auto") {
     // Rank 0 alone moves back what an interrupted save left aside; then every rank lists.
     on_rank_zero(world, [&] { recover_interrupted_saves(run_dir_.checkpoints()); });
@@ -77,7 +79,9 @@ int64_t Checkpointer::restore() {
     return 0;
   }
   CheckpointState st = checkpoint_state(parts_.engine, parts_.optimizer, /*for_load=*/true);
+  const HostStaging staging = stage_on_host(st);
   backend_->load(dir, st, checkpoint_context(groups_, parts_.engine));
+  staging.copy_back();
   load_optimizer_state(st, parts_.optimizer);
   const TrainerState state = TrainerState::from_json(st.trainer_state_json);
   parts_.data.restore(state.data);
@@ -104,12 +108,13 @@ void Checkpointer::save(int64_t step) {
   CollectivePhase phase("checkpoint");
   const std::string dir = (fs::path(run_dir_.checkpoints()) / checkpoint_dir_name(step)).string();
   CheckpointState st = checkpoint_state(parts_.engine, parts_.optimizer, /*for_load=*/false);
+  stage_on_host(st);  // copies: the device's tensors stay as they are
   st.step = step;
   st.trainer_state_json = trainer_state(step).to_json();
   st.config_ini = config_ini_;
   const auto t0 = std::chrono::steady_clock::now();
   backend_->save(dir, st, checkpoint_context(groups_, parts_.engine));
-  on_rank_zero(*groups_.world(), [&] {  // the others wait: the checkpoint is complete and pruned when they go on
+  on_rank_zero(*groups_.control(), [&] {  // the others wait: the checkpoint is complete and pruned when they go on
     char l[300];
     std::snprintf(l, sizeof l, "checkpoint at step %ld: %s (%.2f s)", static_cast<long>(step), dir.c_str(),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -14,9 +14,17 @@ const ComponentChoice& chosen(const RunConfig& config, Kind kind) {
   return *c;
 }
 
+Batch on_device(Batch b, const c10::Device& device) {
+  if (device.is_cpu()) return b;
+  b.inputs = b.inputs.to(device, /*non_blocking=*/true);  // from pinned memory where the source pinned it
+  b.targets = b.targets.to(device, /*non_blocking=*/true);
+  return b;
+}
+
 EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bool deterministic, CommCounters& counters) {
   EngineComms comms;
   comms.world = groups.world();
+  comms.control = groups.control();
   const int S = layout.shard_group_size, R = layout.replicate_group_size;
   auto counted = [&](std::shared_ptr<Communicator> c) {
     auto wrapped = std::make_shared<CountingCommunicator>(std::move(c));

@@ -34,6 +34,9 @@ std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, co
 
 // The engine's communicators for `layout` over `groups`, each counted into `counters`: the shard
 // and replicate groups, and (deterministic mode, where it carries the gradients) the world.
+// `b` with its tensors on `device` (the CPU: as it is).
+Batch on_device(Batch b, const c10::Device& device);
+
 EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bool deterministic, CommCounters& counters);
 
 // Whether `opt` can step on the CPU (fsdpx/capabilities.h; yes unless it says otherwise).

@@ -6,6 +6,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "components.h"
 #include "fsdpx/evaluation.h"
 #include "fsdpx/framework/runtime/every_rank.h"
 
@@ -32,12 +33,13 @@ EvalSums forward(ShardingEngine& engine, Evaluable& evaluable, const Batch& batc
 
 }  // namespace
 
-Evaluator::Evaluator(ShardingEngine& engine, Model& model, DataSource& data, Communicator& world, int64_t batch_size,
-                     bool deterministic)
+Evaluator::Evaluator(ShardingEngine& engine, Model& model, DataSource& data, Communicator& world, c10::Device device,
+                     int64_t batch_size, bool deterministic)
     : engine_(engine),
       evaluable_(dynamic_cast<Evaluable*>(&model)),
       heldout_(dynamic_cast<HeldOutData*>(&data)),
       world_(world),
+      device_(device),
       batch_size_(batch_size),
       deterministic_(deterministic) {}
 
@@ -59,7 +61,8 @@ json Evaluator::in_chunks(int64_t step) {
     const int64_t last = std::min({n, rank * per_rank + per_rank, rank * per_rank + off + chunk});
     // A rank whose share is used up runs one sample and does not count it.
     const bool empty = last <= first;
-    EvalSums r = forward(engine_, *evaluable_, heldout_->heldout(empty ? 0 : first, empty ? 1 : last - first));
+    EvalSums r =
+        forward(engine_, *evaluable_, on_device(heldout_->heldout(empty ? 0 : first, empty ? 1 : last - first), device_));
     if (empty) r = EvalSums{0, r.correct >= 0 ? 0.0 : -1.0, 0};
     sums[0] += r.loss_sum;
     sums[1] += std::max(0.0, r.correct);
@@ -82,7 +85,7 @@ json Evaluator::in_sample_order(int64_t step) {
   for (int64_t j = 0; j < per_rank; ++j) {
     const int64_t i = j * W + rank;
     // Past the end: a forward all ranks run, not counted.
-    const EvalSums r = forward(engine_, *evaluable_, heldout_->heldout(i < n ? i : 0, 1));
+    const EvalSums r = forward(engine_, *evaluable_, on_device(heldout_->heldout(i < n ? i : 0, 1), device_));
     if (i >= n) continue;
     mine[static_cast<size_t>(3 * j)] = r.loss_sum;
     mine[static_cast<size_t>(3 * j + 1)] = r.correct;

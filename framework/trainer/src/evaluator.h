@@ -16,7 +16,9 @@ class Evaluator {
  public:
   // The references outlive the evaluator. `batch_size`: samples per rank of a training
   // micro-batch (a chunk of evaluation is four of them). `deterministic`: --deterministic.
-  Evaluator(ShardingEngine& engine, Model& model, DataSource& data, Communicator& world, int64_t batch_size,
+  // `world`: the ranks, over the CPU (the control group); `device`: where the batches go.
+  Evaluator(ShardingEngine& engine, Model& model, DataSource& data, Communicator& world, c10::Device device,
+            int64_t batch_size,
             bool deterministic);
 
   // {"step", "eval_loss", "eval_samples"[, "eval_accuracy"]} from the world's sums, or null when
@@ -34,6 +36,7 @@ class Evaluator {
   Evaluable* evaluable_;
   HeldOutData* heldout_;
   Communicator& world_;
+  const c10::Device device_;
   int64_t batch_size_;
   bool deterministic_;
 };

@@ -45,8 +45,9 @@ std::string eval_line(const json& e) {
 }  // namespace
 
 MetricsProcessor::MetricsProcessor(const TrainSettings& settings, const RunPlan& plan, RunDirectory& run_dir,
-                                   Reporter& out, Communicator& world, Clock::time_point wall_start)
-    : s_(settings), plan_(plan), run_dir_(run_dir), out_(out), world_(world), wall_start_(wall_start) {}
+                                   Reporter& out, Communicator& world, const DeviceRuntime& device,
+                                   Clock::time_point wall_start)
+    : s_(settings), plan_(plan), run_dir_(run_dir), out_(out), world_(world), device_(device), wall_start_(wall_start) {}
 
 void MetricsProcessor::open(int64_t start_step) {
   start_step_ = start_step;
@@ -57,7 +58,7 @@ void MetricsProcessor::measure_peak_flops() {
   peak_ = s_.peak_tflops;
   if (peak_ > 0) return;
   world_.barrier().wait();
-  const PeakProbe probe = measure_peak_tflops(plan_.dtypes.compute);
+  const PeakProbe probe = measure_peak_tflops(plan_.dtypes.compute, device_);
   at::Tensor p = at::full({1}, probe.tflops, at::kDouble);
   world_.all_reduce(p, ReduceOp::Avg).wait();
   peak_ = p.item<double>();
@@ -77,9 +78,12 @@ void MetricsProcessor::announce() {
   std::snprintf(l, sizeof l, "peak %.3f TFLOP/s per rank (%s)", peak_, peak_source_.c_str());
   out_.line(l);
   for (const auto& w : plan_.warnings) out_.line("warning: " + w);
-  if (plan_.layout.offload_to_cpu)
+  if (plan_.layout.offload_to_cpu && device_.is_cpu())
     out_.line("cpu offload: the compute device is the CPU, where the shards, gradients and optimizer state already "
               "live; nothing to move (the run is its base strategy's)");
+  else if (plan_.layout.offload_to_cpu)
+    out_.line("cpu offload: shards, gradients and optimizer state in pinned host memory; " + device_.name() +
+              " holds the gathered units, and the optimizer steps on the CPU");
 }
 
 void MetricsProcessor::start() {
@@ -95,14 +99,15 @@ RankStep MetricsProcessor::begin_step() {
   run_peak_ = std::max(run_peak_, before.hwm);  // evaluations and saves since the last step
   rss_measured_ = reset_peak_rss() && before.rss >= 0;
   step_rss_start_ = before.rss;
-  allocated_run_peak_ = std::max(allocated_run_peak_, cpu_memory_stats().peak_allocated);  // since the last step
+  allocated_run_peak_ = std::max(allocated_run_peak_, device_.memory_stats().peak_allocated);  // since the last step
   RankStep mine;
-  mine.allocated.begin();
+  mine.allocated.begin(device_);
   return mine;
 }
 
 WorldStep MetricsProcessor::end_step(int64_t step, RankStep& mine, double ordered_loss) {
   mine.allocated.end(StepPhase::Optimizer);
+  reserved_run_peak_ = std::max(reserved_run_peak_, device_.memory_stats().peak_reserved);
   allocated_run_peak_ = std::max(allocated_run_peak_, mine.allocated.step_peak());
   mine.allocated_run_peak = allocated_run_peak_;
   step_comm_ = counters_.totals() - step_comm_start_;
@@ -226,14 +231,16 @@ void MetricsProcessor::finish(const PersistentBytes& mine, const std::string& la
 json MetricsProcessor::measured_per_rank(const PersistentBytes& mine) {
   const auto all = from_every_rank(world_, std::vector<int64_t>{mine.params, mine.grads, mine.optimizer,
                                                                 std::max(run_peak_, proc_memory().hwm),
-                                                                allocated_run_peak_});
+                                                                allocated_run_peak_, reserved_run_peak_});
   json ranks = json::array();
   for (const auto& r : all)
     ranks.push_back({{"param_bytes", r[0]},
                      {"grad_bytes", r[1]},
                      {"optimizer_bytes", r[2]},
                      {"peak_rss_bytes", r[3]},
-                     {"peak_allocated_bytes", r[4]}});
+                     {"peak_allocated_bytes", r[4]},
+                     {"peak_reserved_bytes", r[5]},
+                     {"memory_device", device_.name()}});
   return ranks;
 }
 

@@ -32,7 +32,7 @@ class MetricsProcessor {
   // Every reference outlives it. `world`: every rank (its collectives are not counted);
   // `wall_start`: when the run began, for summary.json's wall time.
   MetricsProcessor(const TrainSettings& settings, const RunPlan& plan, RunDirectory& run_dir, Reporter& out,
-                   Communicator& world, Clock::time_point wall_start);
+                   Communicator& world, const DeviceRuntime& device, Clock::time_point wall_start);
 
   // The engine's counted communicators are added here.
   CommCounters& counters() { return counters_; }
@@ -79,6 +79,7 @@ class MetricsProcessor {
   RunDirectory& run_dir_;
   Reporter& out_;
   Communicator& world_;
+  const DeviceRuntime& device_;  // its allocator's bytes are the run's allocated bytes
   const Clock::time_point wall_start_;
   CommCounters counters_;
   int64_t start_step_ = 0;
@@ -94,6 +95,7 @@ class MetricsProcessor {
   double first_loss_ = std::nan(""), last_loss_ = std::nan("");
   int64_t run_peak_ = 0, max_step_rise_ = 0;
   int64_t allocated_run_peak_ = 0;  // this rank's allocated peak so far (memory_accounting.h)
+  int64_t reserved_run_peak_ = 0;   // the device allocator's reserved peak (the CPU's: allocated)
   CommTotals step_comm_;            // the last step's
   nlohmann::json last_eval_;
 };

@@ -5,6 +5,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include "fsdpx/framework/runtime/device.h"
+
 namespace fsdpx {
 
 struct PeakProbe {
@@ -15,9 +17,9 @@ struct PeakProbe {
 };
 
 // Square matmuls in `dtype` on this rank, growing from 256 while one takes under 30 ms (up to
-// 1024), a few of each: bounded to about a quarter of a second even where `dtype` is slow
+// 1024; 8192 on a device, timed between synchronisations), a few of each: bounded to about a quarter of a second even where `dtype` is slow
 // (bf16 on a CPU without native bf16). Run by every rank at once, so that shared cores are
 // shared as they will be in training.
-PeakProbe measure_peak_tflops(c10::ScalarType dtype);
+PeakProbe measure_peak_tflops(c10::ScalarType dtype, const DeviceRuntime& device);
 
 }  // namespace fsdpx

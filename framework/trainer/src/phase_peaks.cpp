@@ -16,16 +16,17 @@ const char* phase_name(StepPhase p) {
   return "step";
 }
 
-void PhasePeaks::begin() {
-  reset_cpu_peak_memory();
-  at_start_ = cpu_memory_stats().allocated;
+void PhasePeaks::begin(const DeviceRuntime& device) {
+  device_ = &device;
+  device.reset_peak_memory();
+  at_start_ = device.memory_stats().allocated;
   for (auto& p : peaks_) p = 0;
 }
 
 void PhasePeaks::end(StepPhase phase) {
   int64_t& p = peaks_[static_cast<int>(phase)];
-  p = std::max(p, cpu_memory_stats().peak_allocated);
-  reset_cpu_peak_memory();
+  p = std::max(p, device_->memory_stats().peak_allocated);
+  device_->reset_peak_memory();
 }
 
 int64_t PhasePeaks::step_peak() const { return *std::max_element(std::begin(peaks_), std::end(peaks_)); }

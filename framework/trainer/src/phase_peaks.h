@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "fsdpx/framework/runtime/device.h"
+
 namespace fsdpx {
 
 // The phases of a step whose allocated peaks are reported apart.
@@ -11,10 +13,11 @@ constexpr int kStepPhases = 3;
 const char* phase_name(StepPhase p);  // "forward", "backward", "optimizer"
 
 // begin() at the start of the step, end(phase) after each phase (a phase may recur, e.g. per
-// micro-batch: its peak is the largest).
+// micro-batch: its peak is the largest). The bytes of the device's allocator (on the CPU, the
+// counting allocator's).
 class PhasePeaks {
  public:
-  void begin();
+  void begin(const DeviceRuntime& device);
   void end(StepPhase phase);
   int64_t peak(StepPhase phase) const { return peaks_[static_cast<int>(phase)]; }
   int64_t step_peak() const;  // the largest of the phases
@@ -23,6 +26,7 @@ class PhasePeaks {
  private:
   int64_t peaks_[kStepPhases] = {0, 0, 0};
   int64_t at_start_ = 0;
+  const DeviceRuntime* device_ = nullptr;
 };
 
 }  // namespace fsdpx

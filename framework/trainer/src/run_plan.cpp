@@ -167,6 +167,7 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
   in.deterministic = s.deterministic;
   in.forwards = s.deterministic ? s.grad_accum * s.batch_size : s.grad_accum;
   in.clip_grad_norm = s.clip_grad_norm > 0;
+  in.offload = plan.layout.offload_to_cpu && s.device != "cpu";
   if (const auto* a = dynamic_cast<const ActivationMemory*>(&model)) {
     const int64_t seq = plan.samples_per_step > 0 ? plan.tokens_per_step / plan.samples_per_step : 1;
     in.layers = a->activations(s.deterministic ? 1 : s.batch_size, seq, plan.dtypes.compute);
@@ -190,6 +191,7 @@ void plan_cpu(RunPlan& plan) {
 
 RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSettings& s, const Topology& topo) {
   RunPlan plan;
+  plan.device = s.device;
   plan.topology = topo;
   plan.deterministic = s.deterministic;
   // Created in this order, so that the first bad option named is the same as ever.
@@ -278,13 +280,16 @@ std::string RunPlan::text() const {
   o << "  peak unit  " << (peak_unit.empty() ? "none gathered (parameters used in place)" : peak_unit + ", " +
                            human_bytes(static_cast<double>(peak_unit_bytes)) + " gathered")
     << "\n";
-  o << "  peak       " << human_bytes(static_cast<double>(memory.peak)) << " (" << memory.peak << " B) per rank, allocated, at "
-    << memory.peak_where << "; forward " << human_bytes(static_cast<double>(memory.forward_peak)) << ", backward "
+  o << "  peak       " << human_bytes(static_cast<double>(memory.peak)) << " (" << memory.peak << " B) per rank, allocated"
+    << (device == "cpu" ? "" : " on " + device) << ", at " << memory.peak_where << "; forward " << human_bytes(static_cast<double>(memory.forward_peak)) << ", backward "
     << human_bytes(static_cast<double>(memory.backward_peak)) << ", optimizer "
     << human_bytes(static_cast<double>(memory.optimizer_peak)) << "; activations "
     << (activations_stated ? human_bytes(static_cast<double>(memory.activation_bytes)) + " per forward"
                            : std::string("not counted (the model does not state them)"))
     << "\n";
+  if (memory.host_bytes > 0)
+    o << "  host       " << human_bytes(static_cast<double>(memory.host_bytes)) << " (" << memory.host_bytes
+      << " B) per rank in pinned host memory: shards, gradient shards and optimizer state (cpu_offload)\n";
   o << "  per step   all-gather " << human_bytes(static_cast<double>(allgather_bytes)) << ", reduce-scatter "
     << human_bytes(static_cast<double>(reduce_scatter_bytes)) << ", all-reduce " << human_bytes(static_cast<double>(all_reduce_bytes))
     << "; this rank sends " << human_bytes(static_cast<double>(sent_bytes)) << " (" << sent_bytes << " B)\n";
@@ -311,7 +316,8 @@ void write_plan_json(const RunPlan& plan, const std::string& path) {
 void check_memory_fits(const RunPlan& plan, int local_ranks, int64_t process_bytes) {
   const AvailableMemory avail = available_memory();
   if (avail.bytes < 0) return;
-  const int64_t need = static_cast<int64_t>(local_ranks) * (plan.memory.peak + std::max<int64_t>(0, process_bytes));
+  const int64_t need =
+      static_cast<int64_t>(local_ranks) * (plan.memory.peak + plan.memory.host_bytes + std::max<int64_t>(0, process_bytes));
   if (need <= avail.bytes) return;
   throw Error("the plan does not fit this node: " + std::to_string(local_ranks) + " rank(s) x (" +
               human_bytes(static_cast<double>(plan.memory.peak)) + " planned peak per rank, at " + plan.memory.peak_where +
@@ -322,7 +328,7 @@ void check_memory_fits(const RunPlan& plan, int local_ranks, int64_t process_byt
 }
 
 void check_optimizer_runs_here(const RunPlan& plan) {
-  if (!plan.optimizer_runs_on_cpu)
+  if (!plan.optimizer_runs_on_cpu && (plan.device == "cpu" || plan.layout.offload_to_cpu))
     throw Error("optimizer '" + plan.optimizer +
                 "' cannot run on the CPU, where this build's engine computes; choose adamw, anyprecision_adamw or sgd");
 }

@@ -38,7 +38,14 @@ po::options_description topology_options() {
     ("check-collectives", po::bool_switch(),
      "debug: before each collective the ranks compare op, dtype, element count, unit and phase "
      "(one small all-gather each); a mismatch stops the run naming both calls before anything hangs")
-    ("device", po::value<std::string>()->default_value("cpu"), "cpu (Gloo) or cuda (NCCL, one GPU per local rank)");
+    ("device", po::value<std::string>()->default_value("cpu"),
+     "cpu, cuda (a GPU per local rank with NCCL) or sim (fsdpx's simulated accelerator, libfsdpx_sim.so)")
+    ("backend", po::value<std::string>()->default_value("default"),
+     "the device's collectives: default (NCCL on cuda, Gloo elsewhere), nccl, or gloo (device tensors staged "
+     "through host memory: several ranks may share a GPU)")
+    ("watch-peers", po::bool_switch(),
+     "each rank watches the next one's heartbeat and names a lost rank within seconds, aborting the collectives "
+     "that wait for it (always on with NCCL)");
   return topo;
 }
 
@@ -86,7 +93,7 @@ void check_train_flags(const RunConfig& config, int nproc_per_node) {
         throw Error(std::string("--nproc-per-node and --") + p + " cannot go together: the launcher places the " +
                     std::to_string(nproc_per_node) + " ranks it starts itself; drop --" + p +
                     " (or start one process per rank without --nproc-per-node)");
-  device_of(vm);
+  backend_of(vm);  // and the device
   const std::string resume = vm["resume"].as<std::string>(), save_init = vm["save-init"].as<std::string>();
   const char* needs_checkpoint = vm["save-every"].as<int64_t>() > 0 ? "--save-every"
                                  : vm["keep-last"].as<int64_t>() > 0 ? "--keep-last"
@@ -102,8 +109,22 @@ void check_train_flags(const RunConfig& config, int nproc_per_node) {
 
 DeviceKind device_of(const po::variables_map& vm) {
   const std::string device = vm["device"].as<std::string>();
-  if (device != "cpu" && device != "cuda") throw Error("--device must be cpu or cuda, got '" + device + "'");
-  return device == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
+  if (device == "cpu") return DeviceKind::Cpu;
+  if (device == "cuda") return DeviceKind::Cuda;
+  if (device == "sim") return DeviceKind::Sim;
+  throw Error("--device must be cpu, cuda or sim, got '" + device + "'");
+}
+
+Backend backend_of(const po::variables_map& vm) {
+  const std::string backend = vm["backend"].as<std::string>();
+  const DeviceKind device = device_of(vm);
+  if (backend == "default") return Backend::Default;
+  if (backend == "gloo") return Backend::Gloo;
+  if (backend != "nccl") throw Error("--backend must be default, nccl or gloo, got '" + backend + "'");
+  if (device != DeviceKind::Cuda)
+    throw Error("--backend nccl needs --device cuda (NCCL moves GPU memory only); this run has --device " +
+                vm["device"].as<std::string>());
+  return Backend::Nccl;
 }
 
 TopologyFlags topology_flags(const po::variables_map& vm) {

@@ -83,6 +83,7 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
   s.grad_accum = vm["grad-accum"].as<int64_t>();
   const int64_t seed = vm["seed"].as<int64_t>();
   s.out_dir = vm["out"].as<std::string>();
+  if (vm.count("device")) s.device = vm["device"].as<std::string>();
   s.log_every = vm["log-every"].as<int64_t>();
   s.lr_schedule = vm["lr-schedule"].as<std::string>();
   s.warmup_steps = vm["warmup-steps"].as<int64_t>();

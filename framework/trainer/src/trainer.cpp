@@ -15,6 +15,7 @@
 #include "evaluator.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/collective_context.h"
+#include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/every_rank.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "fsdpx/framework/trainer/lr_schedule.h"
@@ -32,10 +33,18 @@ std::map<Kind, std::string> default_components() {
           {Kind::Wrap, "layer_type"}, {Kind::Precision, "fp32"}, {Kind::Optimizer, "adamw"}};
 }
 
-void check_device_trains(DeviceKind device) {
-  if (device == DeviceKind::Cuda)
-    throw Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups are "
-                "built and checked by --check-comm); use --device cpu");
+const char* device_spec(DeviceKind device) {
+  switch (device) {
+    case DeviceKind::Cuda: return "cuda";
+    case DeviceKind::Sim: return "sim";
+    case DeviceKind::Cpu: break;
+  }
+  return "cpu";
+}
+
+void check_device_trains(DeviceKind device, Backend backend, int local_ranks) {
+  const bool nccl = backend == Backend::Nccl || (backend == Backend::Default && device == DeviceKind::Cuda);
+  check_device(device_spec(device), local_ranks, /*one_device_per_rank=*/nccl);
 }
 
 namespace {
@@ -80,11 +89,13 @@ class Trainer {
     metrics_->finish(persistent_bytes(), checkpointer_->last_saved());
   }
 
-  Communicator& world() const { return *groups_->world(); }
+  // Losses, counts, flags and checkpoint sums go over the control group (Gloo, CPU tensors): the
+  // device group (NCCL on CUDA) carries the engine's collectives only.
+  Communicator& control() const { return *groups_->control(); }
 
   // The checks that need no process group, and the plan (the same as --dry-run's).
   void plan() {
-    check_device_trains(ro_.device);
+    check_device_trains(ro_.device, ro_.backend, ro_.topology.local_world_size);
     if (s_.deterministic && at::get_cpu_capability() != "DEFAULT")
       throw Error("--deterministic needs ATen's unvectorised CPU kernels, and this process already chose " +
                   at::get_cpu_capability() + " ones: set ATEN_CPU_CAPABILITY=default before the first tensor operation "
@@ -100,8 +111,9 @@ class Trainer {
   // Process groups, components, the engine over counted communicators, the optimizer, the data,
   // and the objects the stages hand their concerns to.
   void build() {
+    device_ = open_device(device_spec(ro_.device), ro_.topology.local_rank);
     groups_ = ProcessGroups::create(ro_);
-    metrics_ = std::make_unique<MetricsProcessor>(s_, plan_, run_dir_, out_, world(), wall_start_);
+    metrics_ = std::make_unique<MetricsProcessor>(s_, plan_, run_dir_, out_, control(), *device_, wall_start_);
     model_ = make<Model>(host_, config_);
     data_ = make<DataSource>(host_, config_);
     auto wrap = make<WrapPolicy>(host_, config_);
@@ -115,6 +127,7 @@ class Trainer {
     eo.seed = s_.seed;
     eo.overlap = s_.overlap;
     eo.deterministic = s_.deterministic;
+    eo.device = device_;
     EngineComms comms = engine_comms(*groups_, eo.layout, s_.deterministic, metrics_->counters());
     engine_ = std::make_unique<ShardingEngine>(model_, select_units(*model_, *wrap, s_), comms, eo);
     shards_ = engine_->shards();
@@ -124,7 +137,8 @@ class Trainer {
     if (s_.deterministic) data_->open(DataContext{0, 1, s_.batch_size * world_, s_.seed});
     else data_->open(DataContext{rank_, world_, s_.batch_size, s_.seed});
     schedule_ = LrSchedule::parse(s_.lr_schedule, opt_->base_lr(), s_.warmup_steps, s_.steps, s_.min_lr_ratio);
-    evaluator_ = std::make_unique<Evaluator>(*engine_, *model_, *data_, world(), s_.batch_size, s_.deterministic);
+    evaluator_ = std::make_unique<Evaluator>(*engine_, *model_, *data_, control(), device_->device(), s_.batch_size,
+                                             s_.deterministic);
     std::shared_ptr<CheckpointBackend> backend;
     if (config_.choice(Kind::Checkpoint)) backend = make<CheckpointBackend>(host_, config_);
     checkpointer_ = std::make_unique<Checkpointer>(backend, s_, config_ini(), *groups_, run_dir_, out_,
@@ -137,7 +151,7 @@ class Trainer {
     if (auto* scaling = dynamic_cast<const LossScalingPolicy*>(&precision)) scaler = scaling->make_scaler();
     if (plan_.dtypes.loss_scaling && !scaler)
       throw Error("precision '" + plan_.precision + "' asks for loss scaling but offers no scaler (fsdpx/loss_scaling.h)");
-    scaling_ = std::make_unique<LossScalingGuard>(std::move(scaler), world(), [this](const std::string& line) {
+    scaling_ = std::make_unique<LossScalingGuard>(std::move(scaler), control(), [this](const std::string& line) {
       out_.line(line);
     });
   }
@@ -145,7 +159,7 @@ class Trainer {
   std::string config_ini() const { return s_.to_ini() + "\n" + config_.to_ini(); }
 
   void open_run_directory() {
-    on_rank_zero(world(), [&] { run_dir_.create(config_ini(), world_, plan_json(plan_).dump(2)); });
+    on_rank_zero(control(), [&] { run_dir_.create(config_ini(), world_, plan_json(plan_).dump(2)); });
   }
 
   // One optimizer step: forward and backward per micro-batch, then the optimizer; the figures
@@ -158,6 +172,8 @@ class Trainer {
     if (!s_.deterministic) forward_backward(mine);
     CollectivePhase phase("step");  // the engine names forward and backward itself
     optimizer_step(step);
+    if (loss_sum_.defined()) mine.loss_sum = loss_sum_.item<double>();  // the host's one wait in the step
+    loss_sum_ = at::Tensor();
     return metrics_->end_step(step, mine, ordered_loss);
   }
 
@@ -165,12 +181,14 @@ class Trainer {
   void forward_backward(RankStep& mine) {
     for (int64_t m = 0; m < s_.grad_accum; ++m) {
       engine_->set_requires_gradient_sync(m == s_.grad_accum - 1);
-      Batch b = data_->next();
+      Batch b = on_device(data_->next(), device_->device());
       at::Tensor loss = engine_->forward([&] { return model_->loss(b) / static_cast<double>(s_.grad_accum); });
       mine.allocated.end(StepPhase::Forward);
       engine_->backward(scaling_->scaled(loss));
       mine.allocated.end(StepPhase::Backward);
-      mine.loss_sum += loss.item<double>();
+      // Added on the device, in fp64 as the host added it; read once, after the optimizer step.
+      const at::Tensor l = loss.detach().to(at::kDouble);
+      loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l;
       mine.tokens += b.tokens;
       mine.samples += b.samples;
     }
@@ -193,7 +211,8 @@ class Trainer {
                     " samples for a global batch of " + std::to_string(global));
       for (int64_t j = 0; j < per_rank; ++j) {
         const int64_t i = j * world_ + rank_;
-        Batch one{b.inputs.narrow(0, i, 1), b.targets.narrow(0, i, 1), 1, b.tokens / b.samples};
+        Batch one = on_device(Batch{b.inputs.narrow(0, i, 1), b.targets.narrow(0, i, 1), 1, b.tokens / b.samples},
+                              device_->device());
         at::Tensor loss = engine_->forward([&] { return model_->loss(one) * weight; });
         mine.allocated.end(StepPhase::Forward);
         engine_->backward(scaling_->scaled(loss));
@@ -203,7 +222,7 @@ class Trainer {
         mine.samples += 1;
       }
     }
-    const auto all = from_every_rank(world(), losses);
+    const auto all = from_every_rank(control(), losses);
     double sum = 0;  // global sample (m, j, r) is rank r's entry m * per_rank + j
     for (int64_t m = 0; m < s_.grad_accum; ++m)
       for (int64_t j = 0; j < per_rank; ++j)
@@ -246,6 +265,7 @@ class Trainer {
   RunDirectory run_dir_;
   Reporter out_;
   RunPlan plan_;
+  std::shared_ptr<DeviceRuntime> device_;  // where the engine computes
   std::shared_ptr<ProcessGroups> groups_;
   std::shared_ptr<Model> model_;
   std::shared_ptr<DataSource> data_;
@@ -258,6 +278,7 @@ class Trainer {
   std::unique_ptr<Evaluator> evaluator_;
   std::unique_ptr<Checkpointer> checkpointer_;
   double lr_ = 0, grad_norm_ = -1;
+  at::Tensor loss_sum_;  // the step's loss so far, on the device
 };
 
 }  // namespace

@@ -41,6 +41,9 @@ struct StepMemoryInput {
   // Gloo: the reduce-scatter is an all-to-all, whose receive buffer is as large as its input.
   bool staged_reduce = true;
   bool clip_grad_norm = false;
+  // cpu_offload on a device: shards, gradient shards and optimizer state in host memory; a unit's
+  // shard comes to the device for its all-gather, its reduced gradient shard goes back.
+  bool offload = false;
 };
 
 // Bytes per rank.
@@ -50,6 +53,7 @@ struct StepMemory {
   int64_t forward_peak = 0, backward_peak = 0, optimizer_peak = 0;
   int64_t peak = 0;        // the step's: the largest of the three
   std::string peak_where;  // e.g. "backward of unit layers.0, its previous unit's reduction in flight"
+  int64_t host_bytes = 0;  // offloading: what host memory holds (shards, gradient shards, optimizer state)
 };
 
 FSDPX_API StepMemory predict_step_memory(const StepMemoryInput& input);

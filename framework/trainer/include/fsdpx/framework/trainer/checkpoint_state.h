@@ -20,7 +20,17 @@ FSDPX_API CheckpointState checkpoint_state(const ShardingEngine& engine, const O
 // The parameters alone (the first part of checkpoint_state): views of the engine's shards, for
 // --init-from (loaded in place) and --save-init.
 FSDPX_API CheckpointState weights_state(const ShardingEngine& engine);
-// A context over the world: barrier, all_sum, gather_to_rank0, and primary = first replica.
+// Host staging: checkpoint formats read and write host memory only (a device tensor's data_ptr is
+// not the host's). Each tensor of `st` not on the CPU is replaced by a host copy of it; after a
+// load, copy_back() puts the loaded values into the device tensors (the engine's shards). A
+// state on the CPU is left as it is.
+struct FSDPX_API HostStaging {
+  std::vector<std::pair<at::Tensor, at::Tensor>> device_and_host;
+  void copy_back() const;
+};
+FSDPX_API HostStaging stage_on_host(CheckpointState& st);
+// A context over the ranks (the control group, on the CPU): barrier, all_sum, gather_to_rank0,
+// and primary = first replica.
 FSDPX_API CheckpointContext checkpoint_context(const ProcessGroups& groups, const ShardingEngine& engine);
 // After a load: the optimizer state into the optimizer. (The trainer state, with the data
 // position, is the trainer's TrainerState.)

@@ -29,8 +29,10 @@ FSDPX_API ConfigRequest train_config_request(const boost::program_options::optio
 // would start from the checkpoint, not from what --save-init writes).
 FSDPX_API void check_train_flags(const RunConfig& config, int nproc_per_node);
 
-// --device: cpu or cuda. Throws fsdpx::Error naming another value.
+// --device: cpu, cuda or sim. Throws fsdpx::Error naming another value.
 FSDPX_API DeviceKind device_of(const boost::program_options::variables_map& vm);
+// --backend: default, gloo, or nccl (with --device cuda only). Throws fsdpx::Error naming another value.
+FSDPX_API Backend backend_of(const boost::program_options::variables_map& vm);
 
 // The topology flags (--rank, ..., --master-port) as given.
 FSDPX_API TopologyFlags topology_flags(const boost::program_options::variables_map& vm);

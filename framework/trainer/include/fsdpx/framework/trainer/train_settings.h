@@ -18,6 +18,7 @@ struct FSDPX_API TrainSettings {
   int64_t batch_size = 8;  // samples per rank per micro-batch
   int64_t grad_accum = 1;  // micro-batches per step
   uint64_t seed = 0;       // parameters, data order
+  std::string device = "cpu";  // --device: where the plan's device bytes live (cpu, cuda, sim)
   std::string out_dir;     // metrics.jsonl, config.ini, summary.json, plot, checkpoints; "" = none
   int64_t log_every = 10;
   std::string lr_schedule = "constant";  // or "cosine"

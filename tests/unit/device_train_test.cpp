@@ -1,0 +1,212 @@
+// fsdpx-train on sim, the simulated accelerator (label device): the whole trainer on a device
+// whose memory the host cannot read. sim runs the CPU's kernels, so every figure a run on sim
+// reports must be the CPU run's, bit for bit; a difference is a bug in the device path (batches,
+// the control group, host staging of checkpoints, cpu_offload's copies).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "test_paths.h"
+
+using namespace fsdpx::test;
+using nlohmann::json;
+
+namespace {
+
+std::string train() { return (bin_dir() / "fsdpx-train").string(); }
+
+const char* const kTiny = " --model.size tiny --data.name synthetic --log-every 1 --clip-grad-norm 0.5 ";
+
+// What a run reports that depends on the numbers alone: each step's loss and gradient norm, and
+// the held-out loss (timings and memory left out).
+std::string numbers(const std::filesystem::path& run) {
+  std::string text;
+  for (const json& j : read_json_lines(run / "metrics.jsonl")) {
+    char l[160];
+    if (j.contains("loss"))
+      std::snprintf(l, sizeof l, "step %lld loss %.17g grad_norm %.17g\n", j["step"].get<long long>(),
+                    j["loss"].get<double>(), j.value("grad_norm", -1.0));
+    else if (j.contains("eval_loss"))
+      std::snprintf(l, sizeof l, "eval %lld %.17g\n", j["step"].get<long long>(), j["eval_loss"].get<double>());
+    else
+      continue;
+    text += l;
+  }
+  return text;
+}
+
+// The same run on the CPU and on sim: their numbers, which must be equal.
+void expect_cpu_bits(const std::string& flags, int ranks) {
+  TempDir dir;
+  const std::string launch = train() + " --nproc-per-node " + std::to_string(ranks) + kTiny + flags;
+  std::string got[2];
+  const char* devices[2] = {"cpu", "sim"};
+  for (int d = 0; d < 2; ++d) {
+    const auto out = dir.path() / devices[d];
+    auto r = run_command("timeout 300 " + launch + " --device " + devices[d] + " --out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << devices[d] << ": " << r.err;
+    got[d] = numbers(out);
+  }
+  EXPECT_NE(got[0].find("step 4 loss"), std::string::npos) << got[0];
+  EXPECT_EQ(got[1], got[0]) << flags << " at " << ranks << " rank(s)";
+}
+
+struct Strategy {
+  const char* name;
+  const char* flags;
+  int ranks;
+};
+
+class SimTrain : public ::testing::TestWithParam<Strategy> {};
+
+// Every strategy at 1, 2 and 4 ranks, with clipping (the norm on the device).
+TEST_P(SimTrain, GivesTheCpuLossesBitForBit) { expect_cpu_bits(std::string(GetParam().flags) + " --steps 4", GetParam().ranks); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, SimTrain,
+    ::testing::Values(Strategy{"full_shard_1", "--sharding.name full_shard", 1},
+                      Strategy{"full_shard_2", "--sharding.name full_shard", 2},
+                      Strategy{"full_shard_4", "--sharding.name full_shard", 4},
+                      Strategy{"shard_grad_op_2", "--sharding.name shard_grad_op", 2},
+                      Strategy{"no_shard_2", "--sharding.name no_shard", 2},
+                      Strategy{"hybrid_shard_2x2", "--sharding.name hybrid_shard --sharding.shard_size 2", 4},
+                      Strategy{"cpu_offload_1", "--sharding.name cpu_offload", 1},
+                      Strategy{"cpu_offload_2", "--sharding.name cpu_offload", 2},
+                      Strategy{"cpu_offload_hybrid_2x2",
+                               "--sharding.name cpu_offload --sharding.base hybrid_shard --sharding.shard_size 2", 4}),
+    [](const ::testing::TestParamInfo<Strategy>& i) { return std::string(i.param.name); });
+
+// Recompute (the device generator replayed), bf16_mixed, fp16_mixed with its scaler, gradient
+// accumulation, and the deterministic mode.
+TEST(SimTrainModes, RecomputePrecisionsAccumulationAndDeterministicGiveTheCpuBits) {
+  for (const char* flags : {"--activation-checkpointing Block", "--precision.name bf16_mixed",
+                            "--precision.name fp16_mixed", "--grad-accum 2", "--deterministic"})
+    expect_cpu_bits(std::string(flags) + " --steps 4", 2);
+}
+
+// Checkpoints go through host memory: the checkpoint a sim run saves has the CPU run's bytes, and a
+// run resumed from it, on sim or on the CPU, continues with the uninterrupted run's losses.
+TEST(SimTrainCheckpoints, SaveAndResumeGoThroughHostMemory) {
+  TempDir dir;
+  const std::string base = train() + " --nproc-per-node 2" + kTiny + "--checkpoint.name sharded --steps 4 ";
+  for (const char* d : {"cpu", "sim"}) {
+    auto r = run_command("timeout 300 " + base + "--save-every 2 --device " + d + " --out " + (dir.path() / d).string());
+    ASSERT_EQ(r.exit_code, 0) << d << ": " << r.err;
+  }
+  const auto ckpt = [&](const char* d, int step) { char name[32];
+    std::snprintf(name, sizeof name, "step-%08d", step);
+    return dir.path() / d / "checkpoints" / name;
+  };
+  for (int step : {2, 4}) EXPECT_EQ(tensor_digests(ckpt("sim", step)), tensor_digests(ckpt("cpu", step))) << step;
+  const std::string whole = numbers(dir.path() / "sim");
+  for (const char* d : {"sim", "cpu"}) {
+    const auto out = dir.path() / (std::string("resumed-") + d);
+    auto r = run_command("timeout 300 " + base + "--device " + d + " --resume " + ckpt("sim", 2).string() + " --out " +
+                         out.string());
+    ASSERT_EQ(r.exit_code, 0) << d << ": " << r.err;
+    const std::string tail = numbers(out);
+    EXPECT_NE(tail.find("step 3 loss"), std::string::npos) << tail;
+    EXPECT_NE(whole.find(tail), std::string::npos) << d << " resumed:\n" << tail << "uninterrupted:\n" << whole;
+  }
+}
+
+// cpu_offload on sim: the device's allocated peak drops by what the plan says moves to host
+// memory (this rank's parameter and gradient shards and optimizer state), measured on sim's
+// allocator; the plan's host bytes are those the summary reports.
+TEST(SimTrainOffload, TheDevicePeakDropsByThePlannedBytes) {
+  TempDir dir;
+  const std::string run = train() + " --nproc-per-node 2" + kTiny + "--steps 2 --device sim --model.layers 4 ";
+  int64_t measured[2], planned[2];
+  json summary[2];
+  for (int off = 0; off < 2; ++off) {
+    const auto out = dir.path() / (off ? "offload" : "base");
+    auto r = run_command("timeout 300 " + run + "--sharding.name " + (off ? "cpu_offload" : "full_shard") + " --out " +
+                         out.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    summary[off] = read_json(out / "summary.json");
+    measured[off] = summary[off]["ranks"][0]["peak_allocated_bytes"].get<int64_t>();
+    planned[off] = summary[off]["plan"]["memory"]["peak_bytes"].get<int64_t>();
+    EXPECT_EQ(summary[off]["ranks"][0]["memory_device"], "sim:0");
+    EXPECT_GE(summary[off]["ranks"][0]["peak_reserved_bytes"].get<int64_t>(), measured[off]);
+  }
+  const double drop = static_cast<double>(measured[0] - measured[1]), plan_drop = static_cast<double>(planned[0] - planned[1]);
+  std::printf("device peak %lld -> %lld B with cpu_offload (planned %lld -> %lld)\n", static_cast<long long>(measured[0]),
+              static_cast<long long>(measured[1]), static_cast<long long>(planned[0]), static_cast<long long>(planned[1]));
+  EXPECT_GT(drop, 0);
+  EXPECT_NEAR(drop, plan_drop, 0.02 * plan_drop);
+  const json& rank = summary[1]["ranks"][0];
+  EXPECT_EQ(summary[1]["plan"]["memory"]["host_bytes"].get<int64_t>(),
+            rank["param_bytes"].get<int64_t>() + rank["grad_bytes"].get<int64_t>() + rank["optimizer_bytes"].get<int64_t>());
+  EXPECT_EQ(summary[0]["plan"]["memory"]["host_bytes"].get<int64_t>(), 0);
+}
+
+// Under a device budget (FSDPX_SIM_MEMORY, 64 MiB), cpu_offload trains twice the layers: 4 layers
+// fit without it, 8 do not (one line naming the device, the bytes asked and the bytes left), 8 fit with it.
+TEST(SimTrainOffload, TrainsTwiceTheLayersInTheSameDeviceMemory) {
+  TempDir dir;
+  const std::string run = "env FSDPX_SIM_MEMORY=" + std::to_string(64 << 20) + " timeout 300 " + train() +
+                          " --model.dim 256 --model.heads 4 --model.seq 32 --data.seq 32 --model.vocab 256 "
+                          "--batch-size 1 --data.name synthetic --device sim --steps 1 --out ";
+  auto fits = run_command(run + (dir.path() / "a").string() + " --model.layers 4 --sharding.name full_shard");
+  EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  auto over = run_command(run + (dir.path() / "b").string() + " --model.layers 8 --sharding.name full_shard");
+  EXPECT_NE(over.exit_code, 0);
+  EXPECT_NE(over.err.find("sim out of memory on sim:0: tried to allocate "), std::string::npos) << over.err;
+  EXPECT_NE(over.err.find("left"), std::string::npos) << over.err;
+  auto offload = run_command(run + (dir.path() / "c").string() + " --model.layers 8 --sharding.name cpu_offload");
+  EXPECT_EQ(offload.exit_code, 0) << offload.err;
+}
+
+// A rank killed while the ranks train on sim (its collectives staged through Gloo), started as
+// torchrun or srun would (no fsdpx launcher to notice): rank 0 names it within seconds from its
+// stopped heartbeat, with its host and pid, instead of waiting out the collective timeout (60 s).
+TEST(SimTrainFaults, ARankKilledWhileTrainingIsNamedBySurvivorsWithinSeconds) {
+  TempDir dir;
+  const std::string port = std::to_string(free_port());
+  std::string script = "cd " + dir.path().string() + "\n";
+  for (int r : {1, 0})
+    script += "bash -c 'echo $$ > pid" + std::to_string(r) + "; RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" +
+              std::to_string(r) + " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " exec " + train() +
+              kTiny + "--model.layers 8 --steps 100000 --device sim --watch-peers --collective-timeout 60' > r" +
+              std::to_string(r) + ".out 2> r" + std::to_string(r) + ".err &\n";
+  // Once rank 0 has logged step 2, rank 1 goes (SIGKILL: nothing of it runs after).
+  script += "for i in $(seq 400); do grep -q 'step 2/' r0.out 2>/dev/null && break; sleep 0.1; done\n"
+            "date +%s.%N > killed; kill -9 $(cat pid1)\nwait\ndate +%s.%N > ended\n";
+  write_file(dir.path() / "run.sh", script);
+  run_command("bash " + (dir.path() / "run.sh").string());
+  const std::string err0 = read_file(dir.path() / "r0.err");
+  EXPECT_NE(err0.find("fsdpx: stopping rank 0: rank 1 is gone (no heartbeat in "), std::string::npos) << err0;
+  EXPECT_NE(err0.find("pid " + read_file(dir.path() / "pid1").substr(0, read_file(dir.path() / "pid1").size() - 1)),
+            std::string::npos)
+      << err0;
+  const double after = std::stod(read_file(dir.path() / "ended")) - std::stod(read_file(dir.path() / "killed"));
+  std::printf("rank 0 ended %.2f s after rank 1 was killed\n", after);
+  EXPECT_LT(after, 15.0);
+}
+
+// What cannot run is one line before any worker starts.
+TEST(SimTrainBadInput, DevicesThatCannotRunAreOneLineBeforeAnyWorker) {
+  TempDir dir;
+  const std::string run = "timeout 120 " + train() + " --nproc-per-node 2" + kTiny + "--steps 1 ";
+  auto no_lib = run_command("env FSDPX_SIM_LIBRARY=" + (dir.path() / "missing.so").string() + " " + run + "--device sim");
+  EXPECT_EQ(no_lib.exit_code, 1);
+  EXPECT_NE(no_lib.err.find("missing.so"), std::string::npos) << no_lib.err;
+  EXPECT_EQ(no_lib.err.find("rank 1"), std::string::npos) << no_lib.err;
+  auto nccl = run_command(run + "--device sim --backend nccl");
+  EXPECT_NE(nccl.exit_code, 0);
+  EXPECT_NE(nccl.err.find("--backend nccl needs --device cuda"), std::string::npos) << nccl.err;
+  auto cuda = run_command(run + "--device cuda");
+  EXPECT_EQ(cuda.exit_code, 1);
+  EXPECT_NE(cuda.err.find("--device cuda: no GPU visible"), std::string::npos) << cuda.err;
+  EXPECT_EQ(std::count(cuda.err.begin(), cuda.err.end(), '\n'), 1) << cuda.err;
+}
+
+}  // namespace
