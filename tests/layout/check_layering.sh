@@ -23,13 +23,15 @@ for pair in "$@"; do
     echo "FAIL: the $user layer compiled an include of the $used layer's header (an arrow up the stack, or a"
     echo "      dependency fsdpx_layer does not declare)"
     status=1
-  elif [[ $expect == fail ]] && ! grep -Eq "fsdpx/framework/$used/[a-z_]+\.h(: No such file|' file not found)" <<<"$out"; then
-    # GCC: "...h: No such file or directory"; clang: "'...h' file not found".
+  # GCC: "...h: No such file or directory"; clang: "'...h' file not found".
+  elif [[ $expect == fail ]] && ! grep -Eq "fsdpx/framework/$used/[a-z_]+\.h(: No such file|' file not found)" \
+         <<<"$out"; then
     echo "FAIL: the probe of $user including $used failed for another reason:"
     echo "$out" | tail -20
     status=1
   fi
 done
 [[ $checked -eq 0 ]] && { echo "FAIL: no pair of layers was given"; exit 1; }
-[[ $status == 0 ]] && echo "layering holds for all $checked ordered pairs of layers: each sees exactly the layers below it that it depends on"
+[[ $status == 0 ]] &&
+  echo "layering holds for all $checked ordered pairs of layers: each sees exactly the lower layers it depends on"
 exit $status
