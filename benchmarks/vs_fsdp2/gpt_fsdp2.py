@@ -13,7 +13,7 @@ What is mirrored from fsdpx (the file each piece follows, relative to the reposi
   - the seeded initialisation (without --init-from): framework/engine/src/sharded_param.cpp and
     framework/base/src/seeds.cpp (each whole parameter drawn from its own generator seeded with
     parameter_seed(seed, name));
-  - the data: plugins/data/tokens/tokens.cpp and framework/trainer/src/sampler.cpp (the global
+  - the data: plugins/data/tokens/tokens.cpp and framework/base/src/sampler.cpp (the global
     batch sampler, Fisher-Yates per epoch from the same --seed);
   - the step and its figures: framework/trainer/src/trainer.cpp and metrics.cpp (loss = mean over
     ranks of each rank's loss, summed in rank order; peak RSS from VmHWM, reset every step;
@@ -205,7 +205,7 @@ def load_init(model, path):
         raise SystemExit(f"--init-from {path}: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
 
 
-# --- data: plugins/data/tokens/tokens.cpp, framework/trainer/src/sampler.cpp ---------------------
+# --- data: plugins/data/tokens/tokens.cpp, framework/base/src/sampler.cpp ------------------------
 
 
 class GlobalBatchSampler:

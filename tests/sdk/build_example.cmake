@@ -1,6 +1,6 @@
-# Installs the SDK from the build tree into a fresh prefix, then configures and builds
-# sdk/examples/top_level_wrap as a separate CMake project against that prefix, as a third party
-# would. Run by CTest (sdk_consumer_build) with cmake -P.
+# Installs the SDK from the build tree into a fresh prefix, then configures and builds each of
+# sdk/examples/ (top_level_wrap, counting_data) as a separate CMake project against that prefix,
+# as a third party would. Run by CTest (sdk_consumer_build) with cmake -P.
 foreach(v FSDPX_BUILD_DIR FSDPX_SOURCE_DIR WORK_DIR FSDPX_PYTHON)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "build_example.cmake needs -D${v}=...")
@@ -25,8 +25,13 @@ find_program(CCACHE ccache)
 if(CCACHE)
   set(launcher -DCMAKE_CXX_COMPILER_LAUNCHER=${CCACHE})
 endif()
-run(${CMAKE_COMMAND} -S "${FSDPX_SOURCE_DIR}/sdk/examples/top_level_wrap" -B "${WORK_DIR}/build"
-    -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix} ${launcher})
-run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
-# The installed host loads it.
-run("${prefix}/bin/fsdpx-plugins" --no-default-plugins --plugin "${WORK_DIR}/build/top_level_wrap.so" show top_level)
+foreach(example top_level_wrap:top_level counting_data:counting)
+  string(REPLACE ":" ";" parts ${example})
+  list(GET parts 0 dir)
+  list(GET parts 1 component)
+  run(${CMAKE_COMMAND} -S "${FSDPX_SOURCE_DIR}/sdk/examples/${dir}" -B "${WORK_DIR}/${dir}"
+      -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix} ${launcher})
+  run(${CMAKE_COMMAND} --build "${WORK_DIR}/${dir}")
+  # The installed host loads it.
+  run("${prefix}/bin/fsdpx-plugins" --no-default-plugins --plugin "${WORK_DIR}/${dir}/${dir}.so" show ${component})
+endforeach()

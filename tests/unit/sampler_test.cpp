@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "fsdpx/framework/trainer/sampler.h"
+#include "fsdpx/sampler.h"
 #include "test_paths.h"
 
 namespace fsdpx {

@@ -1,22 +1,11 @@
 // Out-of-line destructors of the public interfaces, so that their type information and vtables
 // live in libfsdpx alone (one definition shared by the host and every plugin).
-#include <c10/util/Exception.h>
-
 #include "fsdpx/activation_memory.h"
-#include "fsdpx/error.h"
 #include "fsdpx/hf_interop.h"
 #include "fsdpx/interfaces.h"
 #include "fsdpx/registrar.h"
 
 namespace fsdpx {
-
-Error::Error(const std::string& message) : std::runtime_error(message) {}
-Error::~Error() = default;
-
-std::string message_of(const std::exception& e) {
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
-  return e.what();
-}
 
 HostServices::~HostServices() = default;
 Registrar::~Registrar() = default;

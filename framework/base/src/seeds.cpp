@@ -1,4 +1,4 @@
-#include "fsdpx/framework/base/seeds.h"
+#include "fsdpx/seeds.h"
 
 namespace fsdpx {
 

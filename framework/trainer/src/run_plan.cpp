@@ -309,40 +309,6 @@ std::string RunPlan::text() const {
   return o.str();
 }
 
-json plan_json(const RunPlan& p) {
-  json units = json::array();
-  for (const auto& u : p.units)
-    units.push_back({{"unit", u.fqn}, {"params", u.params}, {"shard_numel", u.shard_numel},
-                     {"gathered_bytes", u.unsharded_bytes}, {"reshard_after_forward", u.reshard_after_forward},
-                     {"recompute", u.recompute}, {"compute", dtype_name(u.dtypes.compute)},
-                     {"reduce", dtype_name(u.dtypes.reduce)}});
-  return {{"world_size", p.topology.world_size},
-          {"shard_group_size", p.layout.shard_group_size},
-          {"replicate_group_size", p.layout.replicate_group_size},
-          {"total_params", p.total_params},
-          {"param_bytes", p.param_bytes},
-          {"grad_bytes", p.grad_bytes},
-          {"optimizer_bytes", p.optimizer_bytes},
-          {"peak_unit", p.peak_unit},
-          {"peak_unit_bytes", p.peak_unit_bytes},
-          {"allgather_bytes", p.allgather_bytes},
-          {"reduce_scatter_bytes", p.reduce_scatter_bytes},
-          {"all_reduce_bytes", p.all_reduce_bytes},
-          {"all_to_all_bytes", p.all_to_all_bytes},
-          {"sent_bytes", p.sent_bytes},
-          {"dtypes", {{"storage", dtype_name(p.dtypes.storage)}, {"compute", dtype_name(p.dtypes.compute)},
-                      {"reduce", dtype_name(p.dtypes.reduce)}, {"gradient", dtype_name(p.dtypes.gradient)}}},
-          {"units", units},
-          {"threads_per_rank", p.threads.threads},
-          {"memory", {{"peak_bytes", p.memory.peak}, {"peak_where", p.memory.peak_where},
-                      {"forward_peak_bytes", p.memory.forward_peak}, {"backward_peak_bytes", p.memory.backward_peak},
-                      {"optimizer_peak_bytes", p.memory.optimizer_peak}, {"device", p.device},
-                      {"host_bytes", p.memory.host_bytes},
-                      {"activation_bytes", p.activations_stated ? p.memory.activation_bytes : -1}}},
-          {"deterministic", p.deterministic},
-          {"warnings", p.warnings}};
-}
-
 void write_plan_json(const RunPlan& plan, const std::string& path) {
   std::ofstream(path) << plan_json(plan).dump(2) << "\n";
 }

@@ -2,7 +2,7 @@
 // written by rank 0 from tensors gathered one at a time (peak memory: the largest tensor, not the
 // model). Python's safetensors reads it as it is.
 #include <fsdpx/checkpoint_backend.h>
-#include <fsdpx/framework/checkpoint/checkpointing.h>
+#include <fsdpx/checkpoint_formats.h>
 #include <fsdpx/plugin.h>
 
 namespace {

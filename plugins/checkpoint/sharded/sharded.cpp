@@ -1,9 +1,8 @@
 // sharded: every rank writes its own rows to a safetensors file; an index with each tensor's
 // shape, dtype, pieces and digest makes the checkpoint loadable at any world size and strategy.
-// The format and its checks live in libfsdpx (fsdpx/framework/checkpoint/checkpointing.h), shared with
-// fsdpx-ckpt.
+// The format and its checks live in libfsdpx (fsdpx/checkpoint_formats.h), shared with fsdpx-ckpt.
 #include <fsdpx/checkpoint_backend.h>
-#include <fsdpx/framework/checkpoint/checkpointing.h>
+#include <fsdpx/checkpoint_formats.h>
 #include <fsdpx/plugin.h>
 
 namespace {

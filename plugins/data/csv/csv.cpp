@@ -17,8 +17,8 @@
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
 #include <fsdpx/files.h>
-#include <fsdpx/framework/trainer/sampler.h>
 #include <fsdpx/plugin.h>
+#include <fsdpx/sampler.h>
 
 namespace {
 

@@ -6,9 +6,9 @@
 
 #include <fsdpx/data_source.h>
 #include <fsdpx/error.h>
-#include <fsdpx/framework/base/seeds.h>
-#include <fsdpx/framework/trainer/sampler.h>
 #include <fsdpx/plugin.h>
+#include <fsdpx/sampler.h>
+#include <fsdpx/seeds.h>
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include <fsdpx/data_source.h>
 #include <fsdpx/error.h>
 #include <fsdpx/files.h>
-#include <fsdpx/framework/trainer/sampler.h>
 #include <fsdpx/plugin.h>
+#include <fsdpx/sampler.h>
 
 namespace {
 

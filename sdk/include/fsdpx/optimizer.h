@@ -35,7 +35,8 @@ class FSDPX_API Optimizer {
   static constexpr Kind kKind = Kind::Optimizer;
   virtual ~Optimizer();
 
-  // Takes the shards this rank updates. Called once, before the first step.
+  // Takes the shards this rank updates. Called once, before the first step (and before any
+  // load_state).
   virtual void init(std::vector<ParamShard> params) = 0;
   // One update of every shard from its gradient, at learning rate `lr` (the trainer owns the
   // schedule; base_lr() is its peak).
@@ -43,6 +44,16 @@ class FSDPX_API Optimizer {
   virtual double base_lr() const = 0;
 
   // The state of one shard (for checkpoints), and its restoration from such a state.
+  //
+  // state() may return the optimizer's own tensors, not copies: a save reads them as they are
+  // (nothing writes them meanwhile), and the host reads their sizes to count the state's bytes.
+  // It is called after init(), for every trainable shard, and must then already return every
+  // key with its final shape (zeros before the first step): a resume learns from it what to read.
+  //
+  // On resume the host calls, after init() and before the first step, state() for each shard,
+  // fills copies of those tensors from the checkpoint, and hands them back through load_state(),
+  // once per shard whose state the checkpoint holds, with the same keys. load_state must take the values (copy them, or
+  // keep the tensors it is given); it throws fsdpx::Error for a key or shape it cannot take.
   virtual ShardState state(const std::string& param_name) const = 0;
   virtual void load_state(const std::string& param_name, const ShardState& state) = 0;
 };

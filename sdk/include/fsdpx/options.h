@@ -35,7 +35,10 @@ FSDPX_API const char* type_name(OptionType type);
 struct OptionSpec {
   std::string name;           // [a-z0-9_]+, unique within the component, not "name"
   OptionType type;
-  std::string default_value;  // as it would be written in an INI file; must itself be valid
+  // As it would be written in an INI file; must itself be valid (checked when the plugin
+  // registers): a string default may not hold '#', a newline, or leading or trailing spaces,
+  // which an INI file cannot carry, and a numeric default must lie in the declared range.
+  std::string default_value;
   std::string help;           // one line
   // Choice: the allowed values. Int and Float: the declared range, when there is one (two
   // items, as int_option/float_option with a range write them: "[1" and "65536]", "(0" and

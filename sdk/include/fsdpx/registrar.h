@@ -48,7 +48,12 @@ class FSDPX_API Registrar {
 
   // Registers a component implementing `Interface` (fsdpx::WrapPolicy, fsdpx::Optimizer, ...).
   // `factory(const ComponentContext&)` returns std::shared_ptr<T> with T derived from Interface;
-  // it may throw fsdpx::Error for option values it refuses.
+  // it may throw fsdpx::Error for option values it refuses (the host prefixes the component's
+  // name). The host may call a factory more than once per rank, with the same options: the plan
+  // before a run makes instances of its own to check and measure (an optimizer probe steps once
+  // on a small tensor; a data source is opened as rank 0 would and read once), and the run then
+  // makes the instances it trains with. So a factory must not depend on being called once: no
+  // side effects beyond the object it returns.
   template <class Interface, class Factory>
   void add(std::string name, std::string help, std::vector<OptionSpec> options, Factory factory) {
     add_component(ComponentSpec{

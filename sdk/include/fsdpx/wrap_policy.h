@@ -31,6 +31,9 @@ class FSDPX_API WrapPolicy {
   // in any order; the root is always a unit and is not listed. Must depend only on the module
   // tree (names, class names, parameter shapes), never on the rank, so that every rank plans
   // the same units. Throws fsdpx::Error if the model offers nothing the policy can work with.
+  // The host passes select()'s errors on as they are (only a factory's get the component's name
+  // put in front), so start the message with the policy's name, as the in-tree ones do:
+  // "layer_type selected no unit: no submodule is a Block; ...".
   virtual std::vector<UnitSelection> select(const torch::nn::Module& root) const = 0;
 };
 

@@ -1,18 +1,7 @@
-// Checkpoints: the trainer's side (what a rank saves and fills on load) and the sharded and
-// consolidated formats, shared by the checkpoint plugins and fsdpx-ckpt.
-//
-// Sharded format, a directory step-NNNNNNNN/:
-//   index.json             {"format": "fsdpx-sharded", "version": 1, "step", "world_size",
-//                           "tensors": {name: {"dtype", "shape", "digest" (RowDigest::hex),
-//                                             "pieces": [{"file", "row_offset", "rows"}]}},
-//                           "files": {file: bytes}}
-//   rank-RRRRR.safetensors the rows rank R held, one entry per tensor it wrote
-//   trainer_state.json     step, data position, seed
-//   config.ini             the resolved configuration the run was started with
-// Written under .tmp-step-NNNNNNNN/ (every file fsynced) and renamed when every rank has
-// finished, so an interrupted save is never taken for a checkpoint; an older step-N it replaces
-// is moved to .old-step-N first and removed last (recover_interrupted_saves moves it back if the
-// save died in between).
+// Checkpoints, the framework's side: a run's checkpoint directory (listing, completeness,
+// pruning), the offline tools (inspect, verify, consolidate), initial weights, Hugging Face
+// directories. The formats a checkpoint backend writes through are fsdpx/checkpoint_formats.h
+// (the SDK), defined here in the checkpoint layer; fsdpx-ckpt reads them too.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +11,7 @@
 #include <vector>
 
 #include "fsdpx/checkpoint_backend.h"
+#include "fsdpx/checkpoint_formats.h"
 #include "fsdpx/export.h"
 
 namespace fsdpx {
@@ -49,8 +39,6 @@ FSDPX_API std::vector<std::pair<int64_t, std::string>> list_checkpoints(const st
 // The step-N directories under `root` newer than its newest complete checkpoint, newest first,
 // each as "DIR: why it is not complete", for --resume auto to name what it skips.
 FSDPX_API std::vector<std::string> skipped_checkpoints(const std::string& root);
-// The newest of them (CheckpointBackend::latest of both formats).
-FSDPX_API std::optional<std::string> latest_checkpoint(const std::string& root);
 // Removes all but the newest `keep` complete checkpoints, and stale temporary directories. One
 // process calls it. Throws fsdpx::Error naming a directory that cannot be removed.
 FSDPX_API void prune_checkpoints(const std::string& root, int64_t keep);
@@ -60,15 +48,8 @@ FSDPX_API void prune_checkpoints(const std::string& root, int64_t keep);
 // save completes.
 FSDPX_API void maybe_fault(const char* point, int rank);
 
-// --- The sharded format ---------------------------------------------------------------------
+// --- Offline (one process, no process group) --------------------------------------------------
 
-FSDPX_API void save_sharded(const std::string& dir, const CheckpointState& state, const CheckpointContext& ctx);
-// Fills state.tensors (any layout: each rank reads the byte ranges overlapping its rows),
-// state.step, trainer_state_json and config_ini; then every rank checks the digests of the
-// tensors assembled over all ranks. Collective. Throws fsdpx::Error naming the tensor or file.
-FSDPX_API void load_sharded(const std::string& dir, CheckpointState& state, const CheckpointContext& ctx);
-
-// Offline (one process, no process group).
 struct CheckpointTensorInfo {
   std::string name, dtype, digest;
   std::vector<int64_t> shape;
@@ -90,13 +71,7 @@ FSDPX_API int64_t verify_checkpoint(const std::string& path);
 // `with_optimizer` keeps the optim/ tensors; the model's names are kept as they are.
 FSDPX_API void consolidate_checkpoint(const std::string& dir, const std::string& out, bool with_optimizer);
 
-// --- The consolidated format ----------------------------------------------------------------
-
-// One safetensors file DIR/model.safetensors of whole tensors, written by rank 0 from tensors
-// gathered one at a time; __metadata__ holds the step, trainer state and configuration.
-FSDPX_API void save_consolidated(const std::string& dir, const CheckpointState& state, const CheckpointContext& ctx,
-                                 bool with_optimizer);
-FSDPX_API void load_consolidated(const std::string& dir, CheckpointState& state, const CheckpointContext& ctx);
+// --- Initial weights -----------------------------------------------------------------------------
 
 // Initial weights (fsdpx-train --init-from): `path` is a safetensors file of whole tensors under
 // the model's names, or a directory holding model.safetensors (a consolidated checkpoint, or

@@ -12,7 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "fsdpx/export.h"
-#include "fsdpx/framework/base/seeds.h"
+#include "fsdpx/seeds.h"
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/engine/unit_plan.h"

@@ -1,4 +1,7 @@
-// Seeds derived from names: the same value on every rank and at every world size.
+// fsdpx/seeds.h: seeds derived from names, the same value on every rank and at every world size.
+// The engine seeds each parameter's initialisation this way (Model::init_parameter); a data
+// source can draw sample i from parameter_seed(seed, "sample/" + i), so any rank at any world
+// size reads the same sample i.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "fsdpx/framework/trainer/sampler.h"
+#include "fsdpx/sampler.h"
 
 #include <algorithm>
 #include <numeric>
@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/engine/sharding_engine.h"  // parameter_seed: a stable 64-bit mix of (seed, name)
+#include "fsdpx/seeds.h"
 
 namespace fsdpx {
 
