@@ -51,15 +51,17 @@ def parse_args():
     p.add_argument("--seq", type=int, default=2048, help="tokens per sample (gpt 1b's context)")
     p.add_argument("--max-layers", type=int, default=1024, help="the search for the largest model stops here")
     p.add_argument("--no-largest", action="store_true", help="leave out the search for the largest model")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each run")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each timed run")
+    p.add_argument("--probe-timeout", type=float, default=900,
+                   help="seconds allowed to each 1-step run of the search (one that takes longer counts as failed)")
     p.add_argument("--work", default="", help="keep every run's files here (default: a temporary directory)")
     p.add_argument("--json", default="", help="also write every figure to this file")
     a = p.parse_args()
     for name, low in (("steps", 2), ("batch_size", 1), ("seq", 1), ("max_layers", FIRST_LAYERS)):
         if getattr(a, name) < low:
             p.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(a, name)}")
-    if a.peak_tflops < 0 or a.timeout <= 0:
-        p.error("--peak-tflops must not be negative and --timeout must be positive")
+    if a.peak_tflops < 0 or a.timeout <= 0 or a.probe_timeout <= 0:
+        p.error("--peak-tflops must not be negative, and --timeout and --probe-timeout must be positive")
     return a
 
 
@@ -159,7 +161,7 @@ class Table:
         t0 = time.perf_counter()
         try:
             compare.run(self.fsdpx_cmd(out, sharding=sharding, layers=layers, steps=1), out + ".log",
-                        self.a.timeout, self.env)
+                        self.a.probe_timeout, self.env)
             ok, why = True, ""
         except compare.RunFailed as e:
             ok, why = False, ("timed out" if "timed out" in str(e) else last_lines(out + ".log", 1))
@@ -263,7 +265,11 @@ def report(a, r, name, count, peak, peak_from):
 
 def main():
     a = parse_args()
-    train = compare.find_train(a.build_dir)
+    try:
+        train = compare.find_train(a.build_dir)
+    except SystemExit:
+        raise SystemExit(f"gpu_table: no fsdpx-train under {a.build_dir}/bin: build it (scripts/gpu-check.sh "
+                         "--build-only) or give --build-dir")
     count, name = gpu(a.python)
     if count == 0:
         raise SystemExit("gpu_table: no GPU visible to torch (torch.cuda.device_count() is 0); run it on the GPU "
