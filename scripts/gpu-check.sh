@@ -50,6 +50,8 @@ options:
   --expect-gpu        check that a GPU is visible (nvidia-smi) before anything else, not after the build
   --peak-tflops N     the GPU's dense bf16 peak for MFU (default: by device name: H100, H200)
   --no-largest        leave out the search for the largest model (the longest part of the table)
+  --no-tests          leave out the ctest runs; --no-table leaves out the table (to split the work
+                      over several sittings; the last line then says what was left out)
   -h, --help          this text
 
 Exit status: 0 when everything ran and passed; 2 bad usage; 3 no GPU visible; 1 any other failure.
@@ -62,7 +64,7 @@ usage_error() { printf 'gpu-check: %s\n' "$*" >&2; exit 2; }
 no_gpu() { printf 'gpu-check: no GPU visible: %s\n' "$*" >&2; exit 3; }
 stage() { printf '\n== gpu-check: %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
-fetch=0 system_deps=0 build_only=0 expect_gpu=0 largest=1
+fetch=0 system_deps=0 build_only=0 expect_gpu=0 largest=1 tests=1 table=1
 debs=$GC_DIR/debs prefix=$GC_DIR/prefix build_dir=build-gpu python= peak=
 jobs=$(nproc 2>/dev/null || echo 2)
 need_value() { [[ $# -ge 2 && -n $2 ]] || usage_error "$1 needs a value (see --help)"; }
@@ -73,6 +75,8 @@ while (($#)); do
     --build-only) build_only=1 ;;
     --expect-gpu) expect_gpu=1 ;;
     --no-largest) largest=0 ;;
+    --no-tests) tests=0 ;;
+    --no-table) table=0 ;;
     --debs) need_value "$@"; debs=$2; shift ;;
     --prefix) need_value "$@"; prefix=$2; shift ;;
     --build-dir) need_value "$@"; build_dir=$2; shift ;;
@@ -234,17 +238,25 @@ run_ctest() {  # label
   fi
   ((rc == 0)) || die "ctest -L $1 failed (log: $log)"
 }
-not_proven=0
-run_ctest gpu
-run_ctest device
+not_proven=0 left_out=
+if ((tests)); then
+  run_ctest gpu
+  run_ctest device
+else
+  left_out+="; the tests were left out (--no-tests)"
+fi
 
 # --- the table ----------------------------------------------------------------------------------
-stage "the table (benchmarks/gpu_table.py)"
-table_args=(--build-dir "$build_dir" --python "$python" --json "$build_dir/gpu-check.json")
-[[ -z $peak ]] || table_args+=(--peak-tflops "$peak")
-((largest)) || table_args+=(--no-largest)
-PYTHONUNBUFFERED=1 "$python" benchmarks/gpu_table.py "${table_args[@]}" ||
-  die "benchmarks/gpu_table.py failed (see above)"
-unproven=
-((not_proven == 0)) || unproven="; $not_proven skipped test(s), listed above, are not proven here"
-say "passed in $(( ($(date +%s) - start) / 60 )) min; figures also in $build_dir/gpu-check.json$unproven"
+if ((table)); then
+  stage "the table (benchmarks/gpu_table.py)"
+  table_args=(--build-dir "$build_dir" --python "$python" --json "$build_dir/gpu-check.json")
+  [[ -z $peak ]] || table_args+=(--peak-tflops "$peak")
+  ((largest)) || { table_args+=(--no-largest); left_out+="; the search for the largest model was left out"; }
+  PYTHONUNBUFFERED=1 "$python" benchmarks/gpu_table.py "${table_args[@]}" ||
+    die "benchmarks/gpu_table.py failed (see above)"
+  left_out+="; figures also in $build_dir/gpu-check.json"
+else
+  left_out+="; the table was left out (--no-table)"
+fi
+((not_proven == 0)) || left_out+="; $not_proven skipped test(s), listed above, are not proven here"
+say "passed in $(( ($(date +%s) - start) / 60 )) min$left_out"
