@@ -31,7 +31,7 @@ toolkit (nvcc), a C++17 compiler, CMake >= 3.25, Ninja, and a Python with torch 
 (a venv); no network. Boost 1.81, GoogleTest, nlohmann-json and xxHash come as Debian packages:
 on a machine with network and apt, 'scripts/gpu-check.sh --fetch-deps' downloads them (about
 12 MB) into .gpu-check/debs; copy that folder to the GPU machine, where they are unpacked with
-dpkg -x into .gpu-check/prefix (no root needed) and CMake is pointed at it.
+dpkg-deb -x (or ar and tar) into .gpu-check/prefix (no root needed) and CMake is pointed at it.
 How long: it has not yet run on a GPU, so these are estimates: the build about 10 to 20 min on
 16 cores (a cold build is about 3 CPU hours of compiling); the tests a few minutes; the table
 about 30 to 60 min, mostly the search for the largest model (each try is a 1-step run).
@@ -161,6 +161,18 @@ say "torch $torch_version (CUDA $torch_cuda) from $python; $(cmake --version | h
     "nvcc $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
 
 # --- build dependencies: unpacked Debian packages ---------------------------------------------
+unpack_deb() {  # dpkg-deb -x, or where there is none (not Debian or Ubuntu) the same with ar and tar
+  if command -v dpkg-deb >/dev/null; then
+    dpkg-deb -x "$1" "$prefix"
+    return
+  fi
+  local tmp
+  tmp=$(mktemp -d)
+  (cd "$tmp" && ar x "$1" && tar -xf data.tar.* -C "$prefix")
+  local rc=$?
+  rm -rf "$tmp"
+  return $rc
+}
 unpack_deps() {  # prints the CMake arguments that point the build at the prefix
   local d n=0 libdir
   for d in "${DEBS[@]}"; do
@@ -173,7 +185,7 @@ unpack_deps() {  # prints the CMake arguments that point the build at the prefix
     # Unpacked once per package file: the stamp names the .deb it came from.
     local stamp=$prefix/.unpacked-$(basename "$d")
     [[ -f $stamp ]] && continue
-    dpkg-deb -x "$d" "$prefix" || die "dpkg-deb -x $d $prefix failed"
+    unpack_deb "$d" || die "could not unpack $d into $prefix (see above)"
     touch "$stamp"; n=$((n + 1))
   done
   libdir=$(dirname "$(compgen -G "$prefix/usr/lib/*/libboost_program_options.so.*" | head -1)")
@@ -193,7 +205,8 @@ if [[ -f $cache ]]; then
 else
   cmake_args=()
   if ((system_deps == 0)); then
-    command -v dpkg-deb >/dev/null || die "no dpkg-deb here to unpack the .debs: give --system-deps, or unpack them"
+    command -v dpkg-deb >/dev/null || command -v ar >/dev/null ||
+      die "neither dpkg-deb nor ar here to unpack the .debs: give --system-deps"
     mapfile -t cmake_args < <(unpack_deps)
     ((${#cmake_args[@]})) || exit 1
   fi
