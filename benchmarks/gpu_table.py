@@ -14,8 +14,10 @@ fails ends the script with its log's last lines: the table shows only what was m
 
 Needs fsdpx built with CUDA (scripts/gpu-check.sh builds it), a Python with torch 2.11.0+cu130
 and safetensors, and a GPU with the memory of an H100 (80 GB) for the defaults. fsdpx-train flags
-it relies on: --nproc-per-node 1 --device cuda, the gpt/tokens/layer_type/bf16_mixed/adamw
-components, --save-init, --init-from, --overlap, --peak-tflops, --out (metrics.jsonl).
+it relies on: --nproc-per-node 1 --device cuda --backend nccl|gloo, the gpt, tokens, layer_type,
+bf16_mixed, adamw, full_shard and cpu_offload components, --model.layers, --save-init, --init-from,
+--overlap, --peak-tflops, --out (metrics.jsonl: tokens_per_s, mfu, step_time_s,
+step_peak_allocated_bytes, which on --device cuda must be the device allocator's).
 """
 import argparse
 import json
@@ -46,6 +48,8 @@ def parse_args():
     p.add_argument("--peak-tflops", type=float, default=0.0,
                    help="the GPU's dense bf16 peak (default: by device name, " +
                         ", ".join(f"{n} {v:g}" for n, v in PEAK_TFLOPS) + ")")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
+                   help="fsdpx-train --backend: the device group's collectives (gloo: host-staged)")
     p.add_argument("--steps", type=int, default=10, help="steps of each timed run (step 1 left out)")
     p.add_argument("--batch-size", type=int, default=4, help="samples per micro-batch")
     p.add_argument("--seq", type=int, default=2048, help="tokens per sample (gpt 1b's context)")
@@ -112,7 +116,7 @@ class Table:
 
     def fsdpx_cmd(self, out, sharding="full_shard", layers=0, steps=None, extra=()):
         a = self.a
-        cmd = [self.train, "--nproc-per-node", "1", "--device", "cuda",
+        cmd = [self.train, "--nproc-per-node", "1", "--device", "cuda", "--backend", a.backend,
                "--model.name", "gpt", "--model.size", "1b",
                "--data.name", "tokens", "--data.path", a.data, "--data.dtype", "uint16", "--data.seq", str(a.seq),
                "--sharding.name", sharding, "--wrap.name", "layer_type", "--wrap.layer_types", "Block",
@@ -244,8 +248,8 @@ def largest_rows(r):
 def report(a, r, name, count, peak, peak_from):
     fx, f2 = r["fsdpx"], r["fsdp2"]
     print(f"\n== fsdpx on {name} ({count} GPU(s) visible, one used; dense bf16 peak {peak:g} TFLOPS from {peak_from})")
-    print(f"   gpt 1b, bf16_mixed, full_shard, adamw, 1 rank; batch {a.batch_size} x seq {a.seq}; {a.steps} steps, "
-          "medians over steps 2 on")
+    print(f"   gpt 1b, bf16_mixed, full_shard, adamw, 1 rank ({a.backend}); batch {a.batch_size} x seq {a.seq}; "
+          f"{a.steps} steps, medians over steps 2 on")
     row("figure", "value", "detail")
     row("gpt 1b tokens/s", f"{fx['tokens_per_s']:.0f}", f"step time {fx['step_time_s'] * 1e3:.1f} ms")
     row("gpt 1b MFU", f"{100 * fx['mfu']:.1f}%", f"fsdpx's FLOPs per token x tokens/s / {peak:g} TFLOPS")
