@@ -33,16 +33,16 @@ on a machine with network and apt, 'scripts/gpu-check.sh --fetch-deps' downloads
 12 MB) into .gpu-check/debs; copy that folder to the GPU machine, where they are unpacked with
 dpkg-deb -x (or ar and tar) into .gpu-check/prefix (no root needed) and CMake is pointed at it.
 How long: it has not yet run on a GPU, so these are estimates: the build about 10 to 20 min on
-16 cores (a cold build is about 3 CPU hours of compiling); the tests a few minutes; the table
-about 30 to 60 min, mostly the search for the largest model (each try is a 1-step run).
+16 cores (about 220 compile steps of 20 to 60 s of one core each); the tests a few minutes; the
+table about 30 to 60 min, mostly the search for the largest model (each try is a 1-step run).
 
 options:
   --fetch-deps        download the Debian packages into --debs (needs network and apt-get), then stop
   --debs DIR          where the .debs are (default .gpu-check/debs)
   --prefix DIR        where they are unpacked (default .gpu-check/prefix)
   --system-deps       use the Boost, GoogleTest, nlohmann-json and xxHash installed on this machine
-  --python PATH       the Python whose torch ${TORCH_VERSION} to build against (default: FSDPX_PYTHON, the
-                      venv of scripts/setup.sh if it exists, else python3 on PATH)
+  --python PATH       the Python whose torch ${TORCH_VERSION} to build against (default: a configured build
+                      directory's, FSDPX_PYTHON, scripts/setup.sh's venv if it exists, else python3)
   --build-dir DIR     the build directory (default build-gpu); an already configured one is only
                       built again (ninja does what changed), never configured afresh
   --jobs N            parallel compile jobs (default: the CPUs here)
