@@ -159,7 +159,7 @@ class Table:
         return compare.read_steps(out, a.steps)
 
     def probe(self, layers, sharding):
-        """Whether gpt at 1b width with this many layers trains one step: (ok, why not, seconds)."""
+        """Whether gpt at 1b width with this many layers trains one step: (ok, why not)."""
         out = os.path.join(self.a.work, f"largest-{sharding}-{layers}")
         shutil.rmtree(out, ignore_errors=True)
         t0 = time.perf_counter()
