@@ -12,17 +12,22 @@ CMAKE_ARGS ?=
 SAN_BUILD      ?= build-sanitize
 SANITIZE_TESTS ?=
 FUZZ_SECONDS   ?= 25
+# make gpu-check: its own build directory and scripts/gpu-check.sh's options (--help lists them).
+GPU_BUILD      ?= build-gpu
+GPU_CHECK_ARGS ?=
 
-.PHONY: help setup configure build demo test bench clean sanitize-build test-sanitize fuzz
+.PHONY: help setup configure build demo test bench clean sanitize-build test-sanitize fuzz gpu-check
 
 help:  ## list the targets
 	@echo "fsdpx make targets:"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/\1|\2/' | \
 	  awk -F'|' '{ gsub(/\$$\(BUILD\)/, "$(BUILD)", $$2); gsub(/\$$\(SAN_BUILD\)/, "$(SAN_BUILD)", $$2); \
-	    gsub(/\$$\(FUZZ_SECONDS\)/, "$(FUZZ_SECONDS)", $$2); printf "  make %-14s %s\n", $$1, $$2 }'
+	    gsub(/\$$\(FUZZ_SECONDS\)/, "$(FUZZ_SECONDS)", $$2); gsub(/\$$\(GPU_BUILD\)/, "$(GPU_BUILD)", $$2); \
+	    printf "  make %-14s %s\n", $$1, $$2 }'
 	@echo
 	@echo "variables: BUILD=$(BUILD) (build directory), JOBS=$(JOBS) (parallel compile jobs), SAN_BUILD=$(SAN_BUILD),"
-	@echo "           SANITIZE_TESTS (ctest regex for make test-sanitize), FUZZ_SECONDS=$(FUZZ_SECONDS)"
+	@echo "           SANITIZE_TESTS (ctest regex for make test-sanitize), FUZZ_SECONDS=$(FUZZ_SECONDS),"
+	@echo "           GPU_BUILD=$(GPU_BUILD), GPU_CHECK_ARGS (scripts/gpu-check.sh's options, e.g. --peak-tflops 989)"
 	@echo "torch venv: $(dir $(PYTHON)).. (FSDPX_VENV or FSDPX_CACHE_DIR to move it)"
 
 setup:  ## install missing Debian packages, and torch==2.11.0 with matplotlib, safetensors, scikit-learn into the cached venv
@@ -62,6 +67,10 @@ bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 r
 	bash benchmarks/activation_checkpointing.sh $(BUILD)
 	bash benchmarks/deterministic.sh $(BUILD)
 	$(PYTHON) benchmarks/vs_fsdp2/compare.py --fsdpx-bin $(BUILD) --python $(PYTHON) --quick
+
+# No setup prerequisite: a GPU machine has no network; the script brings the build's dependencies.
+gpu-check:  ## on a GPU machine, no network: build in $(GPU_BUILD), run the gpu and device tests, print the GPU table
+	bash scripts/gpu-check.sh --build-dir $(GPU_BUILD) $(GPU_CHECK_ARGS)
 
 clean:  ## remove the build directory (the torch venv and ccache stay)
 	rm -rf $(BUILD)

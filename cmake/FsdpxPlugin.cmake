@@ -26,7 +26,7 @@ function(fsdpx_add_plugin target)
     DEFINE_SYMBOL ""
     LINK_DEPENDS "${_FSDPX_PLUGIN_MAP}")
   target_link_options(${target} PRIVATE "LINKER:--version-script=${_FSDPX_PLUGIN_MAP}")
-  if(NOT FSDPX_SANITIZE)  # a sanitized plugin leaves the sanitizer's symbols to the executable
+  if(NOT FSDPX_SANITIZE AND NOT FSDPX_FUZZ)  # a sanitized plugin leaves the sanitizer's symbols to the executable
     target_link_options(${target} PRIVATE "LINKER:-z,defs")
   endif()
   if(TARGET fsdpx_pch)  # in-tree: share the precompiled LibTorch headers

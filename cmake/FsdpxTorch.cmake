@@ -3,6 +3,7 @@
 #
 # Inputs:  FSDPX_PYTHON (cache): the python whose torch to use; found on PATH when unset.
 # Outputs: targets torch and fsdpx_torch (imported; link the latter), FSDPX_TORCH_VERSION, FSDPX_WITH_CUDA (ON for a CUDA build).
+#          With CUDA: FSDPX_TORCH_NCCL_INCLUDE_DIR (the wheel's nccl.h), FSDPX_TORCH_RPATH_LINK.
 include_guard(GLOBAL)
 
 set(FSDPX_PYTHON "" CACHE FILEPATH "Python interpreter whose torch package provides LibTorch")
@@ -46,6 +47,7 @@ if(_fsdpx_torch_cuda)
   get_filename_component(_fsdpx_site "${_fsdpx_torch_prefix}/../../.." ABSOLUTE)
   file(GLOB _fsdpx_nv_libdirs LIST_DIRECTORIES true "${_fsdpx_site}/nvidia/*/lib" "${_fsdpx_site}/nvidia/cu13/lib")
   set(FSDPX_TORCH_RPATH_LINK "${_fsdpx_nv_libdirs}")
+  set(FSDPX_TORCH_NCCL_INCLUDE_DIR "${_fsdpx_site}/nvidia/nccl/include")  # the wheel's nccl.h
 else()
   set(FSDPX_WITH_CUDA OFF)
 endif()

@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""The table of `make gpu-check`: fsdpx on one GPU, every figure measured in this call.
+
+  1. gpt 1b (2048 wide, 16 layers), bf16_mixed, full_shard, adamw, one rank on one GPU: tokens/s,
+     MFU (fsdpx's FLOPs per token x tokens/s over the GPU's dense bf16 peak) and peak allocated;
+  2. PyTorch FSDP2 (benchmarks/vs_fsdp2/gpt_fsdp2.py, one rank under torchrun, NCCL) on the same
+     initial weights (fsdpx-train --save-init) and the same batches: the step-time ratio and the
+     peak-allocated ratio fsdpx/FSDP2, and the largest loss difference;
+  3. the largest gpt at 1b width (by layers) that trains one step, full_shard and cpu_offload
+     (base full_shard), and their ratio: doubling from 16 layers until a run fails, then bisecting;
+  4. the 1b step time with --overlap 1 and --overlap 0.
+Step times and rates are medians over the steps after the first (it includes warm-up). A run that
+fails ends the script with its log's last lines: the table shows only what was measured.
+
+Needs fsdpx built with CUDA (scripts/gpu-check.sh builds it), a Python with torch 2.11.0+cu130
+and safetensors, and a GPU with the memory of an H100 (80 GB) for the defaults. fsdpx-train flags
+it relies on: --nproc-per-node 1 --device cuda --backend nccl|gloo, the gpt, tokens, layer_type,
+bf16_mixed, adamw, full_shard and cpu_offload components, --model.layers, --save-init, --init-from,
+--overlap, --peak-tflops, --out (metrics.jsonl: tokens_per_s, mfu, step_time_s,
+step_peak_allocated_bytes, which on --device cuda must be the device allocator's).
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(HERE, "vs_fsdp2"))
+sys.dont_write_bytecode = True  # no __pycache__ left in the checkout
+import compare  # noqa: E402  (run, read_steps, make_tokens, find_train, RunFailed: the same runner)
+
+# Dense (not sparse) bf16 tensor-core peak of one GPU, TFLOPS, from NVIDIA's datasheets (which
+# print the sparse figure, twice this). Matched in order against the device's name.
+PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H200 NVL", 835.0), ("H100", 989.0), ("H200", 989.0)]
+FIRST_LAYERS = 16  # gpt 1b's own depth: where the search for the largest model starts
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build-dir", default=os.path.join(REPO, "build-gpu"), help="fsdpx's CUDA build")
+    p.add_argument("--python", default=sys.executable, help="a Python with torch 2.11.0+cu130 and safetensors")
+    p.add_argument("--peak-tflops", type=float, default=0.0,
+                   help="the GPU's dense bf16 peak (default: by device name, " +
+                        ", ".join(f"{n} {v:g}" for n, v in PEAK_TFLOPS) + ")")
+    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl",
+                   help="fsdpx-train --backend: the device group's collectives (gloo: host-staged)")
+    p.add_argument("--steps", type=int, default=10, help="steps of each timed run (step 1 left out)")
+    p.add_argument("--batch-size", type=int, default=4, help="samples per micro-batch")
+    p.add_argument("--seq", type=int, default=2048, help="tokens per sample (gpt 1b's context)")
+    p.add_argument("--max-layers", type=int, default=1024, help="the search for the largest model stops here")
+    p.add_argument("--no-largest", action="store_true", help="leave out the search for the largest model")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each timed run")
+    p.add_argument("--probe-timeout", type=float, default=900,
+                   help="seconds allowed to each 1-step run of the search (one that takes longer counts as failed)")
+    p.add_argument("--work", default="", help="keep every run's files here (default: a temporary directory)")
+    p.add_argument("--json", default="", help="also write every figure to this file")
+    a = p.parse_args()
+    for name, low in (("steps", 2), ("batch_size", 1), ("seq", 1), ("max_layers", FIRST_LAYERS)):
+        if getattr(a, name) < low:
+            p.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(a, name)}")
+    if a.peak_tflops < 0 or a.timeout <= 0 or a.probe_timeout <= 0:
+        p.error("--peak-tflops must not be negative, and --timeout and --probe-timeout must be positive")
+    return a
+
+
+def gpu(python):
+    """(count, name of GPU 0) as torch sees them."""
+    code = ("import json, torch; n = torch.cuda.device_count(); "
+            "print(json.dumps([n, torch.cuda.get_device_name(0) if n else '']))")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"gpu_table: {python} took over 300 s to ask torch for the GPUs")
+    if r.returncode != 0:
+        raise SystemExit(f"gpu_table: {python} could not ask torch for the GPUs: {r.stderr.strip().splitlines()[-1:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def peak_for(name, given):
+    if given > 0:
+        return given, "--peak-tflops"
+    for key, tflops in PEAK_TFLOPS:
+        if key in name:
+            return tflops, f"the device-name table ({key})"
+    raise SystemExit(f"gpu_table: no dense bf16 peak known for '{name}': give --peak-tflops N (the GPU's datasheet "
+                     "figure without sparsity)")
+
+
+def timed(steps):
+    return steps[1:]
+
+
+def median(steps, key):
+    return statistics.median(s[key] for s in timed(steps))
+
+
+def last_lines(log, n=3):
+    try:
+        with open(log, errors="replace") as fh:
+            lines = [line.strip() for line in fh if line.strip()]
+    except OSError:
+        return "(no log)"
+    return " | ".join(lines[-n:])[-300:]
+
+
+class Table:
+    def __init__(self, a, train, peak):
+        self.a, self.train, self.peak = a, train, peak
+        self.env = dict(os.environ)
+
+    def fsdpx_cmd(self, out, sharding="full_shard", layers=0, steps=None, extra=()):
+        a = self.a
+        cmd = [self.train, "--nproc-per-node", "1", "--device", "cuda", "--backend", a.backend,
+               "--model.name", "gpt", "--model.size", "1b",
+               "--data.name", "tokens", "--data.path", a.data, "--data.dtype", "uint16", "--data.seq", str(a.seq),
+               "--sharding.name", sharding, "--wrap.name", "layer_type", "--wrap.layer_types", "Block",
+               "--precision.name", "bf16_mixed", "--optimizer.name", "adamw",
+               "--steps", str(steps or a.steps), "--batch-size", str(a.batch_size), "--seed", "0",
+               "--log-every", "1", "--peak-tflops", repr(self.peak), "--out", out]
+        if layers:
+            cmd += ["--model.layers", str(layers)]
+        return cmd + list(extra)
+
+    def fsdpx(self, name, extra=()):
+        out = os.path.join(self.a.work, name)
+        shutil.rmtree(out, ignore_errors=True)
+        t = compare.run(self.fsdpx_cmd(out, extra=extra), out + ".log", self.a.timeout, self.env)
+        print(f"  fsdpx {name}: {t:.0f} s", flush=True)
+        return compare.read_steps(os.path.join(out, "metrics.jsonl"), self.a.steps)
+
+    def init_weights(self):
+        """gpt 1b's initial weights, whole, written by fsdpx-train --save-init (one step)."""
+        d = os.path.join(self.a.work, "init-1b")
+        out = d + "-run"  # beside DIR: --save-init replaces DIR whole
+        shutil.rmtree(out, ignore_errors=True)
+        t = compare.run(self.fsdpx_cmd(out, steps=1, extra=["--save-init", d]), out + ".log", self.a.timeout, self.env)
+        path = os.path.join(d, "model.safetensors")
+        if not os.path.isfile(path):
+            raise compare.RunFailed(f"fsdpx-train --save-init {d} left no {path} (log: {out}.log)")
+        print(f"  initial weights {path}: {t:.0f} s", flush=True)
+        return path
+
+    def fsdp2(self, init):
+        a = self.a
+        out = os.path.join(a.work, "fsdp2.jsonl")
+        cmd = [a.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+               os.path.join(HERE, "vs_fsdp2", "gpt_fsdp2.py"), "--size", "1b", "--data", a.data, "--seq", str(a.seq),
+               "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--seed", "0", "--sharding", "full_shard",
+               "--precision", "bf16_mixed", "--optimizer", "adamw", "--init-from", init, "--device", "cuda",
+               "--out", out, "--quiet"]
+        t = compare.run(cmd, os.path.join(a.work, "fsdp2.log"), a.timeout, self.env)
+        print(f"  FSDP2: {t:.0f} s", flush=True)
+        return compare.read_steps(out, a.steps)
+
+    def probe(self, layers, sharding):
+        """Whether gpt at 1b width with this many layers trains one step: (ok, why not)."""
+        out = os.path.join(self.a.work, f"largest-{sharding}-{layers}")
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        try:
+            compare.run(self.fsdpx_cmd(out, sharding=sharding, layers=layers, steps=1), out + ".log",
+                        self.a.probe_timeout, self.env)
+            ok, why = True, ""
+        except compare.RunFailed as e:
+            ok, why = False, ("timed out" if "timed out" in str(e) else last_lines(out + ".log", 1))
+        secs = time.perf_counter() - t0
+        print(f"  {sharding} {layers} layers: {'trained one step' if ok else 'failed: ' + why} ({secs:.0f} s)",
+              flush=True)
+        shutil.rmtree(out, ignore_errors=True)
+        return ok, why
+
+    def largest(self, sharding):
+        """The most layers that train one step: doubling from FIRST_LAYERS, then bisecting between
+        the last that trained and the first that failed. Returns (layers, first failing, its reason)."""
+        cap = self.a.max_layers
+        lo, hi, why, n = 0, None, "", FIRST_LAYERS
+        while True:
+            ok, reason = self.probe(n, sharding)
+            if not ok:
+                hi, why = n, reason
+                break
+            lo = n
+            if n == cap:
+                break
+            n = min(2 * n, cap)
+        while hi is not None and hi - lo > 1:
+            mid = (lo + hi) // 2
+            ok, reason = self.probe(mid, sharding)
+            if ok:
+                lo = mid
+            else:
+                hi, why = mid, reason
+        return {"layers": lo, "first_failing": hi, "failure": why}
+
+
+def gib(b):
+    return f"{b / 2**30:.2f} GiB"
+
+
+def measure(a, table):
+    r = {}
+    init = table.init_weights()
+    fx = table.fsdpx("fsdpx-overlap1", ["--init-from", init])
+    f2 = table.fsdp2(init)
+    fx_off = table.fsdpx("fsdpx-overlap0", ["--init-from", init, "--overlap", "0"])
+    missing = [k for k in ("mfu", "step_peak_allocated_bytes", "tokens_per_s") if k not in fx[-1]]
+    if missing:
+        raise compare.RunFailed(f"fsdpx-train's metrics.jsonl has no {', '.join(missing)}")
+    if "cuda_peak_allocated_bytes" not in f2[-1]:
+        raise compare.RunFailed("gpt_fsdp2.py's lines have no cuda_peak_allocated_bytes (did it run on CUDA?)")
+    r["fsdpx"] = {"tokens_per_s": median(fx, "tokens_per_s"), "mfu": median(fx, "mfu"),
+                  "step_time_s": median(fx, "step_time_s"),
+                  "peak_allocated_bytes": max(s["step_peak_allocated_bytes"] for s in fx),
+                  "memory_kind": fx[-1].get("memory_kind", "")}
+    r["fsdp2"] = {"step_time_s": median(f2, "step_time_s"),
+                  "peak_allocated_bytes": max(s["cuda_peak_allocated_bytes"] for s in f2)}
+    r["time_ratio"] = r["fsdpx"]["step_time_s"] / r["fsdp2"]["step_time_s"]
+    r["memory_ratio"] = r["fsdpx"]["peak_allocated_bytes"] / r["fsdp2"]["peak_allocated_bytes"]
+    r["max_abs_loss_diff"] = max(abs(x["loss"] - y["loss"]) for x, y in zip(fx, f2))
+    r["overlap_off_step_time_s"] = median(fx_off, "step_time_s")
+    if not a.no_largest:
+        r["largest"] = {s: table.largest(s) for s in ("full_shard", "cpu_offload")}
+    return r
+
+
+def row(figure, value, detail=""):
+    print(f"{figure:<40} {value:>14}   {detail}".rstrip())
+
+
+def largest_rows(r):
+    for s, g in r["largest"].items():
+        if g["first_failing"] is None:
+            detail = f"every size tried trained, up to --max-layers {g['layers']}"
+        else:
+            detail = f"{g['first_failing']} failed: {g['failure']}"[:110]
+        row(f"largest gpt at 1b width, {s}", f"{g['layers']} layers", detail)
+    fs, off = r["largest"]["full_shard"]["layers"], r["largest"]["cpu_offload"]["layers"]
+    row("cpu_offload / full_shard (layers)", f"{off / fs:.2f}" if fs else "-",
+        "" if fs else "full_shard trained no size")
+
+
+def report(a, r, name, count, peak, peak_from):
+    fx, f2 = r["fsdpx"], r["fsdp2"]
+    print(f"\n== fsdpx on {name} ({count} GPU(s) visible, one used; dense bf16 peak {peak:g} TFLOPS from {peak_from})")
+    print(f"   gpt 1b, bf16_mixed, full_shard, adamw, 1 rank ({a.backend}); batch {a.batch_size} x seq {a.seq}; "
+          f"{a.steps} steps, medians over steps 2 on")
+    row("figure", "value", "detail")
+    row("gpt 1b tokens/s", f"{fx['tokens_per_s']:.0f}", f"step time {fx['step_time_s'] * 1e3:.1f} ms")
+    row("gpt 1b MFU", f"{100 * fx['mfu']:.1f}%", f"fsdpx's FLOPs per token x tokens/s / {peak:g} TFLOPS")
+    row("gpt 1b peak allocated", gib(fx["peak_allocated_bytes"]),
+        f"max over steps of step_peak_allocated_bytes ({fx['memory_kind'] or 'kind not given'})")
+    row("fsdpx / FSDP2 step time", f"{r['time_ratio']:.2f}",
+        f"fsdpx {fx['step_time_s'] * 1e3:.1f} ms, FSDP2 {f2['step_time_s'] * 1e3:.1f} ms; same weights and batches")
+    row("fsdpx / FSDP2 peak allocated", f"{r['memory_ratio']:.2f}",
+        f"fsdpx {gib(fx['peak_allocated_bytes'])}, FSDP2 {gib(f2['peak_allocated_bytes'])} "
+        f"(torch.cuda.max_memory_allocated); max |loss diff| {r['max_abs_loss_diff']:.1e}")
+    if "largest" in r:
+        largest_rows(r)
+    row("step time, overlap on", f"{fx['step_time_s'] * 1e3:.1f} ms", "--overlap 1 (the runs above)")
+    row("step time, overlap off", f"{r['overlap_off_step_time_s'] * 1e3:.1f} ms",
+        f"--overlap 0; off/on {r['overlap_off_step_time_s'] / fx['step_time_s']:.2f}")
+
+
+def main():
+    a = parse_args()
+    try:
+        train = compare.find_train(a.build_dir)
+    except SystemExit:
+        raise SystemExit(f"gpu_table: no fsdpx-train under {a.build_dir}/bin: build it (scripts/gpu-check.sh "
+                         "--build-only) or give --build-dir")
+    count, name = gpu(a.python)
+    if count == 0:
+        raise SystemExit("gpu_table: no GPU visible to torch (torch.cuda.device_count() is 0); run it on the GPU "
+                         "machine")
+    peak, peak_from = peak_for(name, a.peak_tflops)
+    keep = bool(a.work)
+    a.work = os.path.abspath(a.work) if a.work else tempfile.mkdtemp(prefix="fsdpx-gpu-table-")
+    os.makedirs(a.work, exist_ok=True)
+    a.data = compare.make_tokens(os.path.join(a.work, "tokens.bin"))
+    print(f"gpu_table: {train} on {name}; FSDP2 from {a.python}; work {a.work}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        r = measure(a, Table(a, train, peak))
+    except compare.RunFailed as e:
+        print(f"gpu_table: a run failed, so there is no table: {e}\nruns kept in {a.work}", flush=True)
+        return 2
+    report(a, r, name, count, peak, peak_from)
+    print(f"(measured in {(time.perf_counter() - t0) / 60:.1f} min)")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"device": name, "peak_tflops": peak, "peak_from": peak_from, "batch_size": a.batch_size,
+                       "seq": a.seq, "steps": a.steps, **r}, fh, indent=1)
+    if keep:
+        print(f"runs kept in {a.work}")
+    else:
+        shutil.rmtree(a.work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+# `make gpu-check`: the one command that proves fsdpx's CUDA path on a machine with a GPU. It
+# builds fsdpx (Release, TORCH_CUDA_ARCH_LIST=9.0), runs cuda_probe expecting a GPU, the tests
+# labelled gpu and device, then benchmarks/gpu_table.py (gpt 1b on one GPU against PyTorch FSDP2,
+# the largest gpt with and without cpu_offload, overlap on and off). --help says what it needs.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+GC_DIR=$REPO/.gpu-check
+# The Debian packages the build needs beyond a compiler, CMake, Ninja, nvcc and torch: the build
+# dependencies of scripts/setup.sh's DEB_PACKAGES (Boost 1.81 with program_options, GoogleTest,
+# nlohmann-json, xxHash) and the libraries they need at run time. Debian 12 (bookworm) names.
+DEBS=(libboost1.81-dev libboost-program-options1.81-dev libboost-program-options1.81.0
+      libgtest-dev nlohmann-json3-dev libxxhash-dev libxxhash0)
+TORCH_VERSION=2.11.0
+
+usage() {
+  cat <<EOF
+usage: scripts/gpu-check.sh [options]      (make gpu-check GPU_CHECK_ARGS="...")
+
+Proves fsdpx's CUDA path on the first machine with a GPU: builds fsdpx in Release for sm_90
+(TORCH_CUDA_ARCH_LIST=9.0), runs cuda_probe expecting a GPU, then 'ctest -L gpu' and
+'ctest -L device', then prints one table of measured figures (benchmarks/gpu_table.py):
+gpt 1b, bf16_mixed, full_shard on one GPU (tokens/s, MFU against the GPU's dense bf16 peak, peak
+allocated), PyTorch FSDP2 on the same weights and batches (step-time and peak-memory ratios),
+the largest gpt at 1b width that trains one step with and without cpu_offload, and the step time
+with overlap on and off. It stops at the first step that fails, naming it.
+
+Needs: an x86-64 Linux machine with an NVIDIA GPU and its driver (nvidia-smi), the CUDA 13.0
+toolkit (nvcc), a C++17 compiler, CMake >= 3.25, Ninja, and a Python with torch ${TORCH_VERSION}+cu130
+(a venv); no network. Boost 1.81, GoogleTest, nlohmann-json and xxHash come as Debian packages:
+on a machine with network and apt, 'scripts/gpu-check.sh --fetch-deps' downloads them (about
+12 MB) into .gpu-check/debs; copy that folder to the GPU machine, where they are unpacked with
+dpkg-deb -x (or ar and tar) into .gpu-check/prefix (no root needed) and CMake is pointed at it.
+How long: it has not yet run on a GPU, so these are estimates: the build about 10 to 20 min on
+16 cores (about 220 compile steps of 20 to 60 s of one core each); the tests a few minutes; the
+table about 30 to 60 min, mostly the search for the largest model (each try is a 1-step run).
+
+options:
+  --fetch-deps        download the Debian packages into --debs (needs network and apt-get), then stop
+  --debs DIR          where the .debs are (default .gpu-check/debs)
+  --prefix DIR        where they are unpacked (default .gpu-check/prefix)
+  --system-deps       use the Boost, GoogleTest, nlohmann-json and xxHash installed on this machine
+  --python PATH       the Python whose torch ${TORCH_VERSION} to build against (default: a configured build
+                      directory's, FSDPX_PYTHON, scripts/setup.sh's venv if it exists, else python3)
+  --build-dir DIR     the build directory (default build-gpu); an already configured one is only
+                      built again (ninja does what changed), never configured afresh
+  --jobs N            parallel compile jobs (default: the CPUs here)
+  --build-only        stop after the build (no GPU needed)
+  --expect-gpu        check that a GPU is visible (nvidia-smi) before anything else, not after the build
+  --peak-tflops N     the GPU's dense bf16 peak for MFU (default: by device name: H100, H200)
+  --no-largest        leave out the search for the largest model (the longest part of the table)
+  --no-tests          leave out the ctest runs; --no-table leaves out the table (to split the work
+                      over several sittings; the last line then says what was left out)
+  -h, --help          this text
+
+Exit status: 0 when everything ran and passed; 2 bad usage; 3 no GPU visible; 1 any other failure.
+EOF
+}
+
+say() { printf 'gpu-check: %s\n' "$*"; }
+die() { printf 'gpu-check: %s\n' "$*" >&2; exit 1; }
+usage_error() { printf 'gpu-check: %s\n' "$*" >&2; exit 2; }
+no_gpu() { printf 'gpu-check: no GPU visible: %s\n' "$*" >&2; exit 3; }
+stage() { printf '\n== gpu-check: %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+
+fetch=0 system_deps=0 build_only=0 expect_gpu=0 largest=1 tests=1 table=1
+debs=$GC_DIR/debs prefix=$GC_DIR/prefix build_dir=build-gpu python= peak=
+jobs=$(nproc 2>/dev/null || echo 2)
+need_value() { [[ $# -ge 2 && -n $2 ]] || usage_error "$1 needs a value (see --help)"; }
+while (($#)); do
+  case $1 in
+    --fetch-deps) fetch=1 ;;
+    --system-deps) system_deps=1 ;;
+    --build-only) build_only=1 ;;
+    --expect-gpu) expect_gpu=1 ;;
+    --no-largest) largest=0 ;;
+    --no-tests) tests=0 ;;
+    --no-table) table=0 ;;
+    --debs) need_value "$@"; debs=$2; shift ;;
+    --prefix) need_value "$@"; prefix=$2; shift ;;
+    --build-dir) need_value "$@"; build_dir=$2; shift ;;
+    --python) need_value "$@"; python=$2; shift ;;
+    --jobs)
+      need_value "$@"; [[ $2 =~ ^[1-9][0-9]*$ ]] || usage_error "--jobs must be a positive whole number, got '$2'"
+      jobs=$2; shift ;;
+    --peak-tflops)
+      need_value "$@"
+      [[ $2 =~ ^[0-9]+([.][0-9]+)?$ && ! $2 =~ ^0+([.]0+)?$ ]] ||
+        usage_error "--peak-tflops must be a positive number of TFLOPS (e.g. 989), got '$2'"
+      peak=$2; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) usage_error "unknown option '$1' (see --help)" ;;
+  esac
+  shift
+done
+if ((system_deps && fetch)); then usage_error "--fetch-deps and --system-deps cannot go together"; fi
+# Paths as given from where the command ran; then everything runs from the checkout.
+debs=$(realpath -m "$debs") prefix=$(realpath -m "$prefix") build_dir=$(realpath -m "$build_dir")
+[[ $python != */* ]] || python=$(realpath -m "$python")
+cd "$REPO"
+start=$(date +%s)
+
+# --- --fetch-deps: on a machine with network and apt ------------------------------------------
+if ((fetch)); then
+  command -v apt-get >/dev/null || die "--fetch-deps needs apt-get (a Debian or Ubuntu machine with network)"
+  mkdir -p "$debs"
+  (cd "$debs" && apt-get download "${DEBS[@]}") ||
+    die "apt-get download ${DEBS[*]} failed (see above): run 'apt-get update' first, or check the network"
+  say "$(ls "$debs"/*.deb | wc -l) packages in $debs ($(du -sh "$debs" | cut -f1)); copy that folder into the" \
+      "checkout on the GPU machine (as .gpu-check/debs, or give --debs there) and run scripts/gpu-check.sh there"
+  exit 0
+fi
+
+# --- the GPU, early when asked ----------------------------------------------------------------
+nvidia_smi_gpus() {  # the GPUs nvidia-smi lists, one per line; nothing when it is absent or fails
+  command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep '^GPU ' || true
+}
+smi_says() {  # what nvidia-smi says about the GPUs, in a few words
+  command -v nvidia-smi >/dev/null || { echo "no nvidia-smi on PATH"; return; }
+  local first
+  first=$(nvidia_smi_gpus | head -1)
+  [[ -n $first ]] && echo "nvidia-smi lists $first" && return
+  echo "nvidia-smi lists none ($(nvidia-smi -L 2>&1 | head -1))"
+}
+if ((expect_gpu)) && [[ -z $(nvidia_smi_gpus) ]]; then
+  no_gpu "$(smi_says); run this on the machine with the GPU"
+fi
+
+# --- tools and torch --------------------------------------------------------------------------
+cache=$build_dir/CMakeCache.txt
+if [[ -z $python ]]; then
+  if [[ -f $cache ]]; then
+    python=$(sed -n 's/^FSDPX_PYTHON:FILEPATH=//p' "$cache")
+  elif [[ -n ${FSDPX_PYTHON:-} ]]; then
+    python=$FSDPX_PYTHON
+  elif [[ -x $(bash scripts/setup.sh --print-python) ]]; then
+    python=$(bash scripts/setup.sh --print-python)
+  else
+    python=$(command -v python3 || true)
+  fi
+fi
+[[ -z $python || $python == */* ]] || python=$(command -v "$python" || echo "$python")
+[[ -n $python && -x $python ]] ||
+  die "no Python at '${python:-python3}': give --python, the venv's python with torch $TORCH_VERSION"
+# The venv's own tools (pip's cmake and ninja) count as installed.
+export PATH=$PATH:$(dirname "$python")
+torch_line=$("$python" -c 'import torch; print(torch.__version__, torch.version.cuda or "none")' 2>&1 | tail -1) ||
+  die "$python cannot import torch: $torch_line"
+read -r torch_version torch_cuda <<<"$torch_line"
+[[ ${torch_version%%+*} == "$TORCH_VERSION" ]] ||
+  die "$python has torch $torch_version; fsdpx is built against torch $TORCH_VERSION (+cu130): give --python"
+[[ $torch_cuda != none ]] || die "$python has torch $torch_version without CUDA; the CUDA path needs the +cu130 wheel"
+for tool in cmake ninja; do
+  command -v "$tool" >/dev/null || die "no $tool on PATH (nor beside $python): install it (pip install $tool)"
+done
+nvcc=$(command -v nvcc || true)
+[[ -n $nvcc || ! -x /usr/local/cuda/bin/nvcc ]] || nvcc=/usr/local/cuda/bin/nvcc
+[[ -n $nvcc ]] || die "no nvcc on PATH nor in /usr/local/cuda/bin: the CUDA $torch_cuda toolkit is needed to build"
+say "torch $torch_version (CUDA $torch_cuda) from $python; $(cmake --version | head -1); ninja $(ninja --version);" \
+    "nvcc $("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')"
+
+# --- build dependencies: unpacked Debian packages ---------------------------------------------
+unpack_deb() {  # dpkg-deb -x, or where there is none (not Debian or Ubuntu) the same with ar and tar
+  if command -v dpkg-deb >/dev/null; then
+    dpkg-deb -x "$1" "$prefix"
+    return
+  fi
+  local tmp
+  tmp=$(mktemp -d)
+  (cd "$tmp" && ar x "$1" && tar -xf data.tar.* -C "$prefix")
+  local rc=$?
+  rm -rf "$tmp"
+  return $rc
+}
+unpack_deps() {  # prints the CMake arguments that point the build at the prefix
+  local d n=0 libdir
+  for d in "${DEBS[@]}"; do
+    compgen -G "$debs/${d}_*.deb" >/dev/null ||
+      die "no $d .deb in $debs: run 'scripts/gpu-check.sh --fetch-deps' on a machine with network and copy" \
+          "$debs here, or give --system-deps to use this machine's packages"
+  done
+  mkdir -p "$prefix"
+  for d in "$debs"/*.deb; do
+    # Unpacked once per package file: the stamp names the .deb it came from.
+    local stamp=$prefix/.unpacked-$(basename "$d")
+    [[ -f $stamp ]] && continue
+    unpack_deb "$d" || die "could not unpack $d into $prefix (see above)"
+    touch "$stamp"; n=$((n + 1))
+  done
+  libdir=$(dirname "$(compgen -G "$prefix/usr/lib/*/libboost_program_options.so.*" | head -1)")
+  say "build dependencies from $prefix ($n package(s) unpacked now; libraries in $libdir)" >&2
+  # The prefix first on CMake's search path; its libraries in every binary's RUNPATH, so the tests
+  # and fsdpx-train find Boost's without LD_LIBRARY_PATH.
+  local rpath="-Wl,-rpath,$libdir"
+  printf '%s\n' "-DCMAKE_PREFIX_PATH=$prefix/usr" "-DCMAKE_EXE_LINKER_FLAGS=$rpath" \
+    "-DCMAKE_SHARED_LINKER_FLAGS=$rpath" "-DCMAKE_MODULE_LINKER_FLAGS=$rpath"
+}
+
+stage "build in $build_dir"
+export TORCH_CUDA_ARCH_LIST=9.0
+if [[ -f $cache ]]; then
+  # Configured already: build what changed, with the cache as it is (a new -D would rebuild it all).
+  say "configured already ($cache): building what changed; remove $build_dir to configure afresh"
+else
+  cmake_args=()
+  if ((system_deps == 0)); then
+    command -v dpkg-deb >/dev/null || command -v ar >/dev/null ||
+      die "neither dpkg-deb nor ar here to unpack the .debs: give --system-deps"
+    mapfile -t cmake_args < <(unpack_deps)
+    ((${#cmake_args[@]})) || exit 1
+  fi
+  cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDPX_PYTHON="$python" \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$(dirname "$(dirname "$(readlink -f "$nvcc")")")" \
+    "${cmake_args[@]}" || die "cmake could not configure $build_dir (see above)"
+fi
+cmake --build "$build_dir" -j "$jobs" || die "the build failed (see above)"
+say "built in $(( $(date +%s) - start )) s"
+if ((build_only)); then
+  say "--build-only: stopping before the steps that need a GPU"
+  exit 0
+fi
+
+# --- the GPU: the probe binds every CUDA and NCCL entry point and must find a device -----------
+stage "cuda_probe --expect-gpu"
+[[ -x $build_dir/tests/cuda_probe ]] ||
+  die "no $build_dir/tests/cuda_probe: the build has no tests (FSDPX_BUILD_TESTS=OFF?)"
+probe_out=$(LD_BIND_NOW=1 "$build_dir/tests/cuda_probe" --expect-gpu 2>&1) && probe_rc=0 || probe_rc=$?
+gpus=$(sed -n 's/^gpus visible: \([0-9]*\).*/\1/p' <<<"$probe_out")
+if [[ ${gpus:-0} == 0 ]]; then
+  no_gpu "cuda_probe says '$(grep -m1 '^gpus visible' <<<"$probe_out" || echo "${probe_out##*$'\n'}")'," \
+         "$(smi_says); run this on the machine with the GPU"
+fi
+printf '%s\n' "$probe_out"
+((probe_rc == 0)) || die "cuda_probe failed with $gpus GPU(s) visible (its lines above name the step)"
+
+# --- the tests: on a GPU, a skipped test proves nothing, so skips are listed by name -----------
+run_ctest() {  # label
+  local log=$build_dir/gpu-check-ctest-$1.log
+  stage "ctest -L $1"
+  set +e
+  ctest --test-dir "$build_dir" -L "$1" --output-on-failure --timeout 900 -j 1 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local skipped
+  skipped=$(grep -E '\*\*\*Skipped|Not Run' "$log" |
+            sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //; s/ \.{3,}.*//' || true)
+  if [[ -n $skipped ]]; then
+    say "label $1: skipped on this machine, so not proven here: $(tr '\n' ' ' <<<"$skipped")"
+    not_proven=$((not_proven + $(grep -c . <<<"$skipped")))
+  fi
+  ((rc == 0)) || die "ctest -L $1 failed (log: $log)"
+}
+not_proven=0 left_out=
+if ((tests)); then
+  run_ctest gpu
+  run_ctest device
+else
+  left_out+="; the tests were left out (--no-tests)"
+fi
+
+# --- the table ----------------------------------------------------------------------------------
+if ((table)); then
+  stage "the table (benchmarks/gpu_table.py)"
+  table_args=(--build-dir "$build_dir" --python "$python" --json "$build_dir/gpu-check.json")
+  [[ -z $peak ]] || table_args+=(--peak-tflops "$peak")
+  ((largest)) || { table_args+=(--no-largest); left_out+="; the search for the largest model was left out"; }
+  PYTHONUNBUFFERED=1 "$python" benchmarks/gpu_table.py "${table_args[@]}" ||
+    die "benchmarks/gpu_table.py failed (see above)"
+  left_out+="; figures also in $build_dir/gpu-check.json"
+else
+  left_out+="; the table was left out (--no-table)"
+fi
+((not_proven == 0)) || left_out+="; $not_proven skipped test(s), listed above, are not proven here"
+say "passed in $(( ($(date +%s) - start) / 60 )) min$left_out"
