@@ -240,16 +240,16 @@ int run_sharded(Run& r) {
   for (int s = 0; s < r.steps; ++s) {
     const int64_t before = sh.counted ? sh.counted->stats().sent_bytes() : 0;
     const int64_t before_replicate = sh.counted_replicate ? sh.counted_replicate->stats().sent_bytes() : 0;
-    sh.groups->world()->barrier().wait();
+    sh.groups->control()->barrier().wait();
     const int64_t wire_before = tcp_bytes_sent();
     const double step_loss = sharded_step(r, sh, opt.get(), s);
-    sh.groups->world()->barrier().wait();
+    sh.groups->control()->barrier().wait();
     if (world > 1) mine << "wire " << tcp_bytes_sent() - wire_before << "\n";  // what the kernel sent
     if (sh.counted) mine << "comm " << sh.counted->stats().sent_bytes() - before << "\n";
     if (sh.counted) mine << "allgather_total " << sh.counted->stats()[Collective::AllGather].payload_bytes << "\n";
     if (sh.counted_replicate) mine << "comm_replicate " << sh.counted_replicate->stats().sent_bytes() - before_replicate << "\n";
     at::Tensor l = at::full({1}, step_loss, at::kDouble);
-    sh.groups->world()->all_reduce(l, ReduceOp::Avg).wait();
+    sh.groups->control()->all_reduce(l, ReduceOp::Avg).wait();
     if (rank == 0) {
       char line[64];
       std::snprintf(line, sizeof line, "%.9g\n", l.item<double>());
@@ -267,7 +267,7 @@ int run_sharded(Run& r) {
   mine << "memory_after " << mem.param_bytes << " " << mem.grad_bytes << " " << mem.unsharded_bytes << "\n";
   auto full = engine.full_parameters();
   if (rank == 0) write_params(r.out + ".params", full);
-  sh.groups->world()->barrier().wait();
+  sh.groups->control()->barrier().wait();
   return 0;
 }
 

@@ -59,6 +59,7 @@ void MetricsProcessor::measure_peak_flops() {
   if (peak_ > 0) return;
   world_.barrier().wait();
   const PeakProbe probe = measure_peak_tflops(plan_.dtypes.compute, device_);
+  device_.reset_peak_memory();  // the probe's matrices (768 MiB on a GPU) are not the run's
   at::Tensor p = at::full({1}, probe.tflops, at::kDouble);
   world_.all_reduce(p, ReduceOp::Avg).wait();
   peak_ = p.item<double>();
