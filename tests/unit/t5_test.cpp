@@ -159,9 +159,10 @@ TEST(T5, BadInputIsOneLineNamingIt) {
                                           "than --data.target_len 20; raise --data.target_len, or cut long fields "
                                           "with --data.truncate true"},
       {" --model.name t5 --data.name synthetic --steps 1", "layer_type selected no unit: no submodule is a Block"},
-      {" --model.name t5 --model.size small --model.dim 70000 --steps 1 --dry-run", "option model.dim expects an integer in [0, 65536], got '70000'"},
-      {seq2seq + " --data.target_len 40 --activation-checkpointing Block", "the model has no layer type 'Block'; its layer types are: "
-                                                      "T5Block, T5Attention, T5FeedForward"},
+      {" --model.name t5 --model.size small --model.dim 70000 --steps 1 --dry-run",
+       "option model.dim expects an integer in [0, 65536], got '70000'"},
+      {seq2seq + " --data.target_len 40 --activation-checkpointing Block",
+       "the model has no layer type 'Block'; its layer types are: T5Block, T5Attention, T5FeedForward"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);
