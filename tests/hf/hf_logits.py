@@ -1,9 +1,12 @@
-"""Loads a Hugging Face Llama model directory with transformers (offline, fp32, eager attention),
-runs it on the `ids` tensor of a safetensors file and writes the `logits` (float32) to another.
+"""Loads a Hugging Face Llama or T5 model directory with transformers (offline, fp32, eager
+attention), runs it on the `ids` tensor of a safetensors file and writes the `logits` (float32) to
+another. For T5, `ids` is [2, B, L] (the encoder's input ids, 0 masked as padding, then the
+decoder's input ids) or [B, L] (the encoder's input, and the decoder's as labels: shifted right).
 
   python tests/hf/hf_logits.py --model DIR --ids FILE --out FILE
 """
 import argparse
+import json
 import os
 import sys
 
@@ -13,7 +16,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 import transformers  # noqa: E402
-from transformers import LlamaForCausalLM  # noqa: E402
+from transformers import LlamaForCausalLM, T5ForConditionalGeneration  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 
@@ -33,10 +36,18 @@ def main(argv):
     # transformers 5 (and late 4.x) names the argument dtype; earlier versions torch_dtype.
     major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
     kw["dtype" if (major, minor) >= (4, 56) else "torch_dtype"] = torch.float32
-    model = LlamaForCausalLM.from_pretrained(a.model, **kw)
+    with open(os.path.join(a.model, "config.json")) as f:
+        t5 = json.load(f).get("model_type") == "t5"
+    model = (T5ForConditionalGeneration if t5 else LlamaForCausalLM).from_pretrained(a.model, **kw)
     model.eval()
+    ids = ids.to(torch.int64)
     with torch.no_grad():
-        logits = model(input_ids=ids.to(torch.int64)).logits.to(torch.float32).contiguous()
+        if t5:
+            source, decoder = (ids[0], ids[1]) if ids.dim() == 3 else (ids, model._shift_right(ids))
+            out = model(input_ids=source, attention_mask=(source != 0).long(), decoder_input_ids=decoder)
+        else:
+            out = model(input_ids=ids)
+        logits = out.logits.to(torch.float32).contiguous()
     save_file({"logits": logits}, a.out)
     print(f"wrote logits {tuple(logits.shape)} to {a.out}; max |logit| {logits.abs().max().item():.6g}")
     return 0
