@@ -39,8 +39,11 @@ std::unique_ptr<PluginHost> default_plugins() {
   return host;
 }
 
-std::shared_ptr<ProcessGroups> join_world(std::chrono::milliseconds rendezvous, std::chrono::milliseconds collectives) {
+std::shared_ptr<ProcessGroups> join_world(std::chrono::milliseconds rendezvous, std::chrono::milliseconds collectives,
+                                          DeviceKind device, Backend backend) {
   RuntimeOptions ro;
+  ro.device = device;
+  ro.backend = backend;
   ro.topology = resolve_topology({}, process_environment()).topology;
   // The trainer's threads per rank (its share of the cores), so that ranks of one node do not
   // oversubscribe them.

@@ -29,7 +29,10 @@ std::unique_ptr<PluginHost> default_plugins();
 
 // Rendezvous of the ranks the environment describes (torchrun's variables, the launcher's or
 // Slurm's), with the given timeouts; sets the intra-op threads as the trainer does (its share of the cores).
+// `device`: the groups' tensors live there (DeviceKind::Sim or Cuda; Gloo is staged through host
+// memory for sim).
 std::shared_ptr<ProcessGroups> join_world(std::chrono::milliseconds rendezvous = std::chrono::seconds(60),
-                                          std::chrono::milliseconds collectives = std::chrono::seconds(300));
+                                          std::chrono::milliseconds collectives = std::chrono::seconds(300),
+                                          DeviceKind device = DeviceKind::Cpu, Backend backend = Backend::Default);
 
 }  // namespace fsdpx::tool

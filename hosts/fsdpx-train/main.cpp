@@ -132,9 +132,7 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
   Loaded l = load(plain, desc, nproc);
   if (has(plain, "--check-comm") || has(plain, "--print-topology")) return std::nullopt;
   auto settings = fsdpx::TrainSettings::from(l.config.host_values());
-  if (l.config.host_values()["device"].as<std::string>() == "cuda" && !has(plain, "--dry-run"))
-    throw fsdpx::Error("--device cuda: the sharding engine of this build computes on the CPU only (NCCL process groups "
-                       "are built and checked by --check-comm); use --device cpu");
+  if (!has(plain, "--dry-run")) fsdpx::check_device_trains(fsdpx::device_of(l.config.host_values()));
   auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(nproc));
   if (has(plain, "--dry-run")) {
     print_plan(plan, settings);
@@ -181,12 +179,9 @@ int main(int argc, char** argv) {
                   t.master_addr.c_str(), t.master_port, resolved.source.c_str());
       return 0;
     }
-    const std::string device = vm["device"].as<std::string>();
-    if (device != "cpu" && device != "cuda")
-      throw fsdpx::Error("--device must be cpu or cuda, got '" + device + "'");
     fsdpx::RuntimeOptions ro;
     ro.topology = resolved.topology;
-    ro.device = device == "cuda" ? fsdpx::DeviceKind::Cuda : fsdpx::DeviceKind::Cpu;
+    ro.device = fsdpx::device_of(vm);
     ro.rendezvous_timeout = ms(vm["rendezvous-timeout"].as<double>());
     ro.collective_timeout = ms(vm["collective-timeout"].as<double>());
     ro.exit_on_peer_failure = true;  // a rank that fails ends the others with its message

@@ -22,6 +22,7 @@
 #include <torch/nn/module.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/unit.h"
@@ -143,7 +144,7 @@ TEST(Engine, MemoryAndBytesMovedMatchTheFormulas) {
       std::map<std::string, int64_t> unit_elems;
       for (const auto& [name, p] : got.params) {
         const int64_t row = static_cast<int64_t>(p.values.size()) / p.rows;
-        const int64_t elems = (p.rows + S - 1) / S * row;
+        const int64_t elems = ShardGeometry({p.rows, row}, S).shard_numel;
         expect_bytes += elems * 4;
         unit_elems[unit_of(name, got.units)] += elems;
       }
@@ -614,7 +615,7 @@ TEST(EngineSteps, StepAfterAFailedForwardEqualsAFreshOne) {
     EngineOptions o;
     o.layout = ShardingLayout{2, 1, true, false};
     o.overlap = true;
-    Chain c(o, EngineComms{g.world(), g.world(), nullptr});
+    Chain c(o, EngineComms{g.world(), g.world(), nullptr, nullptr});
     c.engine->backward(c.forward());  // the forward order is known now: 'one' prefetches 'two'
     c.model->fail_after_one = true;
     EXPECT_EQ(test::error_of([&] { c.forward(); }), "the forward failed after unit 'one'");

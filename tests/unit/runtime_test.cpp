@@ -234,6 +234,29 @@ TEST(Faults, RankKilledDuringACollectiveIsNamedBySurvivors) {
   EXPECT_LT(secs, 30.0);
 }
 
+// --watch-peers (on by default with NCCL, where a collective waiting for a lost rank hangs on the
+// device instead of failing): a rank killed while the others compute, with no collective to
+// fail, is named by the rank that watches it within seconds (3 s without a heartbeat), with its
+// node, host and pid; every other rank ends with that message too.
+TEST(Faults, ALostRankIsNamedByItsWatcherOutsideAnyCollective) {
+  test::TempDir dir;
+  const int port = test::free_port();
+  const std::string out0 = (dir.path() / "r0").string(), out2 = (dir.path() / "r2").string();
+  const std::string args = "--scenario lost --watch-peers";
+  auto start = Clock::now();
+  test::run_command("bash -c 'timeout 90 " + rank_cmd(0, 3, port, args) + " >" + out0 + " 2>&1 & timeout 90 " +
+                    rank_cmd(1, 3, port, args) + " >/dev/null 2>&1 & timeout 90 " + rank_cmd(2, 3, port, args) + " >" +
+                    out2 + " 2>&1 & wait'");
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  const std::string r0 = test::read_file(out0), r2 = test::read_file(out2);
+  // Rank 0 watches rank 1: it names it from the stopped heartbeat; rank 2 ends with its message.
+  EXPECT_NE(r0.find("fsdpx: stopping rank 0: rank 1 is gone (no heartbeat in "), std::string::npos) << r0;
+  EXPECT_NE(r0.find("seen by rank 0) (node 0, host "), std::string::npos) << r0;
+  EXPECT_NE(r2.find("fsdpx: stopping rank 2: rank 0 failed: rank 1 is gone (no heartbeat in "), std::string::npos) << r2;
+  EXPECT_EQ(r0.find("still running"), std::string::npos) << r0;
+  EXPECT_LT(secs, 20.0);
+}
+
 TEST(Faults, RendezvousWithAMissingRankTimesOut) {
   const int port = test::free_port();
   auto start = Clock::now();

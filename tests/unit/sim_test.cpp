@@ -7,6 +7,8 @@
 
 #include <csignal>
 #include <functional>
+#include <map>
+#include <ostream>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -15,7 +17,10 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
 
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/optimizer.h"
 #include "fsdpx/sim/sim.h"
+#include "test_paths.h"
 
 namespace sim = fsdpx::sim;
 
@@ -218,5 +223,98 @@ TEST(Sim, GeneratorsReplayAndMatchTheCpu) {
   g.set_state(state);
   EXPECT_TRUE(bit_equal(at::empty({10}, a.options()).uniform_(0, 1, g), first));
 }
+
+// The optimizer plugins on device shards: adamw and sgd through ATen's fused kernels (the CPU's,
+// here through the fallback: the same bits), anyprecision_adamw through its tensor-op form (each
+// operand widened, updated, rounded once), within a few ulps of its single CPU pass (measured
+// 2.4e-7 over 20 steps, with fp32 or the default bf16 variance).
+TEST(SimOptimizers, StepOnTheDeviceAsOnTheCpu) {
+  fsdpx::PluginHost host;
+  for (const char* p : {"optimizer_adamw", "optimizer_anyprecision_adamw", "optimizer_sgd"})
+    host.load_file(fsdpx::test::plugin_dir() / (std::string(p) + ".so"));
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> cases{
+      {"adamw", {{"weight_decay", "0.1"}}}, {"sgd", {{"momentum", "0.9"}}},
+      {"anyprecision_adamw", {{"variance_dtype", "fp32"}, {"weight_decay", "0.1"}}}, {"anyprecision_adamw", {}}};
+  for (const auto& [name, options] : cases) {
+    auto cpu = host.create<fsdpx::Optimizer>(name, options), dev = host.create<fsdpx::Optimizer>(name, options);
+    at::Generator gen = at::detail::createCPUGenerator(11);
+    at::Tensor base = at::randn({70, 37}, gen);
+    at::Tensor a = base.clone().requires_grad_(true), b = base.to(kSim0).requires_grad_(true);
+    cpu->init({{"w", a}});
+    dev->init({{"w", b}});
+    double worst = 0;
+    for (int step = 0; step < 20; ++step) {
+      at::Tensor g = at::randn({70, 37}, gen);
+      a.mutable_grad() = g.clone();
+      b.mutable_grad() = g.to(kSim0);
+      cpu->step(0.01);
+      dev->step(0.01);
+      worst = std::max(worst, (a - b.cpu()).abs().max().item<double>());
+    }
+    EXPECT_EQ(b.device(), kSim0);
+    const bool fused = name != "anyprecision_adamw";
+    std::printf("%s on sim vs the CPU, 20 steps: max |diff| %.3g\n", name.c_str(), worst);
+    if (fused) EXPECT_EQ(worst, 0.0) << name;
+    else EXPECT_LT(worst, 1e-6) << name;
+  }
+}
+
+// Collectives on sim tensors, through host memory and Gloo (the staged communicator), at 2 and 4
+// ranks: every collective of the CPU's test, results back on the device; metadata over the
+// control group stays on the CPU.
+TEST(SimCollectives, EveryCollectiveStagedThroughTheHost) {
+  const std::string worker = (fsdpx::test::build_dir() / "tests" / "comm_worker").string();
+  for (int n : {2, 4}) {
+    auto r = fsdpx::test::run_command("timeout 300 " + worker + " --nproc-per-node " + std::to_string(n) +
+                                      " --scenario collectives --device sim");
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("collectives ok on sim:" + std::to_string(n - 1)), std::string::npos) << r.out << r.err;
+  }
+}
+
+// The sharding engine on sim, every strategy, against the same run on the CPU (tests/workers/
+// engine_worker: gpt tiny, 2 SGD steps): the losses and every parameter afterwards byte for byte.
+// The kernels are the CPU's (sim routes every op to them, on the same layouts), so any difference
+// is a bug in the device path: placement, staging, offload copies, storage resize.
+struct DeviceRun {
+  std::string name, args;
+  std::vector<int> ranks;
+};
+
+void PrintTo(const DeviceRun& r, std::ostream* os) { *os << r.name; }
+
+class SimEngine : public ::testing::TestWithParam<DeviceRun> {};
+
+TEST_P(SimEngine, LossesAndWeightsEqualTheCpuBitForBit) {
+  const DeviceRun& run = GetParam();
+  fsdpx::test::TempDir dir;
+  const std::string worker = (fsdpx::test::build_dir() / "tests" / "engine_worker").string();
+  for (int n : run.ranks) {
+    std::map<std::string, std::string> files;
+    for (const char* device : {"cpu", "sim"}) {
+      const std::string out = (dir.path() / (std::string(device) + std::to_string(n))).string();
+      auto r = fsdpx::test::run_command("timeout 300 " + worker + " --nproc-per-node " + std::to_string(n) +
+                                        " --steps 2 --device " + device + " " + run.args + " --out " + out);
+      ASSERT_EQ(r.exit_code, 0) << device << " " << n << "\n" << r.out << r.err;
+      files[std::string(device) + ".losses"] = fsdpx::test::read_file(out + ".losses");
+      files[std::string(device) + ".params"] = fsdpx::test::read_file(out + ".params");
+    }
+    EXPECT_FALSE(files["cpu.losses"].empty());
+    EXPECT_EQ(files["sim.losses"], files["cpu.losses"]) << run.name << " at " << n << " ranks";
+    EXPECT_TRUE(files["sim.params"] == files["cpu.params"]) << run.name << " at " << n << " ranks: the weights differ";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, SimEngine,
+    ::testing::Values(DeviceRun{"full_shard", "--strategy full_shard", {1, 2, 4}},
+                      DeviceRun{"shard_grad_op", "--strategy shard_grad_op", {2, 4}},
+                      DeviceRun{"no_shard", "--strategy no_shard", {2, 4}},
+                      DeviceRun{"hybrid_shard", "--strategy full_shard --hybrid-shard 2", {4}},
+                      DeviceRun{"cpu_offload", "--strategy full_shard --offload", {2, 4}},
+                      DeviceRun{"bf16_mixed", "--strategy full_shard --precision bf16_mixed", {2}},
+                      DeviceRun{"adamw_accumulation_clipping",
+                                "--strategy full_shard --optimizer adamw --accum 2 --clip 0.5", {2}}),
+    [](const ::testing::TestParamInfo<DeviceRun>& i) { return i.param.name; });
 
 }  // namespace

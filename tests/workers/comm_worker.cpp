@@ -11,6 +11,10 @@
 //   sleep        every rank writes its pid to --dir and sleeps (to be signalled)
 //   mismatch     an all-reduce, then an all-gather of 1000 elements per rank, but 999 on
 //                --fail-rank (run it with --check-collectives, which must refuse it)
+//   lost         a barrier, then rank --fail-rank kills itself with SIGKILL while the others
+//                compute (no collective): with --watch-peers they must end naming it
+// --device sim|cuda runs the collectives on that device's tensors (staged through host memory
+// and Gloo for sim), and checks that the control group is Gloo on the CPU.
 #include <signal.h>
 #include <unistd.h>
 
@@ -28,6 +32,7 @@
 #include <ATen/ops/zeros.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
 #include "tool.h"
@@ -37,6 +42,11 @@ namespace po = boost::program_options;
 
 namespace {
 
+c10::Device g_device(c10::kCPU);  // --device: where the collectives' tensors live
+
+// `t` on the device of the run.
+at::Tensor dev(const at::Tensor& t) { return t.to(g_device); }
+
 // Values that stay exact in bf16 through sums of up to 4 ranks and a division by 2 or 4:
 // multiples of 1/8 below 2, different on every rank and every element.
 at::Tensor values(int rank, int64_t n, at::ScalarType dtype, int64_t offset = 0) {
@@ -45,8 +55,10 @@ at::Tensor values(int rank, int64_t n, at::ScalarType dtype, int64_t offset = 0)
 }
 
 void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
-  if (!got.to(at::kFloat).equal(want.to(at::kFloat)))
-    throw Error(what + ": got " + std::to_string(got.to(at::kFloat).sum().item<double>()) +
+  if (got.device() != g_device && got.device() != c10::Device(c10::kCPU))
+    throw Error(what + ": the result is on " + got.device().str() + ", not " + g_device.str());
+  if (!got.cpu().to(at::kFloat).equal(want.cpu().to(at::kFloat)))
+    throw Error(what + ": got " + std::to_string(got.cpu().to(at::kFloat).sum().item<double>()) +
                 " (sum), expected " + std::to_string(want.to(at::kFloat).sum().item<double>()));
 }
 
@@ -57,15 +69,15 @@ void collectives(Communicator& c) {
     for (int64_t n : {1, 7, 1000, 4097}) {
       const std::string at_ = " (" + dt + ", n=" + std::to_string(n) + ", " + std::to_string(w) + " ranks)";
       // all_gather: every rank's slice, in rank order.
-      at::Tensor out = at::empty({w * n}, dtype);
-      c.all_gather(out, values(r, n, dtype)).wait();
+      at::Tensor out = dev(at::empty({w * n}, dtype));
+      c.all_gather(out, dev(values(r, n, dtype))).wait();
       std::vector<at::Tensor> parts;
       for (int k = 0; k < w; ++k) parts.push_back(values(k, n, dtype));
       expect_equal(out, at::cat(parts), "all_gather" + at_);
       // reduce_scatter: this rank's slice of the elementwise sum (and average).
       for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
-        at::Tensor shard = at::empty({n}, dtype);
-        c.reduce_scatter(shard, values(r, w * n, dtype), op).wait();
+        at::Tensor shard = dev(at::empty({n}, dtype));
+        c.reduce_scatter(shard, dev(values(r, w * n, dtype)), op).wait();
         at::Tensor want = at::zeros({n}, at::kFloat);
         for (int k = 0; k < w; ++k) want += values(k, n, at::kFloat, r * n);
         if (op == ReduceOp::Avg) want /= w;
@@ -73,7 +85,7 @@ void collectives(Communicator& c) {
       }
       // all_reduce: sum, average, max.
       for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
-        at::Tensor t = values(r, n, dtype);
+        at::Tensor t = dev(values(r, n, dtype));
         c.all_reduce(t, op).wait();
         std::vector<at::Tensor> all;
         for (int k = 0; k < w; ++k) all.push_back(values(k, n, at::kFloat));
@@ -84,13 +96,13 @@ void collectives(Communicator& c) {
                      (op == ReduceOp::Sum ? "sum" : op == ReduceOp::Avg ? "avg" : "max") + at_);
       }
       // all_to_all: chunk k of rank k's input comes to every rank k, in rank order.
-      at::Tensor mixed = at::empty({w * n}, dtype);
-      c.all_to_all(mixed, values(r, w * n, dtype)).wait();
+      at::Tensor mixed = dev(at::empty({w * n}, dtype));
+      c.all_to_all(mixed, dev(values(r, w * n, dtype))).wait();
       std::vector<at::Tensor> chunks;
       for (int k = 0; k < w; ++k) chunks.push_back(values(k, n, dtype, r * n));
       expect_equal(mixed, at::cat(chunks), "all_to_all" + at_);
       // broadcast from the last rank.
-      at::Tensor b = values(r, n, dtype);
+      at::Tensor b = dev(values(r, n, dtype));
       c.broadcast(b, w - 1).wait();
       expect_equal(b, values(w - 1, n, dtype), "broadcast" + at_);
     }
@@ -109,7 +121,10 @@ int run_scenario(const std::string& scenario, const RuntimeOptions& ro, const po
   auto groups = ProcessGroups::create(ro);
   if (scenario == "collectives") {
     collectives(*groups->world());
-    std::printf("collectives ok\n");
+    at::Tensor meta = at::full({1}, static_cast<double>(rank));  // metadata: on the CPU, over the control group
+    groups->control()->all_reduce(meta, ReduceOp::Sum).wait();
+    expect_equal(meta, at::full({1}, ro.topology.world_size * (ro.topology.world_size - 1) / 2.0), "control all_reduce");
+    std::printf("collectives ok on %s\n", g_device.str().c_str());
   } else if (scenario == "hybrid") {
     auto h = groups->hybrid(ro.topology.local_world_size);
     collectives(*h.shard);
@@ -149,6 +164,12 @@ int run_scenario(const std::string& scenario, const RuntimeOptions& ro, const po
     at::Tensor out = at::empty({n * ro.topology.world_size});
     groups->world()->all_gather(out, at::ones({n})).wait();
     std::printf("rank %d: the all-gather of mismatched sizes ran\n", rank);
+  } else if (scenario == "lost") {
+    groups->world()->barrier().wait();
+    if (rank == vm["fail-rank"].as<int>()) ::raise(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::seconds(60));  // computing: no collective to fail
+    std::printf("rank %d: still running 60 s after losing rank %d\n", rank, vm["fail-rank"].as<int>());
+    return 1;
   } else if (scenario == "exit") {
     groups->world()->barrier().wait();
     if (rank == vm["fail-rank"].as<int>()) return vm["code"].as<int>();
@@ -169,6 +190,8 @@ int main(int argc, char** argv) {
       ("fail-rank", po::value<int>()->default_value(1), "")
       ("code", po::value<int>()->default_value(3), "")
       ("dir", po::value<std::string>(), "")
+      ("device", po::value<std::string>()->default_value("cpu"), "")
+      ("watch-peers", "")
       ("check-collectives", "");
   return tool::main(argc, argv, "comm_worker", desc, [](const po::variables_map& vm) {
     RuntimeOptions ro;
@@ -176,6 +199,13 @@ int main(int argc, char** argv) {
     ro.rendezvous_timeout = std::chrono::milliseconds(static_cast<int64_t>(vm["rendezvous-timeout"].as<double>() * 1000));
     ro.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(vm["collective-timeout"].as<double>() * 1000));
     ro.check_collectives = vm.count("check-collectives") > 0;
+    ro.watch_peers = vm.count("watch-peers") > 0;
+    ro.exit_on_peer_failure = ro.watch_peers;
+    const std::string device = vm["device"].as<std::string>();
+    if (device != "cpu") {
+      g_device = open_device(device, ro.topology.local_rank)->device();
+      ro.device = device == "cuda" ? DeviceKind::Cuda : DeviceKind::Sim;
+    }
     return run_scenario(vm["scenario"].as<std::string>(), ro, vm);
   });
 }

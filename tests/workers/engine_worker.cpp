@@ -5,6 +5,8 @@
 //   engine_worker [--nproc-per-node N] --strategy full_shard --wrap layer_type --out PREFIX
 //                 [--steps 4] [--global-batch 12] [--accum 1] [--clip 0] [--overlap 1]
 //                 [--reference]      (one process, plain LibTorch, no engine)
+//                 [--device sim|cuda] [--backend gloo] [--offload]   (the engine on that device; Gloo
+//                 staged through host memory, e.g. ranks sharing a GPU; shards in host memory)
 //
 // PREFIX.losses  (rank 0): one line per step, the mean loss over the global batch
 // PREFIX.params  (rank 0): every parameter whole, "name numel rows" then numel float32 values
@@ -22,8 +24,11 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/process_groups.h"
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
 #include "fsdpx/interfaces.h"
 #include "tool.h"
@@ -48,7 +53,7 @@ Batch slice(const at::Tensor& tokens, int64_t first, int64_t count) {
 void write_params(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& params) {
   std::ofstream out(path, std::ios::binary);
   for (const auto& [name, t] : params) {
-    at::Tensor c = t.contiguous().to(at::kFloat);
+    at::Tensor c = t.to(at::kCPU).contiguous().to(at::kFloat);  // host staging: a device pointer is not the host's
     out << name << " " << c.numel() << " " << (c.dim() ? c.size(0) : 1) << "\n";
     out.write(reinterpret_cast<const char*>(c.data_ptr<float>()), c.numel() * sizeof(float));
   }
@@ -65,6 +70,7 @@ std::vector<std::string> list(const po::variables_map& vm, const char* key) { re
 // What every run of the worker shares.
 struct Run {
   const po::variables_map& vm;
+  std::shared_ptr<const DeviceRuntime> device;  // where the engine computes
   PluginHost& host;
   std::shared_ptr<Model> model;
   std::string out;
@@ -134,7 +140,10 @@ struct Sharded {
 
 Sharded build_sharded(Run& r) {
   Sharded sh;
-  sh.groups = tool::join_world(std::chrono::seconds(60), std::chrono::seconds(60));
+  const c10::DeviceType type = r.device->device().type();
+  sh.groups = tool::join_world(std::chrono::seconds(60), std::chrono::seconds(60),
+                               type == c10::kCPU ? DeviceKind::Cpu : type == c10::kCUDA ? DeviceKind::Cuda : DeviceKind::Sim,
+                               r.vm["backend"].as<std::string>() == "gloo" ? Backend::Gloo : Backend::Default);
   const Topology& topo = sh.groups->topology();
   auto strategy = r.host.create<ShardingStrategy>(r.vm["strategy"].as<std::string>());
   auto policy = r.host.create<WrapPolicy>(r.vm["wrap"].as<std::string>(), key_values(list(r.vm, "wrap-option")));
@@ -143,10 +152,13 @@ Sharded build_sharded(Run& r) {
   eo.seed = r.seed;
   eo.overlap = r.vm["overlap"].as<int>() != 0;
   eo.precision = r.host.create<PrecisionPolicy>(r.vm["precision"].as<std::string>())->spec("");
+  eo.layout.offload_to_cpu = r.vm.count("offload") > 0;
+  eo.device = r.device;
   EngineComms comms;
   comms.world = sh.groups->world();
+  comms.control = sh.groups->control();
   if (const int hs = r.vm["hybrid-shard"].as<int>(); hs > 0) {
-    eo.layout = ShardingLayout{hs, topo.world_size / hs, eo.layout.reshard_after_forward, false};
+    eo.layout = ShardingLayout{hs, topo.world_size / hs, eo.layout.reshard_after_forward, eo.layout.offload_to_cpu};
     auto h = sh.groups->hybrid(hs);
     comms.shard = sh.counted = std::make_shared<CountingCommunicator>(h.shard);
     comms.replicate = sh.counted_replicate = std::make_shared<CountingCommunicator>(h.replicate);
@@ -160,16 +172,18 @@ Sharded build_sharded(Run& r) {
   return sh;
 }
 
-// The strategy's formula: per unit of T shard elements over S ranks, each all-gather and
-// reduce-scatter sends (S-1) x T x 4 bytes; all-reduce (DDP) 2 x (W-1)/W x T x 4.
+// The strategy's formula: per unit of T shard elements (padded) over S ranks, each all-gather
+// and reduce-scatter of S x T x 4 bytes sends (S-1) x T x 4 (the all-gather twice when the unit
+// reshards after forward); all-reduce (DDP) 2 x (W-1)/W x T x 4. From the engine's plan and the
+// shard geometry, as the run plan computes it (ring_sent_bytes).
 int64_t expected_comm(const ShardingEngine& engine, const ShardingLayout& layout, int world) {
   int64_t expect = 0;
   const int64_t S = layout.shard_group_size;
-  auto numels = engine.unit_shard_numels();
-  auto reshards = engine.unit_reshards_after_forward();
-  for (size_t u = 0; u < numels.size(); ++u) {
-    if (S > 1) expect += (reshards[u] ? 3 : 2) * (S - 1) * numels[u] * 4;
-    else if (world > 1) expect += 2 * (world - 1) * numels[u] * 4 / world;
+  const auto& units = engine.plan().units;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t bytes = S * padded_shard_numel(units[u].shapes, S) * 4;
+    if (S > 1) expect += (reshards_after_forward(layout, u == 0) ? 3 : 2) * ring_sent_bytes(Collective::AllGather, bytes, S);
+    else if (world > 1) expect += ring_sent_bytes(Collective::AllReduce, bytes, world);
   }
   return expect;
 }
@@ -185,6 +199,8 @@ double sharded_step(Run& r, Sharded& sh, Optimizer* opt, int s) {
     engine.set_requires_gradient_sync(m == r.accum - 1);
     // Micro-batch m of this rank: the rank's share of the global batch's m-th slice.
     Batch b = slice(tokens, m * (r.global / r.accum) + rank * local, local);
+    b.inputs = b.inputs.to(r.device->device());
+    b.targets = b.targets.to(r.device->device());
     at::Tensor loss = engine.forward([&] { return r.model->loss(b) / r.accum; });
     engine.backward(loss);
     step_loss += loss.item<double>();
@@ -271,6 +287,9 @@ int main(int argc, char** argv) {
       ("seed", po::value<uint64_t>()->default_value(7), "")
       ("overlap", po::value<int>()->default_value(1), "")
       ("reference", "")
+      ("device", po::value<std::string>()->default_value("cpu"), "cpu, sim or cuda")
+      ("backend", po::value<std::string>()->default_value("default"), "gloo: device tensors staged through host memory")
+      ("offload", "shards, gradients and optimizer state in host memory (cpu_offload)")
       ("precision", po::value<std::string>()->default_value("fp32"), "a precision plugin")
       ("hybrid-shard", po::value<int>()->default_value(0),
        "shard over groups of this many ranks and replicate across them (the engine's hybrid layout)")
@@ -283,7 +302,9 @@ int main(int argc, char** argv) {
     auto model_options = key_values(list(vm, "model-option"));
     model_options.emplace("seq", std::to_string(kSeq));
     if (vm.count("skew-rank1") && resolve_topology({}, process_environment()).topology.rank == 1) model_options["layers"] = "3";
+    const std::string device = vm["device"].as<std::string>();
     Run r{vm,
+          open_device(device, resolve_topology({}, process_environment()).topology.local_rank),
           *host,
           host->create<Model>("gpt", model_options),
           vm["out"].as<std::string>(),

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
@@ -11,6 +10,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
+#include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "format_support.h"
 
@@ -200,14 +200,10 @@ void prune_checkpoints(const std::string& root, int64_t keep) {
 }
 
 void maybe_fault(const char* point, int rank) {
-  const char* f = std::getenv("FSDPX_FAULT");
-  if (!f) return;
-  const std::string want = std::string(point) + ":" + std::to_string(rank);
-  if (want == f) {
-    std::fprintf(stderr, "fsdpx: FSDPX_FAULT=%s: rank %d exits abruptly\n", f, rank);
-    std::fflush(stderr);
-    ::_exit(9);
-  }
+  if (!fault_requested(point, rank)) return;
+  std::fprintf(stderr, "fsdpx: FSDPX_FAULT=%s:%d: rank %d exits abruptly\n", point, rank, rank);
+  std::fflush(stderr);
+  ::_exit(9);
 }
 
 }  // namespace fsdpx

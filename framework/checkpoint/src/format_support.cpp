@@ -14,12 +14,8 @@
 namespace fsdpx::ckpt {
 
 
-int64_t rows_of(const at::Tensor& local) { return local.dim() == 0 ? 1 : local.size(0); }
-int64_t rows_of(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape[0]; }
 int64_t row_bytes_of(const std::vector<int64_t>& shape, c10::ScalarType t) {
-  int64_t n = static_cast<int64_t>(c10::elementSize(t));
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
+  return row_numel(shape) * static_cast<int64_t>(c10::elementSize(t));
 }
 
 // Whether this rank writes (and counts in digests) its rows of `t`: the first replica alone, and

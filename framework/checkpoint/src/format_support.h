@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdpx/checkpoint_backend.h"
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 
 namespace fsdpx::ckpt {
@@ -23,8 +24,7 @@ using json = nlohmann::json;
 
 constexpr const char* kOptimPrefix = "optim/";
 
-int64_t rows_of(const at::Tensor& local);
-int64_t rows_of(const std::vector<int64_t>& shape);
+// Rows (rows_of) and elements per row: fsdpx/framework/base/shard_geometry.h.
 int64_t row_bytes_of(const std::vector<int64_t>& shape, c10::ScalarType t);
 
 // Whether this rank writes (and counts in digests) its rows of `t`: the first replica alone, and

@@ -10,6 +10,18 @@ struct EngineConfig {
   EngineOptions options;
   int64_t shard_size = 1;  // ranks in the shard group
   int shard_rank = 0;      // this rank's index in it
+  std::shared_ptr<const DeviceRuntime> device;  // options.device, or the CPU's
+
+  // Options for a tensor of `dtype` where the engine computes.
+  at::TensorOptions on_device(at::ScalarType dtype) const { return at::TensorOptions().dtype(dtype).device(device->device()); }
+  // Options for a shard or its gradient: host memory (pinned when the device has it) when
+  // offloading, else the device.
+  at::TensorOptions for_shards(at::ScalarType dtype) const {
+    return options.layout.offload_to_cpu && !device->is_cpu() ? device->host_options().dtype(dtype) : on_device(dtype);
+  }
+  bool offloads() const { return options.layout.offload_to_cpu && !device->is_cpu(); }
+  // Metadata collectives (CPU tensors).
+  Communicator& control() const { return comms.control ? *comms.control : *comms.world; }
 };
 
 }  // namespace fsdpx

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 
+#include "fsdpx/framework/engine/unit_buffers.h"
+
 namespace fsdpx {
 namespace {
 
@@ -37,7 +39,8 @@ class Ledger {
   std::string where_;
 };
 
-// A unit's buffers, by ParamGroup's rules.
+// A unit's buffers, by ParamGroup's rules (the gathered storage and the all-gather's output from
+// unit_buffers.h; the rest as ParamGroup's collectives allocate them).
 struct UnitBuffers {
   std::string name;            // "unit layers.3", "the root"
   int64_t gathered = 0;        // the unsharded storage (0: the parameters are the shard itself)
@@ -58,9 +61,8 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
   const PrecisionSpec& d = u.dtypes;
   UnitBuffers b;
   b.name = root ? "the root" : "unit " + u.fqn;
-  const bool separate = S > 1 || d.compute != d.storage;
-  b.gathered = separate ? S * total * elt(d.compute) : 0;
-  b.gather_out = S > 1 ? S * total * elt(d.compute) : 0;
+  b.gathered = gathered_bytes(total, S, d);
+  b.gather_out = all_gather_bytes(total, S, d);
   b.gather_in = S > 1 && d.compute != d.storage ? total * elt(d.compute) : 0;
   for (const auto& p : u.params) b.grad_elements += p.second;
   b.grad_shard = total * elt(d.gradient);
@@ -72,7 +74,7 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
     b.received = in.staged_reduce ? b.packed : 0;
     b.reduce_out = d.reduce != d.gradient ? total * elt(d.reduce) : 0;
   }
-  b.reshard_after_forward = S > 1 && !root && in.layout.reshard_after_forward;
+  b.reshard_after_forward = reshards_after_forward(in.layout, root);
   b.recompute = u.recompute;
   return b;
 }

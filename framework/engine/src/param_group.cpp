@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/arange.h>
@@ -10,6 +9,8 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "fsdpx/framework/base/fault_injection.h"
+#include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/runtime/collective_context.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "unit_collectives.h"
@@ -18,51 +19,48 @@ namespace fsdpx {
 
 namespace {
 
-// FSDPX_FAULT=skip-all-gather:R:UNIT: global rank R skips the first all-gather of UNIT ("root"
-// for the root), as a rank with a bug would: it goes on with zeros, one collective behind the
-// others from then on. For the flight recorder's and --check-collectives' tests.
+// FSDPX_FAULT=skip-all-gather:R:UNIT (fsdpx/framework/base/fault_injection.h): global rank R skips
+// the first all-gather of UNIT, as a rank with a bug would: it goes on with zeros, one collective
+// behind the others from then on. For the flight recorder's and --check-collectives' tests.
 bool fault_skips_gather(const EngineConfig& config, const std::string& unit) {
   static std::atomic<bool> done{false};
-  const char* f = std::getenv("FSDPX_FAULT");
-  if (!f || done.load()) return false;
+  if (done.load()) return false;
   const int rank = config.comms.world ? config.comms.world->rank() : 0;
-  if (std::string(f) != "skip-all-gather:" + std::to_string(rank) + ":" + unit) return false;
+  if (!fault_requested("skip-all-gather", rank, unit)) return false;
   done.store(true);
-  std::fprintf(stderr, "fsdpx: FSDPX_FAULT=%s: rank %d skips the all-gather of unit %s\n", f, rank, unit.c_str());
+  std::fprintf(stderr, "fsdpx: FSDPX_FAULT=skip-all-gather:%d:%s: rank %d skips the all-gather of unit %s\n", rank,
+               unit.c_str(), rank, unit.c_str());
   return true;
 }
 
 }  // namespace
 
 bool ParamGroup::separate() const {
-  const PrecisionSpec& p = precision;
-  return sharded_layout() || p.compute != p.storage;
+  return gathers_into_own_storage(config->shard_size, precision) || config->offloads();
 }
 
-bool ParamGroup::reshard_after_forward() const {
-  return sharded_layout() && !root && config->options.layout.reshard_after_forward;
-}
+bool ParamGroup::reshard_after_forward() const { return reshards_after_forward(config->options.layout, root); }
 
 void ParamGroup::materialise(Model& model, const std::string& unit) {
   label = root ? "root" : unit;
   const int64_t S = config->shard_size;
   for (ShardedParam& p : params) {
     p.lay_out(S, total);
-    total += p.shard_numel;
+    total += p.geometry.shard_numel;
   }
   const PrecisionSpec& prec = precision;
-  const auto opts = at::TensorOptions().dtype(at::kFloat);
-  flat_shard = at::zeros({total}, opts.dtype(prec.storage));
-  flat_grad = at::empty({total}, opts.dtype(prec.gradient));
+  flat_shard = at::zeros({total}, config->for_shards(prec.storage));
+  flat_grad = at::empty({total}, config->for_shards(prec.gradient));
   resize_storage(flat_grad.storage(), 0);  // no bytes until hold_gradients
   if (separate()) {
+    const c10::Device dev = config->device->device();
     unsharded = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * total) * c10::elementSize(prec.compute),
-                             c10::GetAllocator(at::kCPU), /*resizable=*/true);
+                             c10::GetAllocator(dev.type()), /*resizable=*/true);
     unsharded_flat = tensor_over(unsharded, 0, {S * total}, prec.compute);
   }
   for (ShardedParam& p : params) {
     std::vector<int64_t> shard_shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
-    shard_shape[0] = p.rows_per_shard;
+    shard_shape[0] = p.geometry.rows_per_shard;
     {
       at::NoGradGuard no_grad;
       p.shard = tensor_over(flat_shard.storage(), p.offset, shard_shape, prec.storage);
@@ -91,7 +89,8 @@ void ParamGroup::start_gather() {
   if (state != State::Sharded) return;
   state = State::Gathering;
   if (!sharded_layout()) return;
-  gather_in = cast_for_all_gather(flat_shard, precision.compute);
+  // The shard in the compute dtype, on the device (offloading: copied from host memory now).
+  gather_in = cast_for_all_gather(flat_shard, precision.compute, config->device->device());
   if (fault_skips_gather(*config, label)) {
     gather_out = at::zeros({config->shard_size * total}, gather_in.options());
     gather_work = Work();
@@ -163,13 +162,17 @@ void ParamGroup::reduce_grads() {
     if (S == 1) {
       reduce_work = comms.world->all_gather(reduce_out, reduce_in);
     } else {
-      if (S != W) reduce_in = reduce_in.view({S, total}).index_select(0, at::arange(W, at::kLong).remainder(S)).reshape({-1});
+      if (S != W)
+        reduce_in = reduce_in.view({S, total})
+                        .index_select(0, at::arange(W, at::kLong).remainder(S).to(reduce_in.device()))
+                        .reshape({-1});
       reduce_work = comms.world->all_to_all(reduce_out, reduce_in);
     }
   } else if (sharded_layout()) {
     // Straight into the gradient shard when the dtypes agree; else through a reduce-dtype buffer.
     hold_gradients(/*zero=*/false);
-    reduce_out = reduce_in.scalar_type() == flat_grad.scalar_type() ? flat_grad : at::empty({total}, reduce_in.options());
+    const bool direct = reduce_in.scalar_type() == flat_grad.scalar_type() && flat_grad.device() == reduce_in.device();
+    reduce_out = direct ? flat_grad : at::empty({total}, reduce_in.options());
     reduce_work = comms.shard->reduce_scatter(reduce_out, reduce_in, ReduceOp::Avg);
   } else {
     hold_gradients(/*zero=*/false);

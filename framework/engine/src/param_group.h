@@ -36,8 +36,9 @@ struct ParamGroup {
   at::Tensor reduce_in, reduce_out;
 
   bool sharded_layout() const { return config->shard_size > 1; }
-  // Whether the gathered parameters live in storage of their own (sharded, or computed in
-  // another dtype than stored); otherwise they are the shards themselves.
+  // fsdpx/framework/engine/unit_buffers.h's rules for this unit: whether the gathered parameters
+  // live in storage of their own (else they are the shards themselves), and whether the unit
+  // reshards after forward.
   bool separate() const;
   bool reshard_after_forward() const;
 

@@ -1,6 +1,5 @@
 #include "recompute.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -14,34 +13,21 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-at::CPUGeneratorImpl* cpu_generator() {
-  return at::check_generator<at::CPUGeneratorImpl>(at::detail::getDefaultCPUGenerator());
-}
-
-at::Tensor generator_state(at::CPUGeneratorImpl* gen) {
-  std::lock_guard<std::mutex> lock(gen->mutex_);
-  return at::Tensor(gen->get_state());
-}
-
-void set_generator_state(at::CPUGeneratorImpl* gen, const at::Tensor& state) {
-  std::lock_guard<std::mutex> lock(gen->mutex_);
-  gen->set_state(*state.unsafeGetTensorImpl());
-}
-
-// Runs the unit's forward again with a graph, the generator as it was in the first forward.
+// Runs the unit's forward again with a graph, the device's generator as it was in the first
+// forward (the same dropout masks).
 at::Tensor replay(Unit& u, const std::vector<at::Tensor>& defined) {
-  at::CPUGeneratorImpl* cpu = cpu_generator();
-  const at::Tensor now = generator_state(cpu);
-  set_generator_state(cpu, u.recompute_rng);
+  const DeviceRuntime& device = *u.engine->config.device;
+  const at::Tensor now = device.rng_state();
+  device.set_rng_state(u.recompute_rng);
   at::AutoGradMode enable(true);
   at::Tensor out;
   try {
     out = u.recompute(u.arguments(defined));
   } catch (...) {
-    set_generator_state(cpu, now);
+    device.set_rng_state(now);
     throw;
   }
-  set_generator_state(cpu, now);
+  device.set_rng_state(now);
   return out;
 }
 
@@ -56,7 +42,7 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     for (const auto& t : defined) needs.push_back(t.requires_grad());
     ctx->saved_data["needs"] = needs;
     ctx->save_for_backward(defined);
-    u->recompute_rng = generator_state(cpu_generator());
+    u->recompute_rng = u->engine->config.device->rng_state();
     at::NoGradGuard no_grad;
     return u->recompute(u->arguments(defined));
   }

@@ -1,25 +1,17 @@
 #include "sharded_param.h"
 
-#include <algorithm>
-
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+#include <ATen/ops/_has_compatible_shallow_copy_type.h>
 
 #include "fsdpx/framework/runtime/memory_accounting.h"
 
 namespace fsdpx {
 
 void ShardedParam::lay_out(int64_t shard_size, int64_t at) {
-  d0 = shape.empty() ? 1 : shape[0];
-  row = shape.empty() ? 1 : numel_of(std::vector<int64_t>(shape.begin() + 1, shape.end()));
-  rows_per_shard = d0 == 0 ? 0 : (d0 + shard_size - 1) / shard_size;
-  shard_numel = rows_per_shard * row;
+  geometry = ShardGeometry(shape, shard_size);
   offset = at;
-}
-
-int64_t ShardedParam::valid_rows(int shard_rank) const {
-  const int64_t first = shard_rank * rows_per_shard;
-  return std::max<int64_t>(0, std::min(rows_per_shard, d0 - first));
 }
 
 void ShardedParam::init_shard(Model& model, at::Generator gen, int shard_rank) const {
@@ -27,14 +19,33 @@ void ShardedParam::init_shard(Model& model, at::Generator gen, int shard_rank) c
   // The whole parameter exists only for this moment.
   at::Tensor full = at::empty(shape, at::TensorOptions().dtype(at::kFloat));
   model.init_parameter(name, full, gen);
-  const int64_t mine = valid_rows(shard_rank);
-  if (mine > 0)
-    shard.view({rows_per_shard, row})
+  const ShardGeometry& g = geometry;
+  const int64_t mine = g.valid_rows(shard_rank);
+  if (mine > 0)  // onto the shard's device (or host memory) from the CPU, where the values are drawn
+    shard.view({g.rows_per_shard, g.row})
         .narrow(0, 0, mine)
-        .copy_(full.reshape({d0, row}).narrow(0, shard_rank * rows_per_shard, mine));
+        .copy_(full.reshape({g.rows, g.row}).narrow(0, g.first_row(shard_rank), mine));
 }
 
-void ShardedParam::attach() const { param.set_data(gathered); }
+void ShardedParam::attach() const { point_at(param, gathered); }
+
+void point_at(const at::Tensor& param, const at::Tensor& data) {
+  if (param.is_same(data) || at::_has_compatible_shallow_copy_type(param, data)) {
+    param.set_data(data);
+    return;
+  }
+  // LibTorch's check knows the dense backends by name (CPU, CUDA, ...), not PrivateUse1 (sim), so
+  // it refuses a CPU (deferred) parameter's first move there. The same steps as set_data: a
+  // gradient accumulator made for the old device goes, then the metadata (storage, sizes,
+  // device, dispatch keys) comes from `data`; the autograd identity stays.
+  TORCH_CHECK(param.device().is_cpu() && !data.is_sparse() && data.layout() == c10::kStrided,
+              "parameter on ", param.device(), " cannot point at a tensor on ", data.device());
+  if (torch::autograd::AutogradMeta* meta = torch::autograd::impl::get_autograd_meta(param)) {
+    std::lock_guard<std::mutex> lock(meta->mutex_);
+    meta->grad_accumulator_.reset();
+  }
+  param.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+}
 
 void ShardedParam::release() const {
   param.unsafeGetTensorImpl()->release_storage_and_set_meta_custom_data_ptr_error_msg_(sharded_message);
@@ -44,7 +55,7 @@ void resize_storage(const c10::Storage& storage, size_t bytes) { resize_storage_
 
 at::Tensor tensor_over(const c10::Storage& storage, int64_t offset, at::IntArrayRef sizes, at::ScalarType dtype) {
   at::NoGradGuard no_grad;
-  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(storage.device()));
   std::vector<int64_t> strides(sizes.size(), 1);
   for (int64_t i = static_cast<int64_t>(sizes.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * sizes[i + 1];
   t.set_(storage, offset, sizes, strides);

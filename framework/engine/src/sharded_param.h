@@ -11,6 +11,7 @@
 #include <ATen/core/Generator.h>
 #include <c10/core/Storage.h>
 
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/model.h"
 
 namespace fsdpx {
@@ -19,10 +20,11 @@ struct ShardedParam {
   std::string name;
   at::Tensor param;  // the module's registered parameter; its data is swapped, never the object
   std::vector<int64_t> shape;
-  // Geometry in a shard group of S ranks: d0 rows of `row` elements; each rank holds
-  // rows_per_shard = ceil(d0 / S) rows (shard_numel elements) at `offset` in the unit's flat shard.
-  int64_t d0 = 1, row = 1, rows_per_shard = 1, shard_numel = 1, offset = 0;
-  at::Tensor shard;  // leaf [rows_per_shard, ...] over the unit's flat shard
+  // Its rows over the shard group (fsdpx/framework/base/shard_geometry.h); this rank's share
+  // lies at `offset` in the unit's flat shard.
+  ShardGeometry geometry;
+  int64_t offset = 0;
+  at::Tensor shard;  // leaf [geometry.rows_per_shard, ...] over the unit's flat shard
   // What `param` is while the unit is gathered: a view of the unit's unsharded storage (or of the
   // shard itself, when nothing is gathered).
   at::Tensor gathered;
@@ -36,12 +38,14 @@ struct ShardedParam {
 
   // Sets the geometry for a shard group of `shard_size` ranks, placed at `offset`.
   void lay_out(int64_t shard_size, int64_t offset);
-  // Rows this rank of the shard group really holds (the rest of its share is padding).
-  int64_t valid_rows(int shard_rank) const;
   // Fills this rank's rows of the shard from the whole parameter, created alone from `gen`
   // through `model` (the same values at every world size).
   void init_shard(Model& model, at::Generator gen, int shard_rank) const;
 };
+
+// param.set_data(data), also for the first move of a CPU (deferred) parameter to a device LibTorch
+// does not list among the dense backends it checks (PrivateUse1: sim).
+void point_at(const at::Tensor& param, const at::Tensor& data);
 
 // Resizes a storage of the engine's device to `bytes` (0 frees it; the storage object stays).
 void resize_storage(const c10::Storage& storage, size_t bytes);

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <utility>
 #include <cmath>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 
@@ -159,6 +160,7 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
   impl_->model = std::move(model);
   impl_->config.comms = std::move(comms);
   impl_->config.options = options;
+  impl_->config.device = options.device ? options.device : open_device("cpu", 0);
   build_engine(*impl_, selected);
 }
 
@@ -249,33 +251,43 @@ void for_each_chunk_in_double(const std::vector<at::Tensor>& grads, F f) {
 // 2^(e - 30), where 2^e bounds the largest square over the group, and the multiples are summed
 // as integers, which is associative: the same bits in any order, within elements x 2^-30 of the
 // largest square of the exact sum.
-double fixed_point_squared_norm(const std::vector<at::Tensor>& grads, Communicator* shard_group) {
-  at::Tensor peak = at::zeros({1}, at::kDouble);
+// `t` := op over the shard group (which carries device tensors), or itself without one.
+using GroupReduce = std::function<void(at::Tensor&, ReduceOp)>;
+
+double fixed_point_squared_norm(const std::vector<at::Tensor>& grads, const GroupReduce& reduce, const at::TensorOptions& on) {
+  at::Tensor peak = at::zeros({1}, on.dtype(at::kDouble));
   for_each_chunk_in_double(grads, [&](const at::Tensor& c) { peak = peak.maximum(c.pow(2).max().reshape({1})); });
-  if (shard_group) shard_group->all_reduce(peak, ReduceOp::Max).wait();
+  reduce(peak, ReduceOp::Max);
   const double top = peak.item<double>();
   if (!(top > 0) || !std::isfinite(top)) return top;  // all zero, or inf/NaN: nothing to sum exactly
   int e = 0;
   std::frexp(top, &e);  // top < 2^e
   // 2^(30 - e) in two factors: one would overflow a double for squares below 2^-993.
   const double half = std::ldexp(1.0, (30 - e) / 2), rest = std::ldexp(1.0, 30 - e - (30 - e) / 2);
-  at::Tensor sum = at::zeros({1}, at::kLong);
+  at::Tensor sum = at::zeros({1}, on.dtype(at::kLong));
   for_each_chunk_in_double(grads, [&](const at::Tensor& c) { sum += c.pow_(2).mul_(half).mul_(rest).floor_().to(at::kLong).sum(); });
-  if (shard_group) shard_group->all_reduce(sum, ReduceOp::Sum).wait();
+  reduce(sum, ReduceOp::Sum);
   return std::ldexp(static_cast<double>(sum.item<int64_t>()), e - 30);
 }
 }  // namespace
 
 double ShardingEngine::clip_grad_norm(double max_norm) {
   Impl& e = *impl_;
-  at::Tensor sq = at::zeros({1}, at::kDouble);
   std::vector<at::Tensor> grads;
   for (auto& u : e.units) grads.push_back(u->group.flat_grad);
+  // Where the gradient shards are (the device, or host memory when offloading).
+  const at::TensorOptions on = grads.empty() ? at::TensorOptions() : grads.front().options();
+  const GroupReduce reduce = [&](at::Tensor& t, ReduceOp op) {
+    if (!e.config.comms.shard) return;
+    t = t.to(e.config.device->device());
+    e.config.comms.shard->all_reduce(t, op).wait();
+  };
+  at::Tensor sq = at::zeros({1}, on.dtype(at::kDouble));
   if (e.config.options.deterministic) {
-    sq.fill_(fixed_point_squared_norm(grads, e.config.comms.shard.get()));
+    sq.fill_(fixed_point_squared_norm(grads, reduce, on));
   } else {
     for_each_chunk_in_double(grads, [&](const at::Tensor& c) { sq += c.pow_(2).sum(); });
-    if (e.config.comms.shard) e.config.comms.shard->all_reduce(sq, ReduceOp::Sum).wait();
+    reduce(sq, ReduceOp::Sum);
   }
   const double norm = std::sqrt(sq.item<double>());
   const double scale = max_norm / (norm + 1e-6);
@@ -300,15 +312,17 @@ std::vector<std::pair<std::string, at::Tensor>> ShardingEngine::full_parameters(
   for (auto& u : e.units) {
     const ParamGroup& g = u->group;
     at::Tensor all = g.flat_shard;
-    if (S > 1) {
+    if (S > 1) {  // on the device, which the shard group's collectives take
       CollectiveUnit scope(g.label);
-      all = at::empty({S * g.total}, g.flat_shard.options());
-      e.config.comms.shard->all_gather(all, g.flat_shard).wait();
+      const at::Tensor mine = g.flat_shard.to(e.config.device->device());
+      all = at::empty({S * g.total}, mine.options());
+      e.config.comms.shard->all_gather(all, mine).wait();
     }
     at::Tensor grid = all.view({S, g.total});
     for (auto& p : g.params) {
-      at::Tensor full = grid.narrow(1, p.offset, p.shard_numel).reshape({S * p.rows_per_shard, p.row});
-      out.emplace_back(p.name, full.narrow(0, 0, p.d0).reshape(p.shape).clone());
+      const ShardGeometry& geo = p.geometry;
+      at::Tensor full = grid.narrow(1, p.offset, geo.shard_numel).reshape({S * geo.rows_per_shard, geo.row});
+      out.emplace_back(p.name, full.narrow(0, 0, geo.rows).reshape(p.shape).clone());
     }
   }
   return out;
@@ -330,18 +344,6 @@ MemoryReport ShardingEngine::memory() const {
     if (g.separate()) m.unsharded_bytes += static_cast<int64_t>(g.unsharded.nbytes());
   }
   return m;
-}
-
-std::vector<int64_t> ShardingEngine::unit_shard_numels() const {
-  std::vector<int64_t> out;
-  for (auto& u : impl_->units) out.push_back(u->group.total);
-  return out;
-}
-
-std::vector<bool> ShardingEngine::unit_reshards_after_forward() const {
-  std::vector<bool> out;
-  for (auto& u : impl_->units) out.push_back(u->group.reshard_after_forward());
-  return out;
 }
 
 }  // namespace fsdpx

@@ -33,7 +33,7 @@ struct Unit final : UnitHooks {
   ShardingEngine::Impl* engine = nullptr;
   int64_t index = 0;  // in engine->units (live_unit finds it by engine id and index)
   std::string fqn;    // "" for the root
-  torch::nn::Module* module = nullptr;
+  const torch::nn::Module* module = nullptr;
   bool root = false;
   bool checkpoint = false;  // recompute activations in backward instead of storing them
   ParamGroup group;
@@ -43,7 +43,7 @@ struct Unit final : UnitHooks {
   uint64_t recompute_generation = 0;
   std::vector<int64_t> recompute_slots;  // which of the forward's tensor arguments were defined
   size_t recompute_arity = 0;            // how many tensor arguments it has
-  at::Tensor recompute_rng;              // the CPU generator's state when the forward ran
+  at::Tensor recompute_rng;              // the device generator's state when the forward ran
 
   int forward_calls = 0;
   // Where the unit is in this step's backward.

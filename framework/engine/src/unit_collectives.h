@@ -11,13 +11,14 @@
 
 namespace fsdpx {
 
-// The all-gather input: the flat shard in the compute dtype (cast before the collective, so a
-// bf16 compute dtype halves the bytes on the wire).
-at::Tensor cast_for_all_gather(const at::Tensor& flat_shard, at::ScalarType compute);
+// The all-gather input: the flat shard in the compute dtype on `device` (cast before the
+// collective, so a bf16 compute dtype halves the bytes on the wire; copied there when the shard
+// lives in host memory). The shard itself when it already is both.
+at::Tensor cast_for_all_gather(const at::Tensor& flat_shard, at::ScalarType compute, c10::Device device);
 
 // Copies `gathered` ([shard_size, total]: every rank's flat shard in rank order) into
 // `unsharded_flat`, parameter by parameter, so that each parameter's rows are contiguous:
-// parameter p occupies [shard_size * p.offset, shard_size * (p.offset + p.shard_numel)).
+// parameter p occupies [shard_size * p.offset, shard_size * (p.offset + p.geometry.shard_numel)).
 void copy_out_gathered(at::Tensor& unsharded_flat, const at::Tensor& gathered, const std::vector<ShardedParam>& params,
                        int64_t shard_size);
 

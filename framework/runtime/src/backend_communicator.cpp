@@ -15,8 +15,11 @@
 namespace fsdpx {
 namespace {
 
-c10d::ReduceOp to_c10d(ReduceOp op) {
-  return op == ReduceOp::Max ? c10d::ReduceOp(c10d::ReduceOp::MAX) : c10d::ReduceOp(c10d::ReduceOp::SUM);
+// `native_average`: the backend averages itself (NCCL's ncclAvg); else a sum divided afterwards.
+c10d::ReduceOp to_c10d(ReduceOp op, bool native_average) {
+  if (op == ReduceOp::Max) return c10d::ReduceOp(c10d::ReduceOp::MAX);
+  if (op == ReduceOp::Avg && native_average) return c10d::ReduceOp(c10d::ReduceOp::AVG);
+  return c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
 // output := op over the n slices of `received` (rank order), summed in fp32 or wider: straight
@@ -89,7 +92,7 @@ Work BackendCommunicator::reduce_scatter(at::Tensor output, at::Tensor input, Re
   const uint64_t id = begin("reduce_scatter", output.scalar_type(), output.numel(), output.device());
   if (gloo_) return reduce_scatter_by_all_to_all(id, output, input, op);
   c10d::ReduceScatterOptions opts;
-  opts.reduceOp = to_c10d(op);
+  opts.reduceOp = to_c10d(op, !gloo_);
   opts.timeout = timeout_;
   return issue("reduce_scatter", id, [&] { return C10dWorks{backend_->_reduce_scatter_base(output, input, opts)}; },
                average(op, output));
@@ -123,7 +126,7 @@ Work BackendCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   check_average("all_reduce", tensor, op);
   std::vector<at::Tensor> ts{tensor};
   c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(op);
+  opts.reduceOp = to_c10d(op, !gloo_);
   opts.timeout = timeout_;
   const uint64_t id = begin("all_reduce", tensor.scalar_type(), tensor.numel(), tensor.device());
   return issue("all_reduce", id, [&] { return C10dWorks{backend_->allreduce(ts, opts)}; }, average(op, tensor));
@@ -151,7 +154,7 @@ Work BackendCommunicator::barrier() {
 }
 
 std::function<void()> BackendCommunicator::average(ReduceOp op, at::Tensor t) const {
-  if (op != ReduceOp::Avg) return nullptr;
+  if (op != ReduceOp::Avg || !gloo_) return nullptr;  // NCCL averages itself
   const int n = size();
   return [t, n]() mutable { t.div_(n); };
 }
@@ -234,7 +237,13 @@ Work BackendCommunicator::issue(const char* what, uint64_t id, const std::functi
   auto self = shared_from_this();
   return Work([self, works, finish, what, id] {
     try {
-      for (const auto& work : works) work->wait(self->timeout_);
+      // Gloo: the host waits, up to the collective timeout. NCCL: wait() without a timeout makes
+      // the current stream wait for the collective and returns at once; the host never blocks
+      // (a lost peer is caught by the peer monitor's watch and NCCL's own timeout).
+      for (const auto& work : works) {
+        if (self->gloo_) work->wait(self->timeout_);
+        else work->wait();
+      }
     } catch (const std::exception& e) {
       self->recorder_->finish(id, false);
       throw self->failure(what, e, /*diagnose=*/true);

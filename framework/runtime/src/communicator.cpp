@@ -2,16 +2,16 @@
 
 namespace fsdpx {
 
-const char* collective_name(Collective c) {
+int64_t ring_sent_bytes(Collective c, int64_t payload, int64_t n, bool root) {
   switch (c) {
-    case Collective::AllGather: return "all_gather";
-    case Collective::ReduceScatter: return "reduce_scatter";
-    case Collective::AllReduce: return "all_reduce";
-    case Collective::Broadcast: return "broadcast";
-    case Collective::Barrier: return "barrier";
-    case Collective::AllToAll: return "all_to_all";
+    case Collective::AllGather:
+    case Collective::ReduceScatter:
+    case Collective::AllToAll: return payload / n * (n - 1);
+    case Collective::AllReduce: return 2 * payload * (n - 1) / n;
+    case Collective::Broadcast: return root && n > 1 ? payload : 0;
+    case Collective::Barrier: return 0;
   }
-  return "collective";
+  return 0;
 }
 
 Work::Work(std::function<void()> wait) : state_(std::make_shared<State>()) { state_->wait = std::move(wait); }
@@ -56,35 +56,35 @@ int64_t bytes(const at::Tensor& t) { return static_cast<int64_t>(t.numel()) * st
 Work CountingCommunicator::all_gather(at::Tensor output, at::Tensor input) {
   const int64_t n = size(), payload = bytes(output);
   Work w = inner_->all_gather(std::move(output), std::move(input));
-  count(Collective::AllGather, payload, payload / n * (n - 1));
+  count(Collective::AllGather, payload, ring_sent_bytes(Collective::AllGather, payload, n));
   return w;
 }
 
 Work CountingCommunicator::reduce_scatter(at::Tensor output, at::Tensor input, ReduceOp op) {
   const int64_t n = size(), payload = bytes(input);
   Work w = inner_->reduce_scatter(std::move(output), std::move(input), op);
-  count(Collective::ReduceScatter, payload, payload / n * (n - 1));
+  count(Collective::ReduceScatter, payload, ring_sent_bytes(Collective::ReduceScatter, payload, n));
   return w;
 }
 
 Work CountingCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
   const int64_t n = size(), payload = bytes(tensor);
   Work w = inner_->all_reduce(std::move(tensor), op);
-  count(Collective::AllReduce, payload, 2 * payload * (n - 1) / n);
+  count(Collective::AllReduce, payload, ring_sent_bytes(Collective::AllReduce, payload, n));
   return w;
 }
 
 Work CountingCommunicator::all_to_all(at::Tensor output, at::Tensor input) {
   const int64_t n = size(), payload = bytes(input);
   Work w = inner_->all_to_all(std::move(output), std::move(input));
-  count(Collective::AllToAll, payload, payload / n * (n - 1));
+  count(Collective::AllToAll, payload, ring_sent_bytes(Collective::AllToAll, payload, n));
   return w;
 }
 
 Work CountingCommunicator::broadcast(at::Tensor tensor, int root) {
   const int64_t payload = bytes(tensor);
   Work w = inner_->broadcast(std::move(tensor), root);
-  count(Collective::Broadcast, payload, rank() == root && size() > 1 ? payload : 0);
+  count(Collective::Broadcast, payload, ring_sent_bytes(Collective::Broadcast, payload, size(), rank() == root));
   return w;
 }
 

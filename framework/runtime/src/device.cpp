@@ -9,7 +9,6 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
-#include <ATen/native/Resize.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
@@ -82,16 +81,7 @@ class AcceleratorRuntime final : public DeviceRuntime {
   }
   void reset_peak_memory() const override { c10::getDeviceAllocator(device_.type())->resetPeakStats(device_.index()); }
 
-  // A fresh block of the storage's own allocator (none for 0 bytes) in place of the old one: the
-  // old block goes back to the allocator, which on CUDA reuses it in stream order.
-  void resize_storage(const c10::Storage& storage, size_t bytes) const override {
-    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
-    if (impl->nbytes() == bytes) return;
-    TORCH_CHECK(impl->resizable() && impl->allocator(), "resize_storage: the storage of ", device_, " is not resizable");
-    c10::OptionalDeviceGuard guard(impl->device());
-    impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
-    impl->set_nbytes(bytes);
-  }
+  void resize_storage(const c10::Storage& storage, size_t bytes) const override { resize_storage_bytes(storage, bytes); }
 
   at::TensorOptions host_options() const override { return at::TensorOptions().pinned_memory(true); }
   at::Tensor rng_state() const override { return state_of(generator()); }

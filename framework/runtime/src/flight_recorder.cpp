@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "diagnostics.h"
+#include "fsdpx/framework/base/dtype_name.h"
 #include "fsdpx/framework/runtime/collective_context.h"
 
 namespace fsdpx {
@@ -28,19 +29,6 @@ const std::string& CollectiveUnit::current() {
 }
 
 // ---- Records -----------------------------------------------------------------------------------
-
-std::string dtype_short_name(c10::ScalarType t) {
-  switch (t) {
-    case c10::kFloat: return "fp32";
-    case c10::kBFloat16: return "bf16";
-    case c10::kHalf: return "fp16";
-    case c10::kDouble: return "fp64";
-    case c10::kLong: return "int64";
-    case c10::kInt: return "int32";
-    case c10::kByte: return "uint8";
-    default: return c10::toString(t);
-  }
-}
 
 std::string count_text(int64_t n) {
   char b[32];
@@ -71,7 +59,7 @@ FlightEntry FlightRecorder::record(const std::string& group, int64_t seq, const 
   e.group = group;
   e.seq = seq;
   e.op = op;
-  e.dtype = dtype_short_name(dtype);
+  e.dtype = dtype_name(dtype);
   e.count = count;
   e.unit = CollectiveUnit::current();
   e.phase = CollectivePhase::current();

@@ -65,7 +65,6 @@ std::string compare_flights(const std::string& group, const std::vector<int>& ra
 // which call: "rank 1 is at all_gather #57 (...); ranks 0, 2 are at reduce_scatter #57 (...)".
 std::string disagreement(const std::map<int, FlightEntry>& calls);
 
-std::string dtype_short_name(c10::ScalarType t);  // fp32, bf16, fp16, fp64, int64, uint8, ...
 std::string count_text(int64_t n);                // 812, 26.7k, 3.2M
 
 }  // namespace fsdpx

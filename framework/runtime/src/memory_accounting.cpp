@@ -9,6 +9,7 @@
 
 #include <ATen/native/Resize.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/alloc_cpu.h>
 
 namespace fsdpx {
@@ -125,7 +126,19 @@ MemoryStats cpu_memory_stats() {
 void reset_cpu_peak_memory() { g_peak.store(g_allocated.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 void resize_storage_bytes(const c10::Storage& storage, size_t bytes) {
-  at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), bytes);
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  if (storage.device().is_cpu()) {
+    at::native::resize_bytes_cpu(impl, bytes);
+    return;
+  }
+  // A device: a fresh block of the storage's own allocator (none for 0 bytes) replaces the old,
+  // which goes back to the allocator (CUDA's reuses it in stream order). Contents are not kept.
+  if (impl->nbytes() == bytes) return;
+  TORCH_CHECK(impl->resizable() && impl->allocator(), "resize_storage_bytes: the storage on ", storage.device(),
+              " is not resizable");
+  c10::OptionalDeviceGuard guard(storage.device());
+  impl->set_data_ptr_noswap(impl->allocator()->allocate(bytes));
+  impl->set_nbytes(bytes);
 }
 
 void free_now(at::Tensor& t) {

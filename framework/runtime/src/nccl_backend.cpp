@@ -10,12 +10,12 @@
 namespace fsdpx {
 
 #ifdef FSDPX_WITH_CUDA
-bool nccl_available() { return true; }
-
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout, int device) {
   int count = static_cast<int>(c10::cuda::device_count());
+  if (count == 0)
+    throw Error("NCCL needs a GPU per rank: no GPU visible to this process; train with --device cpu, or --device sim");
   // Under `srun --gpus-per-task=1` each rank sees exactly one GPU: device 0.
   if (count == 1) device = 0;
   if (device < 0 || device >= count)
@@ -27,8 +27,6 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
 }
 #else
-bool nccl_available() { return false; }
-
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&, int, int,
                                                     std::chrono::milliseconds, int) {
   throw Error("this fsdpx was built without CUDA, so NCCL is not available; train with --device cpu");

@@ -19,8 +19,10 @@ std::string flight_key(int r) { return "fsdpx/flight/" + std::to_string(r); }
 }  // namespace
 
 PeerMonitor::PeerMonitor(const Topology& t, std::chrono::milliseconds timeout, bool exit_on_peer_failure,
-                         std::shared_ptr<const FlightRecorder> recorder)
-    : rank_(t.rank), exit_on_peer_failure_(exit_on_peer_failure), recorder_(std::move(recorder)) {
+                         std::shared_ptr<const FlightRecorder> recorder, bool watch)
+    : rank_(t.rank), world_(t.world_size), exit_on_peer_failure_(exit_on_peer_failure), watch_(watch && t.world_size > 1),
+      watching_(watch_),
+      recorder_(std::move(recorder)) {
   c10d::TCPStoreOptions o;
   o.port = static_cast<uint16_t>(t.master_port);
   o.isServer = false;
@@ -31,6 +33,10 @@ PeerMonitor::PeerMonitor(const Topology& t, std::chrono::milliseconds timeout, b
 }
 
 PeerMonitor::~PeerMonitor() {
+  try {  // a rank that ends normally is not lost to its watcher
+    store_->set(key(rank_) + "/done", std::vector<uint8_t>{1});
+  } catch (const std::exception&) {
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -181,6 +187,52 @@ std::string PeerMonitor::peer_failure() const {
   return "rank " + rank + " failed: " + message;
 }
 
+void PeerMonitor::add_abort_hook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  abort_hooks_.push_back(std::move(hook));
+}
+
+std::string PeerMonitor::watch_next() {
+  const int next = (rank_ + 1) % world_;
+  const int64_t beats = store_->add(key(next), 0);
+  const auto now = std::chrono::steady_clock::now();
+  if (beats != next_beats_) {
+    next_beats_ = beats;
+    next_moved_ = now;
+    return "";
+  }
+  if (now - next_moved_ < kLostAfter || store_->check({key(next) + "/done"})) return "";
+  const double secs = std::chrono::duration<double>(now - next_moved_).count();
+  char text[64];
+  std::snprintf(text, sizeof text, "%.1f", secs);
+  return "rank " + std::to_string(next) + " is gone (no heartbeat in " + text + " s, seen by rank " +
+         std::to_string(rank_) + ")" + whereabouts({next});
+}
+
+void PeerMonitor::run_abort_hooks() {
+  std::vector<std::function<void()>> hooks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    hooks.swap(abort_hooks_);
+  }
+  for (auto& h : hooks) {
+    try {
+      h();
+    } catch (...) {
+    }
+  }
+}
+
+void PeerMonitor::end_process(const std::string& why) {
+  std::fprintf(stderr, "fsdpx: stopping rank %d: %s\n", rank_, why.c_str());
+  std::fflush(stderr);
+  run_abort_hooks();
+  // Rank 0 hosts the store: with watchers, a third rank reads the failure from it within two beats
+  // instead of taking the store's end for rank 0's loss. Without them (Gloo) nothing waits on it.
+  if (rank_ == 0 && watching_ && world_ > 2) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::_Exit(1);
+}
+
 void PeerMonitor::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   int seen = 0;  // beats since another rank's failure was first seen
@@ -199,13 +251,23 @@ void PeerMonitor::run() {
       }
       const std::string failed = exit_on_peer_failure_ ? peer_failure() : "";
       // One beat of grace: when every rank fails alike, each ends with its own message first.
-      if (!failed.empty() && ++seen >= 2 && !reporting_.load()) {
-        std::fprintf(stderr, "fsdpx: stopping rank %d: %s\n", rank_, failed.c_str());
-        std::fflush(stderr);
-        std::_Exit(1);
+      if (!failed.empty() && ++seen >= 2 && !reporting_.load()) end_process(failed);
+      if (watch_ && failed.empty()) {
+        if (const std::string lost = watch_next(); !lost.empty()) {
+          report_failure(lost);
+          if (exit_on_peer_failure_) end_process(lost);
+          run_abort_hooks();  // the collectives waiting for the lost rank fail now, not at their timeout
+          watch_ = false;
+        }
       }
+      store_lost_since_ = std::chrono::steady_clock::time_point{};
     } catch (const std::exception&) {
-      // The store may be gone (diagnose() will say so) or briefly unreachable: keep trying.
+      // The store may be gone (diagnose() will say so) or briefly unreachable: keep trying. A
+      // watching rank takes it for rank 0's end once it stays away for kLostAfter.
+      const auto now = std::chrono::steady_clock::now();
+      if (store_lost_since_ == std::chrono::steady_clock::time_point{}) store_lost_since_ = now;
+      if (watch_ && exit_on_peer_failure_ && now - store_lost_since_ >= kLostAfter)
+        end_process("rank 0, which hosts the rendezvous store, is gone");
     }
     lock.lock();
     cv_.wait_for(lock, std::chrono::milliseconds(500), [this] { return stop_; });

@@ -5,6 +5,12 @@
 // instead of leaving it waiting in a collective for the timeout. Uses its own store connection
 // and thread.
 //
+// Watching (for device collectives, which fail by hanging on the device rather than with a
+// closed connection): each beat also reads the next rank's counter; a rank that has stopped
+// beating for kLostAfter without saying it finished is gone. The watcher posts that as a failure
+// (every rank then ends at once with it, naming the rank, its node and host), runs the abort
+// hooks (communicators that would otherwise wait out their timeout) and ends its process.
+//
 // It also carries the flight recorder to the store: with every beat the last few records, when
 // they changed; at once, the whole ring, when any rank asks (a rank diagnosing a failure asks).
 // The first rank to diagnose a failure compares the ranks' records (flight_recorder.h).
@@ -14,6 +20,7 @@
 #include <chrono>
 #include <memory>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -30,7 +37,7 @@ class PeerMonitor {
  public:
   // Connects to the store of `t` and starts beating. Throws what the store's client throws.
   PeerMonitor(const Topology& t, std::chrono::milliseconds timeout, bool exit_on_peer_failure,
-              std::shared_ptr<const FlightRecorder> recorder);
+              std::shared_ptr<const FlightRecorder> recorder, bool watch = false);
   ~PeerMonitor();
   PeerMonitor(const PeerMonitor&) = delete;
   PeerMonitor& operator=(const PeerMonitor&) = delete;
@@ -42,10 +49,17 @@ class PeerMonitor {
   std::string diagnose(const std::vector<int>& ranks, const std::string& group, bool timed_out) const;
   // Posts this rank's failure for the others; the first failure posted is the one they see.
   void report_failure(const std::string& message) const;
+  // Called, in order, before this process ends on a peer's failure (watching).
+  void add_abort_hook(std::function<void()> hook);
+  static constexpr std::chrono::milliseconds kLostAfter{3000};
 
  private:
   static std::string key(int r);
   void run();
+  // Watching: the next rank's beat; returns the failure to post once it is lost, else "".
+  std::string watch_next();
+  void run_abort_hooks();  // once: they are dropped as they run
+  [[noreturn]] void end_process(const std::string& why);
   // Writes the last `last` records of this rank to the store.
   void publish(size_t last) const;
   // Whether this rank is the first to diagnose a failure, which compares the records.
@@ -57,8 +71,14 @@ class PeerMonitor {
   std::string whereabouts(const std::vector<int>& ranks) const;
   // "rank R failed: MESSAGE" for a failure another rank posted, else "".
   std::string peer_failure() const;
-  int rank_;
+  int rank_, world_;
   bool exit_on_peer_failure_;
+  bool watch_;
+  const bool watching_;  // as configured: watch_ ends after the first loss
+  int64_t next_beats_ = -1;  // the next rank's counter when last seen moving
+  std::chrono::steady_clock::time_point next_moved_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point store_lost_since_{};  // unset while the store answers
+  std::vector<std::function<void()>> abort_hooks_;  // under mutex_
   std::shared_ptr<const FlightRecorder> recorder_;
   mutable std::atomic<bool> published_whole_{false};  // then the beats stop publishing the tail
   mutable std::atomic<bool> reporting_{false};        // diagnosing: not ended by another's failure

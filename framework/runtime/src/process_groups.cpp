@@ -36,7 +36,7 @@ struct ProcessGroups::Impl {
   RuntimeOptions options;
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<FlightRecorder> recorder = std::make_shared<FlightRecorder>();
-  std::shared_ptr<const PeerMonitor> monitor;
+  std::shared_ptr<PeerMonitor> monitor;
   std::shared_ptr<Communicator> world, control;
   std::map<std::string, int> groups_created;  // per (name, members): agreed by the members alone
 
@@ -72,6 +72,7 @@ struct ProcessGroups::Impl {
       throw Error("rank " + std::to_string(me) + ": creating group '" + name + "' (ranks " +
                   join_ints(ranks) + ") failed: " + first_line(e));
     }
+    if (on_nccl) monitor->add_abort_hook([backend] { backend->abort(); });  // a lost peer: fail now
     auto c = std::make_shared<BackendCommunicator>(name, backend, ranks, me, monitor, options.collective_timeout,
                                                    recorder, options.check_collectives);
     if (on_nccl || host_only || options.device == DeviceKind::Cpu) return c;
@@ -137,7 +138,8 @@ std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& optio
                 " (raise --rendezvous-timeout if they are only slow to start)");
   }
   try {
-    impl->monitor = std::make_shared<PeerMonitor>(t, timeout, options.exit_on_peer_failure, impl->recorder);
+    impl->monitor = std::make_shared<PeerMonitor>(t, timeout, options.exit_on_peer_failure, impl->recorder,
+                                                  options.watch_peers || impl->nccl());
   } catch (const std::exception& e) {
     throw Error("rank " + std::to_string(t.rank) + ": cannot open the heartbeat connection to " +
                 master + ": " + first_line(e));

@@ -7,32 +7,18 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
-#include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/checkpoint/checkpointing.h"
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/runtime/every_rank.h"
 #include "fsdpx/framework/runtime/process_groups.h"
-
-using json = nlohmann::json;
 
 namespace fsdpx {
 namespace {
 
 constexpr const char* kOptimPrefix = "optim/";
-
-int64_t rows_of(const at::Tensor& local) { return local.dim() == 0 ? 1 : local.size(0); }
-int64_t rows_of(const std::vector<int64_t>& shape) { return shape.empty() ? 1 : shape[0]; }
-int64_t row_elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
-}  // namespace
-
-namespace {
 
 std::map<std::string, std::vector<int64_t>> plan_shapes(const ShardingEngine& engine) {
   std::map<std::string, std::vector<int64_t>> shapes;
@@ -42,9 +28,10 @@ std::map<std::string, std::vector<int64_t>> plan_shapes(const ShardingEngine& en
 }
 
 // A parameter's real rows on this rank, as a view of its shard.
-TensorShard param_rows(const ParamShard& p, const std::vector<int64_t>& shape, int shard_rank) {
-  const int64_t d0 = rows_of(shape), rps = rows_of(p.param);
-  const int64_t offset = shard_rank * rps, valid = std::clamp<int64_t>(d0 - offset, 0, rps);
+TensorShard param_rows(const ParamShard& p, const std::vector<int64_t>& shape, const ShardingEngine& engine) {
+  const ShardGeometry geo(shape, engine.shard_size());
+  const int shard_rank = engine.shard_rank();
+  const int64_t offset = geo.first_row(shard_rank), valid = geo.valid_rows(shard_rank);
   at::Tensor param = p.param.detach();
   at::Tensor local = shape.empty() ? (shard_rank == 0 ? param.reshape({}) : param.narrow(0, 0, 0)) : param.narrow(0, 0, valid);
   return {p.name, local, shape, offset};
@@ -62,18 +49,17 @@ CheckpointState checkpoint_state(const ShardingEngine& engine, const Optimizer& 
   at::NoGradGuard no_grad;
   const auto shapes = plan_shapes(engine);
   CheckpointState st;
-  const int sr = engine.shard_rank();
   for (const ParamShard& p : engine.shards()) {
     const std::vector<int64_t>& shape = shape_of(shapes, p.name);
-    st.tensors.push_back(param_rows(p, shape, sr));
+    st.tensors.push_back(param_rows(p, shape, engine));
     if (!p.param.requires_grad()) continue;  // frozen: no optimizer state
-    const int64_t d0 = rows_of(shape), rps = rows_of(p.param);
+    const ShardGeometry geo(shape, engine.shard_size());
     const int64_t offset = st.tensors.back().row_offset, valid = rows_of(st.tensors.back().local);
     for (const auto& [key, t] : optimizer.state(p.name)) {
       at::Tensor c = for_load ? t.detach().clone() : t.detach();
-      if (t.dim() > 0 && t.size(0) == rps && !shape.empty()) {
+      if (t.dim() > 0 && t.size(0) == geo.rows_per_shard && !shape.empty()) {
         std::vector<int64_t> g = t.sizes().vec();
-        g[0] = d0;
+        g[0] = geo.rows;
         st.tensors.push_back({kOptimPrefix + p.name + "/" + key, c.narrow(0, 0, valid), g, offset});
       } else {
         st.tensors.push_back({kOptimPrefix + p.name + "/" + key, c, t.sizes().vec(), 0});
@@ -87,7 +73,7 @@ CheckpointState weights_state(const ShardingEngine& engine) {
   at::NoGradGuard no_grad;
   const auto shapes = plan_shapes(engine);
   CheckpointState st;
-  for (const ParamShard& p : engine.shards()) st.tensors.push_back(param_rows(p, shape_of(shapes, p.name), engine.shard_rank()));
+  for (const ParamShard& p : engine.shards()) st.tensors.push_back(param_rows(p, shape_of(shapes, p.name), engine));
   return st;
 }
 
@@ -110,14 +96,10 @@ CheckpointContext checkpoint_context(const ProcessGroups& groups, const Sharding
     const std::vector<int64_t>& shape = s.global_shape;
     if (W == 1) return local.reshape(shape).clone();
     // Every rank's (offset, rows), then the rows padded to the largest share.
-    at::Tensor meta = at::empty({2}, at::kLong);
-    meta[0] = s.row_offset;
-    meta[1] = rows_of(local);
-    at::Tensor metas = at::empty({2 * W}, at::kLong);
-    world->all_gather(metas, meta).wait();
+    const auto metas = from_every_rank(*world, std::vector<int64_t>{s.row_offset, rows_of(local)});
     int64_t most = 0;
-    for (int r = 0; r < W; ++r) most = std::max(most, metas[2 * r + 1].item<int64_t>());
-    const int64_t row = row_elements(shape);
+    for (int r = 0; r < W; ++r) most = std::max(most, metas[r][1]);
+    const int64_t row = row_numel(shape);
     at::Tensor mine = local.reshape({-1});  // a full share goes as it is; a short one is padded
     if (local.numel() != most * row) {
       mine = at::zeros({most * row}, local.options());
@@ -130,13 +112,13 @@ CheckpointContext checkpoint_context(const ProcessGroups& groups, const Sharding
     // gathered buffer already is the tensor.
     bool in_rank_order = true;
     for (int r = 0; r < W; ++r) {
-      const int64_t off = metas[2 * r].item<int64_t>(), n = metas[2 * r + 1].item<int64_t>();
+      const int64_t off = metas[r][0], n = metas[r][1];
       in_rank_order = in_rank_order && (n == 0 || off == r * most) && (n == most || off + n == rows_of(shape) || n == 0);
     }
     if (in_rank_order && rows_of(shape) <= W * most) return all.narrow(0, 0, rows_of(shape) * row).reshape(shape);
     at::Tensor full = at::empty({rows_of(shape) * row}, local.options());
     for (int r = 0; r < W; ++r) {
-      const int64_t off = metas[2 * r].item<int64_t>(), n = metas[2 * r + 1].item<int64_t>();
+      const int64_t off = metas[r][0], n = metas[r][1];
       if (n > 0) full.narrow(0, off * row, n * row).copy_(all.narrow(0, r * most * row, n * row));
     }
     return full.reshape(shape);
@@ -144,7 +126,7 @@ CheckpointContext checkpoint_context(const ProcessGroups& groups, const Sharding
   return ctx;
 }
 
-void apply_checkpoint(const CheckpointState& st, Optimizer& optimizer, DataSource& data) {
+void load_optimizer_state(const CheckpointState& st, Optimizer& optimizer) {
   at::NoGradGuard no_grad;
   std::map<std::string, std::vector<const TensorShard*>> by_param;
   for (const auto& t : st.tensors)
@@ -168,12 +150,5 @@ void apply_checkpoint(const CheckpointState& st, Optimizer& optimizer, DataSourc
     }
     optimizer.load_state(param, updated);
   }
-  // Without its data position a run cannot go on exactly where it stopped: refused, not guessed.
-  if (st.trainer_state_json.empty())
-    throw Error("checkpoint: it holds no trainer state (trainer_state.json), so the data position is unknown; "
-                "it can initialise weights (--init-from) but not resume a run");
-  if (const std::string why = trainer_state_problem(st.trainer_state_json, std::nullopt); !why.empty())
-    throw Error("checkpoint: its trainer state " + why);
-  data.restore(json::parse(st.trainer_state_json)["data"].dump());
 }
 }  // namespace fsdpx

@@ -14,6 +14,28 @@ const ComponentChoice& chosen(const RunConfig& config, Kind kind) {
   return *c;
 }
 
+EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bool deterministic, CommCounters& counters) {
+  EngineComms comms;
+  comms.world = groups.world();
+  const int S = layout.shard_group_size, R = layout.replicate_group_size;
+  auto counted = [&](std::shared_ptr<Communicator> c) {
+    auto wrapped = std::make_shared<CountingCommunicator>(std::move(c));
+    counters.add(wrapped);
+    return wrapped;
+  };
+  if (S > 1 && R > 1) {
+    auto h = groups.hybrid(S);
+    comms.shard = counted(h.shard);
+    comms.replicate = counted(h.replicate);
+  } else if (S > 1) {
+    comms.shard = counted(groups.world());
+  } else if (R > 1) {
+    comms.replicate = counted(groups.world());
+  }
+  if (deterministic) comms.world = counted(groups.world());  // it carries the gradients then
+  return comms;
+}
+
 bool runs_on_cpu(const Optimizer& opt) {
   const auto* d = dynamic_cast<const OptimizerDevices*>(&opt);
   return !d || d->runs_on_cpu();

@@ -6,16 +6,6 @@
 
 namespace fsdpx {
 
-std::string dtype_name(c10::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "fp32";
-    case at::kBFloat16: return "bf16";
-    case at::kHalf: return "fp16";
-    case at::kDouble: return "fp64";
-    default: return c10::toString(t);
-  }
-}
-
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;

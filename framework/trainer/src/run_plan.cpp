@@ -11,7 +11,11 @@
 #include <nlohmann/json.hpp>
 
 #include "components.h"
+#include "fsdpx/framework/base/shard_geometry.h"
+#include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/engine/unit_plan.h"
+#include "fsdpx/framework/engine/unit_precision.h"
+#include "fsdpx/framework/runtime/communicator.h"
 #include "format.h"
 #include "plan_json.h"
 #include "fsdpx/activation_memory.h"
@@ -90,62 +94,52 @@ void plan_data(const PluginHost& host, const RunConfig& config, const TrainSetti
 
 // One unit's shard, gathered size and per-rank bytes, in the unit's own dtypes.
 UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan, const PrecisionSpec& dtypes) {
-  const auto& L = plan.layout;
-  const int64_t S = L.shard_group_size;
+  const int64_t S = plan.layout.shard_group_size;
   UnitBytes b;
   b.fqn = u.fqn;
   b.params = u.num_params;
-  for (const auto& shape : u.shapes) {
-    const int64_t d0 = shape.empty() ? 1 : shape[0];
-    int64_t row = 1;
-    for (size_t k = 1; k < shape.size(); ++k) row *= shape[k];
-    b.shard_numel += (d0 == 0 ? 0 : (d0 + S - 1) / S) * row;
-  }
-  b.reshard_after_forward = S > 1 && !root && L.reshard_after_forward;
+  b.shard_numel = padded_shard_numel(u.shapes, S);
+  b.reshard_after_forward = reshards_after_forward(plan.layout, root);
   b.recompute = u.activation_checkpoint;
   b.dtypes = dtypes;
-  const bool separate = S > 1 || dtypes.compute != dtypes.storage;
-  b.unsharded_bytes = separate ? S * b.shard_numel * elt(dtypes.compute) : 0;
+  b.unsharded_bytes = gathered_bytes(b.shard_numel, S, dtypes);
   return b;
 }
 
-// Adds unit `b`'s collectives per step to the plan, with CountingCommunicator's formulas.
-// `forwards`: forward-backward passes per step (micro-batches; deterministic: local samples).
+// Adds unit `b`'s collectives per step to the plan, sent as CountingCommunicator counts them
+// (ring_sent_bytes). `forwards`: forward-backward passes per step (micro-batches; deterministic:
+// local samples).
 void add_unit_traffic(const UnitBytes& b, int64_t forwards, RunPlan& plan) {
   const int64_t S = plan.layout.shard_group_size, R = plan.layout.replicate_group_size;
   if (S > 1) {
-    const int64_t gather = S * b.shard_numel * elt(b.dtypes.compute);
+    const int64_t gather = all_gather_bytes(b.shard_numel, S, b.dtypes);
     const int64_t gathers = forwards * (b.reshard_after_forward ? 2 : 1);
     plan.allgather_bytes += gathers * gather;
-    plan.sent_bytes += gathers * (gather / S * (S - 1));
+    plan.sent_bytes += gathers * ring_sent_bytes(Collective::AllGather, gather, S);
   }
   if (plan.deterministic) {  // per sample: every world rank's rows of each shard, one all-to-all
     const int64_t W = plan.topology.world_size;  // (unsharded: all of it, one all-gather)
     const int64_t exchange = W * b.shard_numel * elt(b.dtypes.reduce);
     (S == 1 ? plan.allgather_bytes : plan.all_to_all_bytes) += forwards * exchange;
-    plan.sent_bytes += forwards * (exchange / W * (W - 1));
+    plan.sent_bytes += forwards * ring_sent_bytes(S == 1 ? Collective::AllGather : Collective::AllToAll, exchange, W);
     return;
   }
   if (S > 1) {
     const int64_t reduce = S * b.shard_numel * elt(b.dtypes.reduce);
     plan.reduce_scatter_bytes += reduce;
-    plan.sent_bytes += reduce / S * (S - 1);
+    plan.sent_bytes += ring_sent_bytes(Collective::ReduceScatter, reduce, S);
   }
   if (R > 1) {
     const int64_t reduce = b.shard_numel * elt(b.dtypes.gradient);
     plan.all_reduce_bytes += reduce;
-    plan.sent_bytes += 2 * reduce * (R - 1) / R;
+    plan.sent_bytes += ring_sent_bytes(Collective::AllReduce, reduce, R);
   }
 }
 
-// The policy's answer for one unit, checked: units may compute and reduce in dtypes of their own,
-// but store their shards and gradients as the root does (one dtype for the optimizer and checkpoints).
+// The policy's answer for one unit, checked as the engine checks it (unit_precision.h).
 PrecisionSpec unit_precision(const PrecisionPolicy& policy, const std::string& fqn, const PrecisionSpec& root) {
   PrecisionSpec s = policy.spec(fqn);
-  if (s.storage != root.storage || s.gradient != root.gradient)
-    throw Error("the precision policy stores unit '" + fqn + "' in " + dtype_name(s.storage) + " with " +
-                dtype_name(s.gradient) + " gradients, the root in " + dtype_name(root.storage) + " with " +
-                dtype_name(root.gradient) + "; units may differ in compute and reduce dtypes only");
+  check_unit_precision(fqn, s, root);
   return s;
 }
 
@@ -235,7 +229,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   if (s.clip_grad_norm > 0 && S > 1) {  // the squared norm's all-reduce(s) in the shard group
     const int64_t bytes = plan.deterministic ? 16 : 8;  // deterministic: the largest square, then the fixed-point sum
     plan.all_reduce_bytes += bytes;
-    plan.sent_bytes += 2 * bytes * (S - 1) / S;
+    plan.sent_bytes += ring_sent_bytes(Collective::AllReduce, bytes, S);
   }
   return plan;
 }

@@ -86,8 +86,7 @@ void check_train_flags(const RunConfig& config, int nproc_per_node) {
         throw Error(std::string("--nproc-per-node and --") + p + " cannot go together: the launcher places the " +
                     std::to_string(nproc_per_node) + " ranks it starts itself; drop --" + p +
                     " (or start one process per rank without --nproc-per-node)");
-  const std::string device = vm["device"].as<std::string>();
-  if (device != "cpu" && device != "cuda") throw Error("--device must be cpu or cuda, got '" + device + "'");
+  device_of(vm);
   const std::string resume = vm["resume"].as<std::string>(), save_init = vm["save-init"].as<std::string>();
   const char* needs_checkpoint = vm["save-every"].as<int64_t>() > 0 ? "--save-every"
                                  : vm["keep-last"].as<int64_t>() > 0 ? "--keep-last"
@@ -99,6 +98,12 @@ void check_train_flags(const RunConfig& config, int nproc_per_node) {
   if (!save_init.empty() && !resume.empty() && resume != "auto")
     throw Error("--save-init and --resume " + resume + " cannot go together: the run starts from the checkpoint's "
                 "weights, not from the initial weights --save-init would write");
+}
+
+DeviceKind device_of(const po::variables_map& vm) {
+  const std::string device = vm["device"].as<std::string>();
+  if (device != "cpu" && device != "cuda") throw Error("--device must be cpu or cuda, got '" + device + "'");
+  return device == "cuda" ? DeviceKind::Cuda : DeviceKind::Cpu;
 }
 
 TopologyFlags topology_flags(const po::variables_map& vm) {

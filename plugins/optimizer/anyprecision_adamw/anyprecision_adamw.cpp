@@ -9,8 +9,11 @@
 //   with Kahan:    c -= step * m / denom ; old = p ; p += c ; c += old - p
 //                  (the compensated update goes into p; what rounding kept out stays in c)
 // On the CPU one step is a single vectorised pass over each shard (update_kernel.h), computing in
-// fp32 (fp64 when a tensor is fp64) and rounding into each tensor's dtype once; elsewhere (CUDA)
-// it is the chain of tensor ops below, each of which rounds into the state dtypes.
+// fp32 (fp64 when a tensor is fp64) and rounding into each tensor's dtype once. On a device (and
+// for a shard that is not contiguous) it is the same update as tensor ops, one shard at a time:
+// each operand widened to the compute type, updated there, and rounded into its dtype once, so
+// that a GPU's numerics are the CPU's (within a few ulps of the update where the single pass
+// keeps an intermediate unrounded).
 #include <cmath>
 #include <map>
 
@@ -101,20 +104,37 @@ class AnyPrecisionAdamW final : public fsdpx::Optimizer {
   }
 
  private:
+  // `t` in the compute type: itself when it already is (updated in place), else a widened copy.
+  static at::Tensor widened(const at::Tensor& t, at::ScalarType compute) {
+    return t.scalar_type() == compute ? t : t.to(compute);
+  }
+  // `dst` := `computed` rounded into its dtype (nothing when `computed` is `dst` itself).
+  static void round_into(const at::Tensor& dst, const at::Tensor& computed) {
+    if (!computed.is_same(dst)) dst.copy_(computed);
+  }
+
   void step_with_tensor_ops(at::Tensor& param, State& s, const fsdpx_anyprecision::StepConstants& k) const {
-    const at::Tensor& g = param.grad();
-    if (c_.wd != 0) param.mul_(k.decay);
-    s.exp_avg.mul_(c_.b1).add_(g, 1.0 - c_.b1);
-    s.exp_avg_sq.mul_(c_.b2).addcmul_(g, g, 1.0 - c_.b2);
-    at::Tensor denom = (s.exp_avg_sq.sqrt() / k.bc2_sqrt).add_(c_.eps);
-    if (c_.kahan) {
-      s.compensation.addcdiv_(s.exp_avg, denom, -k.step_size);
-      at::Tensor old = param.clone();
-      param.add_(s.compensation);
-      s.compensation.add_(old.sub_(param));
-    } else {
-      param.addcdiv_(s.exp_avg, denom, -k.step_size);
+    const bool wide = param.scalar_type() == at::kDouble || s.exp_avg.scalar_type() == at::kDouble ||
+                      s.exp_avg_sq.scalar_type() == at::kDouble ||
+                      (c_.kahan && s.compensation.scalar_type() == at::kDouble);
+    const at::ScalarType compute = wide ? at::kDouble : at::kFloat;
+    at::Tensor p = widened(param, compute), g = widened(param.grad(), compute);
+    at::Tensor m = widened(s.exp_avg, compute), v = widened(s.exp_avg_sq, compute);
+    if (c_.wd != 0) p.mul_(k.decay);
+    m.mul_(c_.b1).add_(g, 1.0 - c_.b1);
+    v.mul_(c_.b2).add_(g * g, 1.0 - c_.b2);
+    at::Tensor u = m.mul(k.step_size).div_(v.sqrt().mul_(1.0 / k.bc2_sqrt).add_(c_.eps));
+    round_into(s.exp_avg, m);
+    round_into(s.exp_avg_sq, v);
+    if (!c_.kahan) {
+      round_into(param, p.sub_(u));
+      return;
     }
+    at::Tensor c = widened(s.compensation, compute).sub_(u);
+    at::Tensor old = p.clone();
+    round_into(param, p.add_(c));
+    c.add_(old.sub_(widened(param, compute)));  // what the parameter's dtype kept of p + c
+    round_into(s.compensation, c);
   }
 
   Config c_;

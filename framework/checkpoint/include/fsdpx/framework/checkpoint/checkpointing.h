@@ -55,8 +55,9 @@ FSDPX_API std::optional<std::string> latest_checkpoint(const std::string& root);
 // process calls it. Throws fsdpx::Error naming a directory that cannot be removed.
 FSDPX_API void prune_checkpoints(const std::string& root, int64_t keep);
 
-// Fault injection for the interrupted-save test: FSDPX_FAULT=save-after-write:R makes rank R
-// exit abruptly after writing its file, before the save completes.
+// Fault injection for the interrupted-save test (fsdpx/framework/base/fault_injection.h):
+// FSDPX_FAULT=save-after-write:R makes rank R exit abruptly after writing its file, before the
+// save completes.
 FSDPX_API void maybe_fault(const char* point, int rank);
 
 // --- The sharded format ---------------------------------------------------------------------

@@ -22,7 +22,7 @@ namespace fsdpx {
 // One unit as the plan sees it.
 struct UnitMemory {
   std::string fqn;  // "" for the root
-  int64_t shard_numel = 0;  // this rank's flat shard, padded (ShardedParam::lay_out)
+  int64_t shard_numel = 0;  // this rank's flat shard, padded (padded_shard_numel, shard_geometry.h)
   std::vector<std::pair<std::string, int64_t>> params;  // trainable parameters: name, elements
   PrecisionSpec dtypes;
   bool recompute = false;  // activation checkpointing

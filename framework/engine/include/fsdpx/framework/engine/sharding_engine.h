@@ -14,6 +14,7 @@
 #include "fsdpx/export.h"
 #include "fsdpx/framework/base/seeds.h"
 #include "fsdpx/framework/runtime/communicator.h"
+#include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/engine/unit_plan.h"
 #include "fsdpx/model.h"
 #include "fsdpx/optimizer.h"
@@ -38,14 +39,21 @@ struct EngineOptions {
   // order: a fixed, sequential order over global samples at any world size and strategy. Nothing is averaged (the loss carries 1 / global samples), and the
   // shards accumulate until zero_grad(). clip_grad_norm sums in exact fixed point.
   bool deterministic = false;
+  // Where shards, gathered units, gradients and activations live (fsdpx/framework/runtime/
+  // device.h); unset: the CPU. With layout.offload_to_cpu the shards, their gradients (and so the
+  // optimizer's state and step) stay in host memory, and only what a unit computes with moves.
+  std::shared_ptr<const DeviceRuntime> device;
 };
 
 // The communicators the engine uses. `shard` has layout.shard_group_size ranks (nullptr when 1);
-// `replicate` has layout.replicate_group_size ranks (nullptr when 1); `world` is every rank.
+// `replicate` has layout.replicate_group_size ranks (nullptr when 1); `world` is every rank. They
+// carry tensors on the engine's device. `control` (every rank, CPU tensors: ProcessGroups::
+// control) carries the engine's metadata; unset: `world`, which must then take CPU tensors.
 struct EngineComms {
   std::shared_ptr<Communicator> world;
   std::shared_ptr<Communicator> shard;
   std::shared_ptr<Communicator> replicate;
+  std::shared_ptr<Communicator> control;
 };
 
 // Persistent per-rank bytes, measured from the storages the engine holds.
@@ -110,10 +118,6 @@ class FSDPX_API ShardingEngine {
   int shard_size() const;
   int replicate_rank() const;
   MemoryReport memory() const;
-  // Elements of one unit's flat shard (padded), in plan order; for communication formulas.
-  std::vector<int64_t> unit_shard_numels() const;
-  // Whether unit i is resharded after forward (the root never is).
-  std::vector<bool> unit_reshards_after_forward() const;
 
   struct Impl;
 

@@ -30,7 +30,8 @@ struct FSDPX_API UnitPlan {
 // Checks `selected` against the module tree rooted at `root` and assigns every parameter to its
 // innermost enclosing unit (a parameter reachable twice is counted once, where it is first
 // reached). Throws fsdpx::Error for a name that is not a submodule, the root listed as a
-// selection, or a name listed twice.
+// selection, a name listed twice, or a unit inside a recomputed one. The engine walks the tree the
+// same way and refuses more (ShardingEngine's constructor).
 FSDPX_API UnitPlan plan_units(const torch::nn::Module& root,
                               const std::vector<UnitSelection>& selected);
 

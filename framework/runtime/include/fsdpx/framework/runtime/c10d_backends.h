@@ -30,9 +30,6 @@ FSDPX_API c10::intrusive_ptr<c10d::Backend> make_gloo_backend(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout);
 
-// Whether this fsdpx was built with NCCL (a CUDA build of LibTorch).
-FSDPX_API bool nccl_available();
-
 // ProcessGroupNCCL over `store`, for CUDA device `device` (the local rank; device 0 when the
 // process sees a single GPU), which becomes current. Throws fsdpx::Error in a build without
 // CUDA or when the device does not exist.

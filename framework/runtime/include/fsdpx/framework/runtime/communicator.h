@@ -16,9 +16,15 @@ namespace fsdpx {
 
 enum class Collective { AllGather = 0, ReduceScatter, AllReduce, Broadcast, Barrier, AllToAll };
 constexpr int kNumCollectives = 6;
-FSDPX_API const char* collective_name(Collective c);  // "all_gather", ...
 
 enum class ReduceOp { Sum, Avg, Max };
+
+// What one rank of `ranks` sends of a collective whose payload (see CollectiveCounts) is
+// `payload_bytes`, under the ring algorithm: (n-1)/n of the payload for all-gather,
+// reduce-scatter and all-to-all, 2(n-1)/n for all-reduce, the payload for a broadcast's root
+// (`root`), 0 otherwise. FSDP's communication formulas (3 psi, 2 psi) are stated in it. The one
+// place it is written: CountingCommunicator counts with it, and the run plan predicts with it.
+FSDPX_API int64_t ring_sent_bytes(Collective c, int64_t payload_bytes, int64_t ranks, bool root = false);
 
 // An issued collective. wait() blocks until it has completed on this rank and its result is in
 // place (including the division of an average), and throws fsdpx::Error naming the collective,
@@ -72,10 +78,7 @@ struct CollectiveCounts {
   // The logical tensor: all-gather output, reduce-scatter and all-to-all input, all-reduce and
   // broadcast tensor.
   int64_t payload_bytes = 0;
-  // What this rank sends under the ring algorithm: (n-1)/n of the payload for all-gather,
-  // reduce-scatter and all-to-all, 2(n-1)/n for all-reduce, the payload for a broadcast root, 0
-  // otherwise.
-  // This is the quantity FSDP's communication formulas (3 psi, 2 psi) are stated in.
+  // What this rank sends under the ring algorithm (ring_sent_bytes).
   int64_t sent_bytes = 0;
 };
 

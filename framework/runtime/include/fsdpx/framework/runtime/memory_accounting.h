@@ -35,8 +35,9 @@ FSDPX_API MemoryStats cpu_memory_stats();
 FSDPX_API void reset_cpu_peak_memory();
 
 // Resizes `storage` to `bytes` in place (0 frees its bytes; the storage object and every tensor
-// over it stay). For buffers whose bytes must go at a known point whoever else still holds them,
-// e.g. a finished collective's bookkeeping: memory is freed by protocol, not by reference counts.
+// over it stay), on the CPU (contents kept up to the smaller size) or a device (contents not
+// kept). For buffers whose bytes must go at a known point whoever else still holds them, e.g. a
+// finished collective's bookkeeping: memory is freed by protocol, not by reference counts.
 FSDPX_API void resize_storage_bytes(const c10::Storage& storage, size_t bytes);
 // Frees `t`'s bytes now (resize_storage_bytes(t.storage(), 0)) and drops `t`; a no-op when undefined.
 FSDPX_API void free_now(at::Tensor& t);

@@ -31,6 +31,11 @@ struct RuntimeOptions {
   // call (op, dtype, element count, unit, phase) through one small all-gather, and a mismatch is
   // an error naming both calls before anything hangs. Costs a round trip per collective.
   bool check_collectives = false;
+  // Each rank watches the next one's heartbeat: a rank lost for PeerMonitor::kLostAfter (3 s) is
+  // named by its watcher, which aborts its communicators; with exit_on_peer_failure every rank
+  // ends with that message. On with NCCL (a collective waiting for a lost rank hangs on the
+  // device instead of failing); the tests turn it on elsewhere to prove it.
+  bool watch_peers = false;
 };
 
 class FSDPX_API ProcessGroups {

@@ -8,6 +8,7 @@
 
 #include "fsdpx/export.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
+#include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
 
 namespace fsdpx {
@@ -27,6 +28,9 @@ FSDPX_API ConfigRequest train_config_request(const boost::program_options::optio
 // --keep-last, --resume) without a checkpoint component; --save-init with --resume DIR (the run
 // would start from the checkpoint, not from what --save-init writes).
 FSDPX_API void check_train_flags(const RunConfig& config, int nproc_per_node);
+
+// --device: cpu or cuda. Throws fsdpx::Error naming another value.
+FSDPX_API DeviceKind device_of(const boost::program_options::variables_map& vm);
 
 // The topology flags (--rank, ..., --master-port) as given.
 FSDPX_API TopologyFlags topology_flags(const boost::program_options::variables_map& vm);

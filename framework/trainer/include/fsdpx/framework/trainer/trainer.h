@@ -20,6 +20,11 @@ namespace fsdpx {
 FSDPX_API int train(const PluginHost& host, const RunConfig& config, const TrainSettings& settings,
                     const RuntimeOptions& runtime);
 
+// Refuses a device this build cannot train on (fsdpx/framework/runtime/process_groups.h): the
+// sharding engine computes on the CPU. fsdpx-train checks before it launches workers, train()
+// again. Throws fsdpx::Error naming the way out.
+FSDPX_API void check_device_trains(DeviceKind device);
+
 // The components a run uses when the configuration does not choose one.
 FSDPX_API std::map<Kind, std::string> default_components();
 

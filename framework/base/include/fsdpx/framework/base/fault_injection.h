@@ -1,0 +1,32 @@
+// Fault injection for the tests of failure paths: the environment variable FSDPX_FAULT names one
+// fault, POINT:RANK[:WHERE], that the code at that point on that global rank acts out. Read here
+// alone; each point documents what it does:
+//
+//   inf-grad:R:STEP         the trainer: rank R finds an inf in its first gradient shard at STEP (from 1)
+//   skip-all-gather:R:UNIT  the engine: rank R skips the first all-gather of UNIT ("root" for the root)
+//   save-after-write:R      a sharded save: rank R exits abruptly after writing its file
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+// The fault FSDPX_FAULT names, parsed.
+struct Fault {
+  std::string point;  // "inf-grad", "skip-all-gather", ...
+  int rank = -1;
+  std::string where;  // what follows the rank ("" when nothing does)
+};
+
+// FSDPX_FAULT parsed, or nothing when it is unset or not of the form POINT:RANK[:WHERE] (RANK
+// a non-negative decimal number).
+FSDPX_API std::optional<Fault> requested_fault();
+
+// Whether FSDPX_FAULT asks for `point` on `rank`, at `where` (compared whole; "" for a point that
+// takes no WHERE).
+FSDPX_API bool fault_requested(const std::string& point, int rank, const std::string& where = "");
+
+}  // namespace fsdpx

@@ -1,0 +1,31 @@
+// A unit's buffers by ParamGroup's rules: whether its parameters are gathered into storage of
+// their own, the bytes of its all-gather and of its gathered parameters, and whether it reshards
+// after forward. The engine's ParamGroup follows them, and the planners that replay the engine in
+// bytes (run_plan, memory_plan) read them, so that a change is one edit. A unit's flat shard is
+// padded_shard_numel (fsdpx/framework/base/shard_geometry.h) of its parameters' shapes.
+#pragma once
+
+#include <cstdint>
+
+#include "fsdpx/export.h"
+#include "fsdpx/precision_policy.h"
+#include "fsdpx/sharding_strategy.h"
+
+namespace fsdpx {
+
+// Whether the gathered parameters live in storage of their own: sharded over more than one rank,
+// or computed in another dtype than stored. Otherwise they are the shards themselves.
+FSDPX_API bool gathers_into_own_storage(int64_t shard_size, const PrecisionSpec& dtypes);
+
+// The all-gather's output of a unit of `shard_numel` shard elements: every rank's shard in the
+// compute dtype (0 when unsharded: nothing is gathered).
+FSDPX_API int64_t all_gather_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes);
+
+// The gathered parameters' storage (0 when they are the shards themselves).
+FSDPX_API int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes);
+
+// Whether the unit frees its gathered parameters after forward and gathers them again for
+// backward: when sharded and the layout says so; the root never does.
+FSDPX_API bool reshards_after_forward(const ShardingLayout& layout, bool root);
+
+}  // namespace fsdpx

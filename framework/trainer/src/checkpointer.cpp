@@ -1,0 +1,122 @@
+#include "checkpointer.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdpx/error.h"
+#include "fsdpx/framework/checkpoint/checkpointing.h"
+#include "fsdpx/framework/runtime/collective_context.h"
+#include "fsdpx/framework/trainer/checkpoint_state.h"
+#include "fsdpx/hf_interop.h"
+#include "rank_zero.h"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace fsdpx {
+
+Checkpointer::Checkpointer(std::shared_ptr<CheckpointBackend> backend, const TrainSettings& settings,
+                           std::string config_ini, const ProcessGroups& groups, RunDirectory& run_dir, Reporter& out,
+                           CheckpointParts parts)
+    : backend_(std::move(backend)),
+      s_(settings),
+      config_ini_(std::move(config_ini)),
+      groups_(groups),
+      run_dir_(run_dir),
+      out_(out),
+      parts_(parts),
+      writer_(groups.world()->rank() == 0) {}
+
+void Checkpointer::initial_weights() {
+  auto* hf = dynamic_cast<HuggingFaceModel*>(&parts_.model);
+  const std::string hf_dir = hf ? hf->hf_weights_dir() : "";
+  if (s_.init_from.empty() && s_.save_init.empty() && hf_dir.empty()) return;
+  if (!hf_dir.empty() && !s_.init_from.empty())
+    throw Error("--init-from " + s_.init_from + " and the model's Hugging Face weights (" + hf_dir +
+                ") both give the initial weights; keep one");
+  CollectivePhase phase("checkpoint");
+  CheckpointState st = weights_state(parts_.engine);
+  const CheckpointContext ctx = checkpoint_context(groups_, parts_.engine);
+  if (!hf_dir.empty()) {
+    load_hf_weights(hf_dir, st, ctx, [hf](const std::string& n) { return hf->hf_name(n); },
+                    [hf](const std::string& n) { return hf->hf_ignorable(n); });
+    if (writer_) std::printf("initial weights from the Hugging Face checkpoint %s\n", hf_dir.c_str());
+  }
+  if (!s_.init_from.empty()) {
+    load_initial_weights(s_.init_from, st, ctx);
+    if (writer_) std::printf("initial weights from %s\n", s_.init_from.c_str());
+  }
+  if (!s_.save_init.empty()) {
+    fs::path dir = fs::absolute(s_.save_init).lexically_normal();
+    if (dir.filename().empty()) dir = dir.parent_path();  // "DIR/"
+    st.config_ini = config_ini_;  // what made these weights (export-hf reads [model])
+    if (hf) st.trainer_state_json = json{{"hf_config", json::parse(hf->hf_config_json())}}.dump();
+    save_consolidated(dir.string(), st, ctx, /*with_optimizer=*/false);
+    if (writer_) std::printf("initial weights written to %s/model.safetensors\n", s_.save_init.c_str());
+  }
+}
+
+int64_t Checkpointer::restore() {
+  if (s_.resume.empty()) return 0;
+  CollectivePhase phase("checkpoint");
+  std::string dir = s_.resume;
+  Communicator& world = *groups_.world();
+  if (s_.resume == "auto") {
+    // Rank 0 alone moves back what an interrupted save left aside; then every rank lists.
+    on_rank_zero(world, [&] { recover_interrupted_saves(run_dir_.checkpoints()); });
+    auto latest = backend_->latest(run_dir_.checkpoints());
+    dir = latest ? *latest : "";
+    for (const auto& skipped : skipped_checkpoints(run_dir_.checkpoints()))  // never older without a word
+      if (writer_) std::fprintf(stderr, "fsdpx: warning: --resume auto skips %s\n", skipped.c_str());
+  }
+  if (dir.empty()) {
+    if (writer_) std::printf("no complete checkpoint under %s yet: starting from step 0\n", run_dir_.checkpoints().c_str());
+    return 0;
+  }
+  CheckpointState st = checkpoint_state(parts_.engine, parts_.optimizer, /*for_load=*/true);
+  backend_->load(dir, st, checkpoint_context(groups_, parts_.engine));
+  load_optimizer_state(st, parts_.optimizer);
+  const TrainerState state = TrainerState::from_json(st.trainer_state_json);
+  parts_.data.restore(state.data);
+  if (state.loss_scaler) parts_.scaling.restore(*state.loss_scaler);
+  if (writer_) std::printf("resumed from %s at step %ld\n", dir.c_str(), static_cast<long>(st.step));
+  if (st.step >= s_.steps)
+    throw Error("the checkpoint " + dir + " is at step " + std::to_string(st.step) + ", not before --steps " +
+                std::to_string(s_.steps) + "; raise --steps to train further");
+  return st.step;
+}
+
+TrainerState Checkpointer::trainer_state(int64_t step) const {
+  TrainerState state;
+  state.step = step;
+  state.seed = s_.seed;
+  state.data = parts_.data.state();
+  if (auto* hf = dynamic_cast<HuggingFaceModel*>(&parts_.model)) state.hf_config = hf->hf_config_json();
+  if (parts_.scaling.active()) state.loss_scaler = parts_.scaling.state();
+  return state;
+}
+
+void Checkpointer::save(int64_t step) {
+  if (!backend_) return;
+  CollectivePhase phase("checkpoint");
+  const std::string dir = (fs::path(run_dir_.checkpoints()) / checkpoint_dir_name(step)).string();
+  CheckpointState st = checkpoint_state(parts_.engine, parts_.optimizer, /*for_load=*/false);
+  st.step = step;
+  st.trainer_state_json = trainer_state(step).to_json();
+  st.config_ini = config_ini_;
+  const auto t0 = std::chrono::steady_clock::now();
+  backend_->save(dir, st, checkpoint_context(groups_, parts_.engine));
+  on_rank_zero(*groups_.world(), [&] {  // the others wait: the checkpoint is complete and pruned when they go on
+    char l[300];
+    std::snprintf(l, sizeof l, "checkpoint at step %ld: %s (%.2f s)", static_cast<long>(step), dir.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    out_.line(l);
+    if (s_.keep_last > 0) prune_checkpoints(run_dir_.checkpoints(), s_.keep_last);
+  });
+  last_saved_ = dir;
+}
+
+}  // namespace fsdpx

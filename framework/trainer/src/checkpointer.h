@@ -1,0 +1,63 @@
+// Checkpointer: the run's checkpoints (torchtitan's CheckpointManager; the trainer owns the
+// schedule): the initial weights (--init-from, a model's Hugging Face weights, --save-init),
+// --resume, and a save with its pruning (--keep-last).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/runtime/process_groups.h"
+#include "fsdpx/framework/trainer/run_directory.h"
+#include "fsdpx/framework/trainer/train_settings.h"
+#include "fsdpx/interfaces.h"
+#include "loss_scaling_guard.h"
+#include "reporter.h"
+
+namespace fsdpx {
+
+// What a checkpoint is made of and restored into; every reference outlives the Checkpointer.
+struct CheckpointParts {
+  ShardingEngine& engine;
+  Model& model;
+  Optimizer& optimizer;
+  DataSource& data;
+  LossScalingGuard& scaling;
+};
+
+class Checkpointer {
+ public:
+  // `backend`: null when the run has no checkpoint component (save and restore then have nothing
+  // to do; the checks before the run refuse the flags that need one). `config_ini`: what
+  // config.ini records, saved with every checkpoint.
+  Checkpointer(std::shared_ptr<CheckpointBackend> backend, const TrainSettings& settings, std::string config_ini,
+               const ProcessGroups& groups, RunDirectory& run_dir, Reporter& out, CheckpointParts parts);
+
+  bool enabled() const { return backend_ != nullptr; }
+  // --init-from, or a model's Hugging Face weights (--model.from_hf), replace the seeded
+  // initialisation (a checkpoint to resume from replaces both); --save-init writes what the run
+  // starts from. Collective.
+  void initial_weights();
+  // --resume: the named checkpoint, or the newest under OUT/checkpoints. Returns the step to
+  // start from (0 without one). Collective.
+  int64_t restore();
+  // A checkpoint of step `step` under OUT/checkpoints, then --keep-last's pruning. Collective.
+  void save(int64_t step);
+  const std::string& last_saved() const { return last_saved_; }  // "" before the first save
+
+ private:
+  TrainerState trainer_state(int64_t step) const;
+
+  std::shared_ptr<CheckpointBackend> backend_;
+  const TrainSettings& s_;
+  const std::string config_ini_;
+  const ProcessGroups& groups_;
+  RunDirectory& run_dir_;
+  Reporter& out_;
+  CheckpointParts parts_;
+  const bool writer_;
+  std::string last_saved_;
+};
+
+}  // namespace fsdpx

@@ -1,0 +1,252 @@
+#include "metrics_processor.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include <ATen/ops/full.h>
+
+#include "format.h"
+#include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/every_rank.h"
+#include "fsdpx/framework/runtime/memory_accounting.h"
+#include "peak_flops.h"
+#include "plan_json.h"
+#include "proc_memory.h"
+#include "rank_zero.h"
+
+using json = nlohmann::json;
+
+namespace fsdpx {
+namespace {
+
+double seconds_since(MetricsProcessor::Clock::time_point t) {
+  return std::chrono::duration<double>(MetricsProcessor::Clock::now() - t).count();
+}
+
+json phase_peaks(const WorldStep& w) {
+  json j = json::object();
+  for (int k = 0; k < kStepPhases; ++k) j[phase_name(static_cast<StepPhase>(k))] = w.max_phase_peaks[k];
+  return j;
+}
+
+std::string eval_line(const json& e) {
+  char l[160];
+  std::snprintf(l, sizeof l, "eval at step %ld: held-out loss %.4f", static_cast<long>(e["step"].get<int64_t>()),
+                e["eval_loss"].get<double>());
+  std::string line = l;
+  if (e.contains("eval_accuracy")) {
+    std::snprintf(l, sizeof l, ", accuracy %.2f%%", 100 * e["eval_accuracy"].get<double>());
+    line += l;
+  }
+  std::snprintf(l, sizeof l, " over %ld samples", static_cast<long>(e["eval_samples"].get<int64_t>()));
+  return line + l;
+}
+
+}  // namespace
+
+MetricsProcessor::MetricsProcessor(const TrainSettings& settings, const RunPlan& plan, RunDirectory& run_dir,
+                                   Reporter& out, Communicator& world, Clock::time_point wall_start)
+    : s_(settings), plan_(plan), run_dir_(run_dir), out_(out), world_(world), wall_start_(wall_start) {}
+
+void MetricsProcessor::open(int64_t start_step) {
+  start_step_ = start_step;
+  on_rank_zero(world_, [&] { run_dir_.open_metrics(start_step); });
+}
+
+void MetricsProcessor::measure_peak_flops() {
+  peak_ = s_.peak_tflops;
+  if (peak_ > 0) return;
+  world_.barrier().wait();
+  const PeakProbe probe = measure_peak_tflops(plan_.dtypes.compute);
+  at::Tensor p = at::full({1}, probe.tflops, at::kDouble);
+  world_.all_reduce(p, ReduceOp::Avg).wait();
+  peak_ = p.item<double>();
+  peak_source_ = "measured in " + dtype_name(plan_.dtypes.compute) + " on every rank at once: " + probe.text() +
+                 "; --peak-tflops sets it";
+}
+
+void MetricsProcessor::announce() {
+  if (!writer()) return;
+  char l[256];
+  std::snprintf(l, sizeof l,
+                "training %s (%s parameters) on %s: %d rank(s) of %d thread(s), %s, %s, %s, %s; %ld samples per step",
+                plan_.model.c_str(), human_count(static_cast<double>(plan_.total_params)).c_str(), plan_.data.c_str(),
+                world_.size(), plan_.threads.threads, plan_.strategy.c_str(), plan_.wrap.c_str(),
+                plan_.precision.c_str(), plan_.optimizer.c_str(), static_cast<long>(plan_.samples_per_step));
+  out_.line(l);
+  std::snprintf(l, sizeof l, "peak %.3f TFLOP/s per rank (%s)", peak_, peak_source_.c_str());
+  out_.line(l);
+  for (const auto& w : plan_.warnings) out_.line("warning: " + w);
+  if (plan_.layout.offload_to_cpu)
+    out_.line("cpu offload: the compute device is the CPU, where the shards, gradients and optimizer state already "
+              "live; nothing to move (the run is its base strategy's)");
+}
+
+void MetricsProcessor::start() {
+  run_peak_ = std::max(peak_rss_bytes(), proc_memory().hwm);  // VmHWM restarts every step
+  train_start_ = Clock::now();
+  interval_ = Interval{};
+  interval_.comm_start = counters_.totals();
+}
+
+RankStep MetricsProcessor::begin_step() {
+  step_comm_start_ = counters_.totals();
+  const ProcMemory before = proc_memory();
+  run_peak_ = std::max(run_peak_, before.hwm);  // evaluations and saves since the last step
+  rss_measured_ = reset_peak_rss() && before.rss >= 0;
+  step_rss_start_ = before.rss;
+  allocated_run_peak_ = std::max(allocated_run_peak_, cpu_memory_stats().peak_allocated);  // since the last step
+  RankStep mine;
+  mine.allocated.begin();
+  return mine;
+}
+
+WorldStep MetricsProcessor::end_step(int64_t step, RankStep& mine, double ordered_loss) {
+  mine.allocated.end(StepPhase::Optimizer);
+  allocated_run_peak_ = std::max(allocated_run_peak_, mine.allocated.step_peak());
+  mine.allocated_run_peak = allocated_run_peak_;
+  step_comm_ = counters_.totals() - step_comm_start_;
+  mine.step_peak = proc_memory().hwm;
+  run_peak_ = std::max(run_peak_, mine.step_peak);
+  mine.rss_rise = rss_measured_ ? mine.step_peak - step_rss_start_ : -1;
+  mine.run_peak = run_peak_;
+  WorldStep w = gather_step(world_, mine);
+  if (s_.deterministic) w.loss = ordered_loss;
+  max_step_rise_ = std::max(max_step_rise_, w.max_rss_rise);
+  check_step(step, w);
+  if (std::isnan(first_loss_)) first_loss_ = w.loss;
+  last_loss_ = w.loss;
+  ++interval_.steps;
+  interval_.tokens += w.tokens;
+  interval_.samples += w.samples;
+  return w;
+}
+
+void MetricsProcessor::check_step(int64_t step, const WorldStep& w) const {
+  if (s_.max_memory_mib > 0 && w.max_allocated_peak > s_.max_memory_mib * (int64_t{1} << 20))
+    throw Error("step " + std::to_string(step + 1) + " reached a peak of " + std::to_string(w.max_allocated_peak >> 20) +
+                " MiB allocated on a rank (the plan's measure), over --max-memory-mib " +
+                std::to_string(s_.max_memory_mib) +
+                "; lower --batch-size, or recompute activations (--activation-checkpointing)");
+  if (!std::isfinite(w.loss))
+    throw Error("the loss is " + std::to_string(w.loss) + " at step " + std::to_string(step + 1) +
+                "; training diverged: lower the optimizer's lr (--optimizer.lr), add --warmup-steps or "
+                "--clip-grad-norm");
+}
+
+void MetricsProcessor::log(int64_t done, const WorldStep& w, double lr, double grad_norm,
+                           const LossScalingGuard& scaling) {
+  const bool log_now = done % s_.log_every == 0 || done == s_.steps;
+  const double elapsed = seconds_since(interval_.start);
+  const bool tokens_matter = plan_.tokens_per_step != plan_.samples_per_step;
+  Progress p;
+  p.step = done;
+  p.loss = w.loss;
+  p.lr = lr;
+  p.step_time = elapsed / static_cast<double>(interval_.steps);
+  p.per_s = static_cast<double>(tokens_matter ? interval_.tokens : interval_.samples) / std::max(elapsed, 1e-9);
+  p.unit = tokens_matter ? "tok" : "samples";
+  p.eta = seconds_since(train_start_) / static_cast<double>(done - start_step_) * static_cast<double>(s_.steps - done);
+  if (!log_now) {
+    if (!writer()) return;
+    p.peak_mem = allocated_run_peak_;
+    out_.update(p, false);
+    return;
+  }
+  on_rank_zero(world_, [&] {
+    p.peak_mem = *std::max_element(w.allocated_run_peaks.begin(), w.allocated_run_peaks.end());
+    run_dir_.append_metrics(metrics_line(done, w, elapsed, p.step_time, lr, grad_norm, scaling).dump());
+    out_.update(p, true);
+  });
+  interval_ = Interval{};
+  interval_.comm_start = counters_.totals();
+}
+
+json MetricsProcessor::metrics_line(int64_t done, const WorldStep& w, double elapsed, double step_time, double lr,
+                                    double grad_norm, const LossScalingGuard& scaling) const {
+  const double secs = std::max(elapsed, 1e-9);
+  json m{{"step", done},
+         {"loss", w.loss},
+         {"lr", lr},
+         {"tokens_per_s", static_cast<double>(interval_.tokens) / secs},
+         {"samples_per_s", static_cast<double>(interval_.samples) / secs},
+         {"step_time_s", step_time},
+         {"peak_memory_bytes", w.allocated_run_peaks},
+         {"memory_kind", "allocated"},
+         {"step_peak_allocated_bytes", w.max_allocated_peak},
+         {"phase_peak_allocated_bytes", phase_peaks(w)},
+         {"peak_rss_bytes", w.run_peaks},
+         {"step_rss_rise_bytes", w.max_rss_rise}};
+  m.update((counters_.totals() - interval_.comm_start).per(interval_.steps).to_json());
+  if (plan_.flops_per_token > 0) {
+    const double tflops = plan_.flops_per_token * static_cast<double>(interval_.tokens) / secs / 1e12;
+    m["tflops"] = tflops;
+    m["mfu"] = tflops / (peak_ * world_.size());
+  }
+  if (grad_norm >= 0) m["grad_norm"] = grad_norm;
+  if (scaling.active()) {
+    m["loss_scale"] = scaling.scale();  // for the next step
+    m["skipped_steps"] = scaling.skipped_steps();
+  }
+  return m;
+}
+
+void MetricsProcessor::log_eval(const json& record) {
+  last_eval_ = record;
+  on_rank_zero(world_, [&] {
+    out_.line(eval_line(record));
+    run_dir_.append_metrics(record.dump());
+  });
+}
+
+void MetricsProcessor::finish(const PersistentBytes& mine, const std::string& last_checkpoint) {
+  const json ranks = measured_per_rank(mine);
+  on_rank_zero(world_, [&] {
+    const double wall = seconds_since(wall_start_);
+    const double steps_run = static_cast<double>(std::max<int64_t>(1, s_.steps - start_step_));
+    json summary{{"steps", s_.steps},
+                 {"start_step", start_step_},
+                 {"first_loss", first_loss_},
+                 {"final_loss", last_loss_},
+                 {"world_size", world_.size()},
+                 {"ranks", ranks},
+                 {"last_step_comm", step_comm_.to_json()},
+                 {"plan", plan_json(plan_)},
+                 {"peak_tflops_per_rank", peak_},
+                 {"max_step_rss_rise_bytes", max_step_rise_},
+                 {"step_time_s", seconds_since(train_start_) / steps_run},
+                 {"wall_s", wall}};
+    if (!last_eval_.is_null()) summary["eval"] = last_eval_;
+    if (!last_checkpoint.empty()) summary["checkpoint"] = last_checkpoint;
+    run_dir_.write_summary(summary.dump(2));
+    closing_lines(wall, last_checkpoint);
+  });
+}
+
+json MetricsProcessor::measured_per_rank(const PersistentBytes& mine) {
+  const auto all = from_every_rank(world_, std::vector<int64_t>{mine.params, mine.grads, mine.optimizer,
+                                                                std::max(run_peak_, proc_memory().hwm),
+                                                                allocated_run_peak_});
+  json ranks = json::array();
+  for (const auto& r : all)
+    ranks.push_back({{"param_bytes", r[0]},
+                     {"grad_bytes", r[1]},
+                     {"optimizer_bytes", r[2]},
+                     {"peak_rss_bytes", r[3]},
+                     {"peak_allocated_bytes", r[4]}});
+  return ranks;
+}
+
+void MetricsProcessor::closing_lines(double wall, const std::string& last_checkpoint) {
+  char l[200];
+  std::snprintf(l, sizeof l, "done: %ld steps in %.1f s, loss %.4f -> %.4f", static_cast<long>(s_.steps - start_step_),
+                wall, first_loss_, last_loss_);
+  out_.line(l);
+  if (run_dir_.dir().empty()) return;
+  out_.line("metrics:    " + run_dir_.path("metrics.jsonl"));
+  out_.line("config:     " + run_dir_.path("config.ini"));
+  out_.line("plot:       scripts/fsdpx-plot " + run_dir_.dir() + "  (writes " + run_dir_.path("plot.png") + ")");
+  if (!last_checkpoint.empty()) out_.line("checkpoint: " + last_checkpoint);
+}
+
+}  // namespace fsdpx

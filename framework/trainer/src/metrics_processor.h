@@ -1,0 +1,101 @@
+// MetricsProcessor: what a run measures and reports (torchtitan's MetricsProcessor): each step's
+// memory and bytes moved, agreed over the ranks; the progress line or bar, metrics.jsonl,
+// the opening lines, summary.json and the closing lines.
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "comm_counters.h"
+#include "fsdpx/framework/runtime/communicator.h"
+#include "fsdpx/framework/trainer/run_directory.h"
+#include "fsdpx/framework/trainer/run_plan.h"
+#include "fsdpx/framework/trainer/train_settings.h"
+#include "loss_scaling_guard.h"
+#include "reporter.h"
+#include "world_step.h"
+
+namespace fsdpx {
+
+// This rank's persistent bytes at the end of a run: parameter, gradient and optimizer shards.
+struct PersistentBytes {
+  int64_t params = 0, grads = 0, optimizer = 0;
+};
+
+class MetricsProcessor {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // Every reference outlives it. `world`: every rank (its collectives are not counted);
+  // `wall_start`: when the run began, for summary.json's wall time.
+  MetricsProcessor(const TrainSettings& settings, const RunPlan& plan, RunDirectory& run_dir, Reporter& out,
+                   Communicator& world, Clock::time_point wall_start);
+
+  // The engine's counted communicators are added here.
+  CommCounters& counters() { return counters_; }
+
+  // metrics.jsonl for a run starting at `start_step` (rank 0; every rank learns the outcome).
+  void open(int64_t start_step);
+  // The peak for MFU: --peak-tflops, or measured by every rank at once and averaged. Collective.
+  void measure_peak_flops();
+  // Rank 0's opening lines: what trains where, the peak, the plan's warnings.
+  void announce();
+  // The loop begins: the run's peaks so far and the first interval.
+  void start();
+
+  // A step: begin_step() before its first forward returns the rank's figures to fill (loss,
+  // tokens, samples, the allocated peak of each phase); end_step() after the optimizer agrees on
+  // them over every rank. end_step throws fsdpx::Error on a diverged loss or a step over
+  // --max-memory-mib. `ordered_loss`: --deterministic's loss, the same bits on every rank.
+  RankStep begin_step();
+  WorldStep end_step(int64_t step, RankStep& mine, double ordered_loss);
+
+  // The progress line or bar of step `done`; at log steps also metrics.jsonl, and a new interval.
+  void log(int64_t done, const WorldStep& w, double lr, double grad_norm, const LossScalingGuard& scaling);
+  // A held-out evaluation's record: its line and metrics.jsonl; summary.json keeps the last.
+  void log_eval(const nlohmann::json& record);
+  // summary.json and the closing lines, with every rank's bytes and peaks. Collective.
+  void finish(const PersistentBytes& mine, const std::string& last_checkpoint);
+
+ private:
+  // The figures of the steps since the last log line.
+  struct Interval {
+    Clock::time_point start = Clock::now();
+    int64_t steps = 0, tokens = 0, samples = 0;
+    CommTotals comm_start;
+  };
+  bool writer() const { return world_.rank() == 0; }
+  void check_step(int64_t step, const WorldStep& w) const;
+  nlohmann::json metrics_line(int64_t done, const WorldStep& w, double elapsed, double step_time, double lr,
+                              double grad_norm, const LossScalingGuard& scaling) const;
+  nlohmann::json measured_per_rank(const PersistentBytes& mine);
+  void closing_lines(double wall, const std::string& last_checkpoint);
+
+  const TrainSettings& s_;
+  const RunPlan& plan_;
+  RunDirectory& run_dir_;
+  Reporter& out_;
+  Communicator& world_;
+  const Clock::time_point wall_start_;
+  CommCounters counters_;
+  int64_t start_step_ = 0;
+  double peak_ = 0;
+  std::string peak_source_ = "--peak-tflops";
+  Clock::time_point train_start_;
+  Interval interval_;
+  // The step being measured: what it started from.
+  CommTotals step_comm_start_;
+  int64_t step_rss_start_ = -1;
+  bool rss_measured_ = false;
+  // The run's figures so far.
+  double first_loss_ = std::nan(""), last_loss_ = std::nan("");
+  int64_t run_peak_ = 0, max_step_rise_ = 0;
+  int64_t allocated_run_peak_ = 0;  // this rank's allocated peak so far (memory_accounting.h)
+  CommTotals step_comm_;            // the last step's
+  nlohmann::json last_eval_;
+};
+
+}  // namespace fsdpx

@@ -1,0 +1,33 @@
+#include "phase_peaks.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "fsdpx/framework/runtime/memory_accounting.h"
+
+namespace fsdpx {
+
+const char* phase_name(StepPhase p) {
+  switch (p) {
+    case StepPhase::Forward: return "forward";
+    case StepPhase::Backward: return "backward";
+    case StepPhase::Optimizer: return "optimizer";
+  }
+  return "step";
+}
+
+void PhasePeaks::begin() {
+  reset_cpu_peak_memory();
+  at_start_ = cpu_memory_stats().allocated;
+  for (auto& p : peaks_) p = 0;
+}
+
+void PhasePeaks::end(StepPhase phase) {
+  int64_t& p = peaks_[static_cast<int>(phase)];
+  p = std::max(p, cpu_memory_stats().peak_allocated);
+  reset_cpu_peak_memory();
+}
+
+int64_t PhasePeaks::step_peak() const { return *std::max_element(std::begin(peaks_), std::end(peaks_)); }
+
+}  // namespace fsdpx

@@ -1,0 +1,38 @@
+// One step's figures on each rank (RankStep), and the same over all ranks (WorldStep): the one
+// all-gather per step that carries every rank's loss share, tokens, samples and memory.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fsdpx/framework/runtime/communicator.h"
+#include "phase_peaks.h"
+
+namespace fsdpx {
+
+struct RankStep {
+  double loss_sum = 0;   // this rank's share of the step's loss (over its micro-batches)
+  int64_t tokens = 0, samples = 0;
+  int64_t rss_rise = -1;  // the step's peak RSS over the RSS before it; -1: unknown
+  int64_t step_peak = 0;  // the step's peak RSS
+  int64_t run_peak = 0;   // the run's peak RSS so far
+  PhasePeaks allocated;   // the step's allocated peaks
+  int64_t allocated_run_peak = 0;  // the run's allocated peak so far
+};
+
+// The same on every rank (summed in rank order).
+struct WorldStep {
+  double loss = 0;  // mean over ranks of their loss shares
+  int64_t tokens = 0, samples = 0;
+  int64_t max_rss_rise = -1, max_step_peak = 0;
+  std::vector<int64_t> run_peaks;  // per rank: peak RSS
+  // Allocated bytes: the largest step peak over ranks, each phase's, and each rank's run peak.
+  int64_t max_allocated_peak = 0;
+  int64_t max_phase_peaks[kStepPhases] = {0, 0, 0};
+  std::vector<int64_t> allocated_run_peaks;
+};
+
+// Every rank's `mine`, combined. One all-gather over `world`. Collective.
+WorldStep gather_step(Communicator& world, const RankStep& mine);
+
+}  // namespace fsdpx

@@ -1,0 +1,67 @@
+// The device tests again on CUDA, and what only a GPU can show. Built and run on every CI run:
+// without a GPU each test reports itself skipped with the reason (never passed). make gpu-check
+// runs them on the first GPU (ctest -L gpu).
+#include <gtest/gtest.h>
+
+#include <ATen/Context.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include "test_paths.h"
+
+namespace {
+
+int gpus() { return at::hasCUDA() ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0; }
+
+#define FSDPX_NEEDS_GPUS(n)                                                                                \
+  if (gpus() < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA GPU(s), " << gpus() << " visible here: the CUDA " \
+                                 "path is compiled and linked, its logic tested on sim; make gpu-check runs this"
+
+std::string worker() { return (fsdpx::test::build_dir() / "tests" / "engine_worker").string(); }
+
+// The engine_worker's mean losses of `args` at `n` ranks.
+std::vector<double> losses(const std::string& args, int n, const std::string& out) {
+  auto r = fsdpx::test::run_command("timeout 600 " + worker() + " --nproc-per-node " + std::to_string(n) + " --steps 3 " +
+                                    args + " --out " + out);
+  EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.out << r.err;
+  std::vector<double> v;
+  std::istringstream in(fsdpx::test::read_file(out + ".losses"));
+  for (double x; in >> x;) v.push_back(x);
+  return v;
+}
+
+// The engine on CUDA gives the CPU's losses within fp32 rounding (cuBLAS and CPU kernels add in
+// different orders), every strategy: NCCL at one rank, and two ranks sharing the GPU over Gloo.
+TEST(Gpu, EngineOnCudaMatchesTheCpu) {
+  FSDPX_NEEDS_GPUS(1);
+  fsdpx::test::TempDir dir;
+  for (const char* strategy : {"full_shard", "shard_grad_op", "no_shard"})
+    for (const auto& [n, backend] : {std::pair<int, const char*>{1, "default"}, {2, "gloo"}}) {
+      const std::string base = std::string("--strategy ") + strategy;
+      const auto cpu = losses(base, n, (dir.path() / "cpu").string());
+      const auto gpu = losses(base + " --device cuda --backend " + backend, n, (dir.path() / "gpu").string());
+      ASSERT_EQ(cpu.size(), gpu.size());
+      for (size_t i = 0; i < cpu.size(); ++i)
+        EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * std::abs(cpu[i])) << strategy << " at " << n << " rank(s), step " << i;
+    }
+}
+
+// cpu_offload on CUDA: the shards in pinned host memory, the same losses as its base strategy.
+TEST(Gpu, CpuOffloadMatchesItsBaseStrategy) {
+  FSDPX_NEEDS_GPUS(1);
+  fsdpx::test::TempDir dir;
+  const auto base = losses("--strategy full_shard --device cuda", 1, (dir.path() / "base").string());
+  const auto off = losses("--strategy full_shard --device cuda --offload", 1, (dir.path() / "off").string());
+  ASSERT_EQ(base.size(), off.size());
+  for (size_t i = 0; i < base.size(); ++i) EXPECT_NEAR(off[i], base[i], 1e-6 * std::abs(base[i])) << i;
+}
+
+// The CUDA probe with a GPU: the device runtime opens and an NCCL group of one rank all-reduces.
+TEST(Gpu, ProbeOpensTheDeviceAndNcclAtOneRank) {
+  FSDPX_NEEDS_GPUS(1);
+  auto r = fsdpx::test::run_command("LD_BIND_NOW=1 " + (fsdpx::test::build_dir() / "tests" / "cuda_probe").string() +
+                                    " --expect-gpu");
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("nccl all-reduce of 1 rank: ok"), std::string::npos) << r.out;
+}
+
+}  // namespace
