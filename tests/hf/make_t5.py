@@ -1,13 +1,15 @@
-"""Builds a small random T5ForConditionalGeneration offline, saves it as a Hugging Face model
-directory (config.json + safetensors, optionally sharded with model.safetensors.index.json), and
-writes reference fp32 logits of the model on fixed ids to a separate safetensors file: `ids`
+"""Builds small random T5ForConditionalGenerations offline, saves each as a Hugging Face model
+directory (config.json + safetensors, or shards with model.safetensors.index.json), and writes
+reference fp32 logits of each model on fixed ids to DIR.logits.safetensors beside it: `ids`
 int64 [2, 3, 20] (the encoder's input ids, padded with 0 to different lengths and masked, then the
-decoder's input ids, starting from 0) and `logits` float32 [3, 20, vocab].
+decoder's input ids, starting from 0) and `logits` float32 [3, 20, vocab]. Several models in one
+run share the cost of importing transformers; the same variant gives the same weights.
 
-  --variant v1.0   ReLU feed-forward, lm_head tied to the shared embedding, logits scaled by d_model^-0.5
-  --variant v1.1   gated-GELU feed-forward, an lm_head of its own, no scaling (flan-t5)
+  v1.0   ReLU feed-forward, lm_head tied to the shared embedding, logits scaled by d_model^-0.5
+  v1.1   gated-GELU feed-forward, an lm_head of its own, no scaling (flan-t5)
+  a -sharded suffix (v1.1-sharded) saves in several small shards with an index
 
-  python tests/hf/make_t5.py --out DIR --variant v1.0|v1.1 [--sharded] [--logits-out FILE] ...
+  python tests/hf/make_t5.py [--layers N ...] VARIANT=DIR [VARIANT=DIR ...]
 """
 import argparse
 import inspect
@@ -41,10 +43,8 @@ def reference_ids(vocab, seed):
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="model directory to write")
-    p.add_argument("--variant", choices=("v1.0", "v1.1"), required=True)
-    p.add_argument("--sharded", action="store_true", help="save in several small shards with an index")
-    p.add_argument("--logits-out", help="reference logits file (default DIR/../<basename DIR>.logits.safetensors)")
+    p.add_argument("models", nargs="+", metavar="VARIANT=DIR",
+                   help="v1.0, v1.1, v1.0-sharded or v1.1-sharded, and the model directory to write")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--decoder-layers", type=int, default=3)
@@ -56,11 +56,16 @@ def parse(argv):
     p.add_argument("--buckets", type=int, default=8)
     p.add_argument("--max-distance", type=int, default=12)
     p.add_argument("--shard-size", default="60KB", help="max_shard_size with --sharded")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    for spec in a.models:
+        variant, _, out = spec.partition("=")
+        if variant not in ("v1.0", "v1.1", "v1.0-sharded", "v1.1-sharded") or not out:
+            p.error(f"'{spec}' is not VARIANT=DIR with VARIANT v1.0, v1.1, v1.0-sharded or v1.1-sharded")
+    return a
 
 
-def make_model(a):
-    v11 = a.variant == "v1.1"
+def make_model(a, variant):
+    v11 = variant == "v1.1"
     cfg = T5Config(vocab_size=a.vocab, d_model=a.d_model, d_kv=a.d_kv, d_ff=a.d_ff, num_layers=a.layers,
                    num_decoder_layers=a.decoder_layers, num_heads=a.heads, relative_attention_num_buckets=a.buckets,
                    relative_attention_max_distance=a.max_distance, dropout_rate=0.0,
@@ -79,41 +84,47 @@ def make_model(a):
             model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight))
     tied = model.lm_head.weight.data_ptr() == model.shared.weight.data_ptr()
     if tied == v11:
-        raise SystemExit(f"make_t5: lm_head is {'tied' if tied else 'untied'} for {a.variant}")
+        raise SystemExit(f"make_t5: lm_head is {'tied' if tied else 'untied'} for {variant}")
     model.eval()
     return model
+
+
+def save(a, variant, out):
+    """Writes one model directory and its reference logits beside it; 0 on success."""
+    variant, _, sharded = variant.partition("-")
+    out = os.path.abspath(out)
+    model = make_model(a, variant)
+    os.makedirs(out, exist_ok=True)
+    save_kw = {}
+    if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
+        save_kw["safe_serialization"] = True  # transformers 4; 5 always writes safetensors
+    if sharded:
+        save_kw["max_shard_size"] = a.shard_size
+    model.save_pretrained(out, **save_kw)
+    files = sorted(os.listdir(out))
+    print(f"wrote {out}: {', '.join(files)}")
+    if sharded and "model.safetensors.index.json" not in files:
+        print("make_t5: a sharded save did not give several shards and an index; lower --shard-size", file=sys.stderr)
+        return 1
+    with open(os.path.join(out, "config.json")) as f:
+        print("config.json:", json.dumps(json.load(f), sort_keys=True))
+    ids = reference_ids(a.vocab, a.seed)
+    with torch.no_grad():
+        logits = model(input_ids=ids[0], attention_mask=(ids[0] != 0).long(),
+                       decoder_input_ids=ids[1]).logits.to(torch.float32).contiguous()
+    logits_out = out + ".logits.safetensors"
+    save_file({"ids": ids.contiguous(), "logits": logits}, logits_out)
+    print(f"wrote reference logits {tuple(logits.shape)} (max |logit| {logits.abs().max().item():.6g}) to {logits_out}")
+    return 0
 
 
 def main(argv):
     a = parse(argv[1:])
     hf_logging.disable_progress_bar()
-    out = os.path.abspath(a.out)
-    logits_out = a.logits_out or os.path.join(os.path.dirname(out), os.path.basename(out) + ".logits.safetensors")
-    if os.path.abspath(os.path.dirname(os.path.abspath(logits_out))) == out:
-        print("make_t5: --logits-out must not lie in the model directory", file=sys.stderr)
-        return 2
-    model = make_model(a)
-    os.makedirs(out, exist_ok=True)
-    save_kw = {}
-    if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
-        save_kw["safe_serialization"] = True  # transformers 4; 5 always writes safetensors
-    if a.sharded:
-        save_kw["max_shard_size"] = a.shard_size
-    model.save_pretrained(out, **save_kw)
-    files = sorted(os.listdir(out))
-    print(f"wrote {out}: {', '.join(files)}")
-    if a.sharded and "model.safetensors.index.json" not in files:
-        print("make_t5: --sharded did not give several shards and an index; lower --shard-size", file=sys.stderr)
-        return 1
-    with open(os.path.join(out, "config.json")) as f:
-        print("config.json:", json.dumps(json.load(f), sort_keys=True))
-
-    ids = reference_ids(a.vocab, a.seed)
-    with torch.no_grad():
-        logits = model(input_ids=ids[0], attention_mask=(ids[0] != 0).long(),
-                       decoder_input_ids=ids[1]).logits.to(torch.float32).contiguous()
-    save_file({"ids": ids.contiguous(), "logits": logits}, logits_out)
-    print(f"wrote reference logits {tuple(logits.shape)} (max |logit| {logits.abs().max().item():.6g}) to {logits_out}")
+    for spec in a.models:
+        variant, _, out = spec.partition("=")
+        if save(a, variant, out):
+            return 1
     return 0
 
 
