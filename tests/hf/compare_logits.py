@@ -1,19 +1,20 @@
 """Compares the `logits` tensors of two safetensors files: prints the largest absolute difference
-and exits 0 when it is within --tol, 1 otherwise (2 for unusable inputs).
+and exits 0 when it is within --tol, 1 otherwise (2 for unusable inputs). NumPy only: no torch
+import, so that a comparison costs a fraction of a second beside the runs it checks.
 
   python tests/hf/compare_logits.py A.safetensors B.safetensors [--tol 1e-4]
 """
 import argparse
 import sys
 
-import torch
-from safetensors.torch import load_file
+import numpy as np
+from safetensors.numpy import load_file
 
 
 def load(path):
     try:
         t = load_file(path).get("logits")
-    except Exception as e:  # missing file, not safetensors
+    except Exception as e:  # missing file, not safetensors, a dtype NumPy lacks (bf16)
         raise SystemExit(f"compare_logits: cannot read {path}: {e}") from None
     if t is None:
         raise SystemExit(f"compare_logits: {path} holds no tensor named logits")
@@ -34,20 +35,20 @@ def main(argv):
     if a.shape != b.shape:
         print(f"compare_logits: shapes differ: {args.a} {tuple(a.shape)} vs {args.b} {tuple(b.shape)}", file=sys.stderr)
         return 2
-    if a.numel() == 0:
+    if a.size == 0:
         print("compare_logits: the logits are empty", file=sys.stderr)
         return 2
-    d = (a.to(torch.float64) - b.to(torch.float64)).abs()
-    if torch.isnan(d).any():
-        print(f"compare_logits: NaN difference over {d.numel()} values (a NaN or infinite logit)", file=sys.stderr)
+    d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    if np.isnan(d).any():
+        print(f"compare_logits: NaN difference over {d.size} values (a NaN or infinite logit)", file=sys.stderr)
         return 1
-    x = d.max().item()
-    print(f"max abs diff {x:.6g} over {d.numel()} values")
+    x = float(d.max())
+    print(f"max abs diff {x:.6g} over {d.size} values")
     if x <= args.tol:
         return 0
-    where = tuple(int(i) for i in torch.unravel_index(d.argmax(), d.shape))
+    where = tuple(int(i) for i in np.unravel_index(int(d.argmax()), d.shape))
     print(f"compare_logits: max abs diff {x:.6g} at {where} exceeds --tol {args.tol:g} "
-          f"({a[where].item():.6g} vs {b[where].item():.6g})", file=sys.stderr)
+          f"({float(a[where]):.6g} vs {float(b[where]):.6g})", file=sys.stderr)
     return 1
 
 
