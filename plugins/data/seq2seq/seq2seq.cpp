@@ -13,7 +13,7 @@
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
 #include <fsdpx/files.h>
-#include <fsdpx/framework/trainer/sampler.h>
+#include <fsdpx/sampler.h>
 #include <fsdpx/plugin.h>
 
 #include <cmath>
