@@ -32,7 +32,7 @@ toolkit (nvcc), a C++17 compiler, CMake >= 3.25, Ninja, and a Python with torch 
 on a machine with network and apt, 'scripts/gpu-check.sh --fetch-deps' downloads them (about
 12 MB) into .gpu-check/debs; copy that folder to the GPU machine, where they are unpacked with
 dpkg-deb -x (or ar and tar) into .gpu-check/prefix (no root needed) and CMake is pointed at it.
-How long (measured once, on an H100 machine with 16 cores): the build 132 s; the probe and the
+How long: measured once, on an H100 machine with 16 cores: the build 132 s; the probe and the
 gpu tests under a minute; the table 1.4 min without the search for the largest model, which
 takes about 10 min more (each try is a 1-step run of 12 to 80 s).
 
