@@ -12,16 +12,18 @@ namespace {
 
 int gpus() { return at::hasCUDA() ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0; }
 
-#define FSDPX_NEEDS_GPUS(n)                                                                                \
-  if (gpus() < (n)) GTEST_SKIP() << "needs " << (n) << " CUDA GPU(s), " << gpus() << " visible here: the CUDA " \
-                                 "path is compiled and linked, its logic tested on sim; make gpu-check runs this"
+#define FSDPX_NEEDS_GPUS(n)                                     \
+  if (gpus() < (n))                                             \
+  GTEST_SKIP() << "needs " << (n) << " CUDA GPU(s), " << gpus() \
+               << " visible here: the CUDA "                    \
+                  "path is compiled and linked, its logic tested on sim; make gpu-check runs this"
 
 std::string worker() { return (fsdpx::test::build_dir() / "tests" / "engine_worker").string(); }
 
 // The engine_worker's mean losses of `args` at `n` ranks.
 std::vector<double> losses(const std::string& args, int n, const std::string& out) {
-  auto r = fsdpx::test::run_command("timeout 600 " + worker() + " --nproc-per-node " + std::to_string(n) + " --steps 3 " +
-                                    args + " --out " + out);
+  auto r = fsdpx::test::run_command("timeout 600 " + worker() + " --nproc-per-node " + std::to_string(n) +
+                                    " --steps 3 " + args + " --out " + out);
   EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.out << r.err;
   std::vector<double> v;
   std::istringstream in(fsdpx::test::read_file(out + ".losses"));
@@ -61,8 +63,9 @@ TEST(Gpu, CpuOffloadMatchesItsBaseStrategy) {
 TEST(Gpu, TrainerOnCudaMatchesTheCpuAndItsCheckpointsResumeAnywhere) {
   FSDPX_NEEDS_GPUS(1);
   fsdpx::test::TempDir dir;
-  const std::string train = (fsdpx::test::bin_dir() / "fsdpx-train").string() +
-                            " --model.size tiny --data.name synthetic --log-every 1 --steps 4 --checkpoint.name sharded ";
+  const std::string train =
+      (fsdpx::test::bin_dir() / "fsdpx-train").string() +
+      " --model.size tiny --data.name synthetic --log-every 1 --steps 4 --checkpoint.name sharded ";
   auto step_losses = [&](const std::string& out) {
     std::vector<double> v;
     for (const auto& j : fsdpx::test::step_metrics(out)) v.push_back(j["loss"].get<double>());
@@ -73,13 +76,14 @@ TEST(Gpu, TrainerOnCudaMatchesTheCpuAndItsCheckpointsResumeAnywhere) {
     const std::string cpu = (dir.path() / ("cpu" + std::to_string(n))).string(),
                       gpu = (dir.path() / ("gpu" + std::to_string(n))).string();
     auto a = fsdpx::test::run_command("timeout 600 " + train + ranks + "--device cpu --out " + cpu);
-    auto b = fsdpx::test::run_command("timeout 600 " + train + ranks + "--save-every 2 --device cuda --backend " + backend +
-                                      " --out " + gpu);
+    auto b = fsdpx::test::run_command("timeout 600 " + train + ranks + "--save-every 2 --device cuda --backend " +
+                                      backend + " --out " + gpu);
     ASSERT_EQ(a.exit_code, 0) << a.err;
     ASSERT_EQ(b.exit_code, 0) << b.err;
     const auto lc = step_losses(cpu), lg = step_losses(gpu);
     ASSERT_EQ(lc.size(), lg.size());
-    for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lg[i], lc[i], 1e-4 * std::abs(lc[i])) << n << " rank(s), step " << i;
+    for (size_t i = 0; i < lc.size(); ++i)
+      EXPECT_NEAR(lg[i], lc[i], 1e-4 * std::abs(lc[i])) << n << " rank(s), step " << i;
     const std::string resumed = (dir.path() / ("resumed" + std::to_string(n))).string();
     auto c = fsdpx::test::run_command("timeout 600 " + train + ranks + "--device cpu --resume " + gpu +
                                       "/checkpoints/step-00000002 --out " + resumed);
@@ -93,8 +97,8 @@ TEST(Gpu, TrainerOnCudaMatchesTheCpuAndItsCheckpointsResumeAnywhere) {
 // The CUDA probe with a GPU: the device runtime opens and an NCCL group of one rank all-reduces.
 TEST(Gpu, ProbeOpensTheDeviceAndNcclAtOneRank) {
   FSDPX_NEEDS_GPUS(1);
-  auto r = fsdpx::test::run_command("env LD_BIND_NOW=1 " + (fsdpx::test::build_dir() / "tests" / "cuda_probe").string() +
-                                    " --expect-gpu");
+  auto r = fsdpx::test::run_command("env LD_BIND_NOW=1 " +
+                                    (fsdpx::test::build_dir() / "tests" / "cuda_probe").string() + " --expect-gpu");
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("nccl all-reduce of 1 rank: ok"), std::string::npos) << r.out;
 }

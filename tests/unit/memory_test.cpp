@@ -108,17 +108,6 @@ class PredictedPeak : public ::testing::TestWithParam<Shape> {};
 const char* const kSmall = "--model.size small --data.seq 64 --batch-size 4";
 const char* const k1bWidth = "--model.size 1b --model.layers 2 --data.seq 16 --batch-size 1 --optimizer.name sgd";
 
-bool under_sanitizers() {
-#if defined(__SANITIZE_ADDRESS__)
-  return true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  return true;
-#endif
-#endif
-  return false;
-}
-
 // The plan's predicted step peak (the engine's protocol replayed in bytes, with the activations
 // gpt states) is within 10% of the allocated peak a run measures, for every strategy, with and
 // without activation checkpointing (one rank: one layout whatever the strategy; hybrid_shard:

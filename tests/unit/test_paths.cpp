@@ -74,6 +74,17 @@ CommandResult run_command(const std::string& command) {
   return r;
 }
 
+bool under_sanitizers() {
+#if defined(__SANITIZE_ADDRESS__)
+  return true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  return true;
+#endif
+#endif
+  return false;
+}
+
 int free_port() { return pick_rendezvous_port("127.0.0.1"); }
 
 nlohmann::json read_json(const fs::path& p) {

@@ -55,6 +55,10 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
+// Whether this test binary runs under AddressSanitizer (make test-sanitize): a few heavy cases,
+// whose code the lighter ones cover, are skipped there for the CI's time.
+bool under_sanitizers();
+
 // A loopback port nothing listens on now, outside the ephemeral range (pick_rendezvous_port).
 int free_port();
 
