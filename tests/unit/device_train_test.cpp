@@ -174,13 +174,16 @@ TEST(SimTrainOffload, TheDevicePeakDropsByThePlannedBytes) {
 
 // Under a device budget (FSDPX_SIM_MEMORY, 64 MiB), cpu_offload trains twice the layers: 4 layers
 // fit without it, 8 do not (one line naming the device, the bytes asked and the bytes left), 8 fit with it.
+// The peak-FLOP probe runs on the device after the model is there, within what is free: its
+// 2048^2 matrices (16 MiB each) once ran the 4 layers out of memory.
 TEST(SimTrainOffload, TrainsTwiceTheLayersInTheSameDeviceMemory) {
   TempDir dir;
   const std::string run = "env FSDPX_SIM_MEMORY=" + std::to_string(64 << 20) + " timeout 300 " + train() +
                           " --model.dim 256 --model.heads 4 --model.seq 32 --data.seq 32 --model.vocab 256 "
                           "--batch-size 1 --data.name synthetic --device sim --steps 1 --out ";
   auto fits = run_command(run + (dir.path() / "a").string() + " --model.layers 4 --sharding.name full_shard");
-  EXPECT_EQ(fits.exit_code, 0) << fits.err;
+  ASSERT_EQ(fits.exit_code, 0) << fits.err;
+  EXPECT_GT(read_json(dir.path() / "a" / "summary.json")["peak_tflops_per_rank"].get<double>(), 0);
   auto over = run_command(run + (dir.path() / "b").string() + " --model.layers 8 --sharding.name full_shard");
   EXPECT_NE(over.exit_code, 0);
   EXPECT_NE(over.err.find("sim out of memory on sim:0: tried to allocate "), std::string::npos) << over.err;

@@ -1,7 +1,9 @@
 #include "fsdpx/framework/runtime/device.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <vector>
 #include <cstdlib>
 #include <filesystem>
@@ -48,6 +50,9 @@ class CpuRuntime final : public DeviceRuntime {
   c10::Stream stream(StreamRole) const override { return c10::Stream(c10::Stream::DEFAULT, device()); }
   MemoryStats memory_stats() const override { return cpu_memory_stats(); }
   void reset_peak_memory() const override { reset_cpu_peak_memory(); }
+  int64_t free_memory() const override {
+    return static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  }
   void resize_storage(const c10::Storage& storage, size_t bytes) const override { resize_storage_bytes(storage, bytes); }
   at::TensorOptions host_options() const override { return at::TensorOptions(); }
   at::Tensor rng_state() const override { return state_of(at::detail::getDefaultCPUGenerator()); }
@@ -80,6 +85,12 @@ class AcceleratorRuntime final : public DeviceRuntime {
     return m;
   }
   void reset_peak_memory() const override { c10::getDeviceAllocator(device_.type())->resetPeakStats(device_.index()); }
+  int64_t free_memory() const override {
+    // The driver's free bytes, and the allocator's cached blocks that no tensor holds.
+    const MemoryStats m = memory_stats();
+    const auto info = c10::getDeviceAllocator(device_.type())->getMemoryInfo(device_.index());
+    return static_cast<int64_t>(info.first) + std::max<int64_t>(0, m.reserved - m.allocated);
+  }
 
   void resize_storage(const c10::Storage& storage, size_t bytes) const override { resize_storage_bytes(storage, bytes); }
 

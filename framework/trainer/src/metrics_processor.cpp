@@ -60,11 +60,20 @@ void MetricsProcessor::measure_peak_flops() {
   world_.barrier().wait();
   const PeakProbe probe = measure_peak_tflops(plan_.dtypes.compute, device_);
   device_.reset_peak_memory();  // the probe's matrices (768 MiB on a GPU) are not the run's
-  at::Tensor p = at::full({1}, probe.tflops, at::kDouble);
-  world_.all_reduce(p, ReduceOp::Avg).wait();
-  peak_ = p.item<double>();
-  peak_source_ = "measured in " + dtype_name(plan_.dtypes.compute) + " on every rank at once: " + probe.text() +
-                 "; --peak-tflops sets it";
+  // The ranks' mean rate, and how many ranks could not probe (too little device memory free).
+  at::Tensor p = at::full({2}, 0.0, at::kDouble);
+  p.data_ptr<double>()[0] = probe.tflops;
+  p.data_ptr<double>()[1] = probe.n == 0 ? 1.0 : 0.0;
+  world_.all_reduce(p, ReduceOp::Sum).wait();
+  const auto unmeasured = static_cast<int>(p.data_ptr<double>()[1]);
+  peak_ = unmeasured > 0 ? 0.0 : p.data_ptr<double>()[0] / world_.size();
+  if (unmeasured > 0)
+    peak_source_ = "not measured: " + std::to_string(unmeasured) + " rank(s) had too little device memory free" +
+                   (probe.n == 0 ? " (" + probe.text().substr(std::string("not measured: ").size()) + ")" : "") +
+                   "; no MFU is reported; --peak-tflops sets it";
+  else
+    peak_source_ = "measured in " + dtype_name(plan_.dtypes.compute) + " on every rank at once: " + probe.text() +
+                   "; --peak-tflops sets it";
 }
 
 void MetricsProcessor::announce() {
@@ -76,8 +85,12 @@ void MetricsProcessor::announce() {
                 world_.size(), plan_.threads.threads, plan_.strategy.c_str(), plan_.wrap.c_str(),
                 plan_.precision.c_str(), plan_.optimizer.c_str(), static_cast<long>(plan_.samples_per_step));
   out_.line(l);
-  std::snprintf(l, sizeof l, "peak %.3f TFLOP/s per rank (%s)", peak_, peak_source_.c_str());
-  out_.line(l);
+  if (peak_ > 0) {
+    std::snprintf(l, sizeof l, "peak %.3f TFLOP/s per rank (%s)", peak_, peak_source_.c_str());
+    out_.line(l);
+  } else {
+    out_.line("peak TFLOP/s per rank " + peak_source_);
+  }
   for (const auto& w : plan_.warnings) out_.line("warning: " + w);
   if (plan_.layout.offload_to_cpu && device_.is_cpu())
     out_.line("cpu offload: the compute device is the CPU, where the shards, gradients and optimizer state already "
@@ -187,7 +200,7 @@ json MetricsProcessor::metrics_line(int64_t done, const WorldStep& w, double ela
   if (plan_.flops_per_token > 0) {
     const double tflops = plan_.flops_per_token * static_cast<double>(interval_.tokens) / secs / 1e12;
     m["tflops"] = tflops;
-    m["mfu"] = tflops / (peak_ * world_.size());
+    if (peak_ > 0) m["mfu"] = tflops / (peak_ * world_.size());
   }
   if (grad_norm >= 0) m["grad_norm"] = grad_norm;
   if (scaling.active()) {

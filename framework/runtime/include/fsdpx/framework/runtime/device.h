@@ -41,6 +41,9 @@ class FSDPX_API DeviceRuntime {
   // counting allocator's: memory_accounting.h), and a restart of the peaks from now.
   virtual MemoryStats memory_stats() const = 0;
   virtual void reset_peak_memory() const = 0;
+  // Bytes the device can still hand out (the driver's free memory on CUDA, sim's budget less what
+  // it reserved, the host's available memory on the CPU): what a probe may borrow.
+  virtual int64_t free_memory() const = 0;
 
   // Frees (0) or regrows a storage of this device in place: the storage object, and every tensor
   // over it, stays. Its contents are not kept. The caller frees only what no stream still uses.
