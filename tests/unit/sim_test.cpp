@@ -81,6 +81,90 @@ TEST(Sim, RegisteredAsPrivateUse1WithStreamsAndEvents) {
   EXPECT_THROW((void)ev.elapsedTime(t1), c10::Error);  // no timing asked, as on CUDA
 }
 
+// The stream-order check: what would race on a GPU is an error on sim, naming the streams; the
+// same work with the events a GPU needs (or a host wait, or record_stream) passes.
+TEST(Sim, StreamOrderCheckFindsWhatWouldRaceOnAGpu) {
+  c10::impl::VirtualGuardImpl vg(c10::DeviceType::PrivateUse1);
+  c10::DeviceGuard dg(kSim1);
+  const c10::Stream def = vg.getDefaultStream(kSim1), side = vg.getNewStream(kSim1);
+  const auto opts = at::TensorOptions().device(kSim1);
+  const size_t before = sim::stream_hazards();
+  auto message_of = [](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const c10::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // Written on the default stream, read on another with no event between.
+  at::Tensor a = at::ones({64}, opts);
+  std::string race = message_of([&] {
+    c10::StreamGuard g(side);
+    (void)(a * 2);
+  });
+  EXPECT_NE(race.find("sim stream-order hazard: a kernel on stream " + std::to_string(side.id())), std::string::npos)
+      << race;
+  EXPECT_NE(race.find("that stream 0 (the default stream) of sim:1 used last"), std::string::npos) << race;
+  // With the event a GPU needs: no hazard.
+  at::Tensor b = at::ones({64}, opts);
+  c10::Event written(c10::DeviceType::PrivateUse1);
+  written.record(def);
+  written.block(side);
+  at::Tensor doubled;
+  {
+    c10::StreamGuard g(side);
+    EXPECT_EQ(message_of([&] { doubled = b * 2; }), "");
+  }
+  // b, allocated on the default stream and used on the side stream, freed before the default
+  // stream waited for that use: its next allocations could overwrite what the side stream reads.
+  b = at::Tensor();
+  std::string freed = message_of([&] { (void)at::empty({8}, opts); });
+  EXPECT_NE(freed.find("are freed while stream " + std::to_string(side.id()) + " may still use them"),
+            std::string::npos)
+      << freed;
+  // The same with the default stream waiting on an event of the side stream, with the host waiting
+  // for the side stream, or with record_stream: no hazard.
+  for (int way = 0; way < 3; ++way) {
+    at::Tensor c = at::ones({64}, opts);
+    c10::Event e1(c10::DeviceType::PrivateUse1);
+    e1.record(def);
+    e1.block(side);
+    {
+      c10::StreamGuard g(side);
+      doubled = c * 2;
+    }
+    if (way == 0) {
+      c10::Event used(c10::DeviceType::PrivateUse1);
+      used.record(side);
+      used.block(def);
+    } else if (way == 1) {
+      vg.synchronizeStream(side);
+    } else {
+      c.record_stream(side);
+    }
+    c = at::Tensor();
+    EXPECT_EQ(message_of([&] { (void)at::empty({8}, opts); }), "") << "way " << way;
+  }
+  // A result of the side stream: the default stream reads it only after waiting for it, or after
+  // the host read it back (a blocking copy waits for the stream).
+  at::Tensor d, e;
+  {
+    c10::StreamGuard g(side);
+    d = doubled * 3;
+  }
+  EXPECT_NE(message_of([&] { (void)(d + 1); }), "");
+  {
+    c10::StreamGuard g(side);
+    e = doubled * 3;
+    EXPECT_EQ(e.cpu()[0].item<float>(), 6.0f);
+  }
+  EXPECT_EQ(message_of([&] { (void)(e + 1); }), "");
+  vg.synchronizeDevice(kSim1.index());  // the host waits for everything: what is freed next is safe
+  EXPECT_EQ(sim::stream_hazards(), before + 3);
+  EXPECT_NE(sim::first_stream_hazard(), "");
+}
+
 TEST(Sim, CopiesConvertAndPinnedMemoryIsPinned) {
   at::Tensor c = at::randn({17, 33}, at::detail::createCPUGenerator(1));
   at::Tensor s = c.to(kSim0);

@@ -30,6 +30,7 @@
 // budget is set and the next mapping would exceed it, the cache is
 // released and the allocation retried (num_alloc_retries), like CUDA.
 #include "fsdpx/sim/sim.h"
+#include "sim_order.h"
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
@@ -270,6 +271,7 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
       std::unique_lock<std::shared_mutex> g(registry().mu);
       registry().blocks.emplace(reinterpret_cast<uintptr_t>(b.dev), b);
     }
+    order_allocated(b.dev, idx, nbytes);
     if (poison_enabled()) {  // NaN for floats, -1 for ints: catches reads of
       DeviceAccess acc;      // never-written memory deterministically
       std::memset(acc.host(b.dev), 0xFF, nbytes);
@@ -290,7 +292,9 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t) override { empty_cache(); }
   // Nothing is ever reused while a stream could still use it: frees are
   // immediate and all work is complete at issue time.
-  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
+    order_stream_recorded(ptr.get(), stream);  // the stream-order check's record of it
+  }
   DeviceStats getDeviceStats(c10::DeviceIndex i) override { return device_stats(i); }
   void resetAccumulatedStats(c10::DeviceIndex i) override { reset_accumulated_stats(i); }
   void resetPeakStats(c10::DeviceIndex i) override { reset_peak_stats(i); }
@@ -315,6 +319,7 @@ void sim_free(void* ptr) {
     b = it->second;
     registry().blocks.erase(it);
   }
+  order_freed(b.dev);
   PerDevice& pd = devices()[b.device];
   std::lock_guard<std::mutex> g(pd.mu);
   pd.stats.allocated_bytes[kAgg].decrease(b.nbytes);
@@ -417,10 +422,19 @@ void* DeviceAccess::host(const void* p) {
   if (p == nullptr) return nullptr;
   const Protection mode = protection_mode();
   if (mode == Protection::None) return const_cast<void*>(p);
-  std::shared_lock<std::shared_mutex> g(registry().mu);
-  const Block* b = registry().find(p);
-  TORCH_CHECK(b, "sim: ", p, " is not a live sim device address");
-  return b->host + (static_cast<const char*>(p) - b->dev);
+  const char* dev = nullptr;
+  char* host = nullptr;
+  c10::DeviceIndex index = 0;
+  {
+    std::shared_lock<std::shared_mutex> g(registry().mu);
+    const Block* b = registry().find(p);
+    TORCH_CHECK(b, "sim: ", p, " is not a live sim device address");
+    dev = b->dev;
+    host = b->host;
+    index = b->device;
+  }
+  order_touched(dev, index);  // a kernel of the current stream uses the block
+  return host + (static_cast<const char*>(p) - dev);
 }
 
 // DeviceAccess::host_alias is defined in sim_ops.cpp (needs TensorImpl).

@@ -9,10 +9,13 @@
 // soon as it is recorded. Streams are therefore only numbers (id 0 = default
 // stream, others handed out monotonically, never reused) and events only
 // record that they were recorded, on which stream, and when (for
-// elapsedTime). What this does NOT model: overlap between streams, missing
-// wait_stream/record_stream bugs (a kernel on stream B reading data a kernel
-// on stream A has "not finished" writing), allocator reuse across streams.
+// elapsedTime). What this does NOT model: overlap between streams. Missing
+// waits between streams (a kernel on stream B reading data a kernel on stream
+// A has "not finished" writing) and memory freed while another stream may
+// still use it are found by the stream-order check instead (sim_order.h):
+// events carry vector clocks for it.
 #include "fsdpx/sim/sim.h"
+#include "sim_order.h"
 
 #include <c10/core/DeviceType.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -58,6 +61,7 @@ struct SimEvent {
   bool timing = false;
   std::atomic<bool> recorded{false};
   std::chrono::steady_clock::time_point when{};
+  OrderClock* clock = nullptr;  // the stream-order check's copy of its stream's clock
 };
 
 }  // namespace
@@ -150,15 +154,26 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 "sim: an event created on device ", int(ev->device),
                 " cannot be recorded on device ", int(stream.device_index()));
     ev->stream = stream.id();
+    ev->clock = order_record(stream, ev->clock);
     ev->when = std::chrono::steady_clock::now();
     ev->recorded.store(true, std::memory_order_release);
   }
-  // All work issued before the record has already run: nothing to wait for.
-  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
-  bool queryEvent(void* /*event*/) const override { return true; }
-  void synchronizeEvent(void* /*event*/) const override {}
+  // All work issued before the record has already run: nothing to wait for,
+  // but the stream-order check learns the ordering.
+  void block(void* event, const c10::Stream& stream) const override {
+    if (event != nullptr) order_block(static_cast<SimEvent*>(event)->clock, stream);
+  }
+  bool queryEvent(void* event) const override {
+    if (event != nullptr) order_host_waits(static_cast<const OrderClock*>(static_cast<SimEvent*>(event)->clock));
+    return true;
+  }
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) order_host_waits(static_cast<const OrderClock*>(static_cast<SimEvent*>(event)->clock));
+  }
   void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
-    delete static_cast<SimEvent*>(event);
+    auto* ev = static_cast<SimEvent*>(event);
+    if (ev != nullptr) order_release(ev->clock);
+    delete ev;
   }
   double elapsedTime(void* e1, void* e2, const c10::DeviceIndex) const override {
     auto* a = static_cast<SimEvent*>(e1);
@@ -171,9 +186,14 @@ struct SimGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return std::chrono::duration<double, std::milli>(b->when - a->when).count();
   }
 
-  bool queryStream(const c10::Stream&) const override { return true; }
-  void synchronizeStream(const c10::Stream&) const override {}
-  void synchronizeDevice(const c10::DeviceIndex) const override {}
+  bool queryStream(const c10::Stream& stream) const override {
+    order_host_waits(stream);
+    return true;
+  }
+  void synchronizeStream(const c10::Stream& stream) const override { order_host_waits(stream); }
+  void synchronizeDevice(const c10::DeviceIndex index) const override {
+    order_host_waits_device(index < 0 ? current_device() : index);
+  }
   void recordDataPtrOnStream(const c10::DataPtr& ptr,
                              const c10::Stream& stream) const override {
     allocator()->recordStream(ptr, stream);

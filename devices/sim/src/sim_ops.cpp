@@ -23,6 +23,7 @@
 //     while CPU takes the CPU flash kernel -> different numerics. The stub
 //     asks the CPU heuristic, so sim runs exactly what CPU runs.
 #include "fsdpx/sim/sim.h"
+#include "sim_order.h"
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
@@ -104,10 +105,11 @@ at::Tensor sim_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 // ------------------------------------------------------------------ copies --
 // _copy_from(self=src, dst): dispatched on PrivateUse1 when either side is
 // sim. Runs the CPU copy kernel (dtype conversion, broadcasting, strides)
-// on host aliases. non_blocking is accepted and ignored: the copy is done
-// when this returns (see report: a missing synchronize before reading a
+// on host aliases. The copy is done when this returns, non_blocking or not,
+// but only a blocking copy to the host tells the stream-order check that the
+// host waited for the stream (a missing synchronize before reading a
 // non_blocking D2H result is not caught).
-at::Tensor sim_copy_from(const at::Tensor& src, const at::Tensor& dst, bool /*non_blocking*/) {
+at::Tensor sim_copy_from(const at::Tensor& src, const at::Tensor& dst, bool non_blocking) {
   TORCH_CHECK(src.defined() && dst.defined(), "sim: _copy_from of undefined tensor");
   const bool src_sim = src.device().type() == c10::DeviceType::PrivateUse1;
   const bool dst_sim = dst.device().type() == c10::DeviceType::PrivateUse1;
@@ -119,6 +121,7 @@ at::Tensor sim_copy_from(const at::Tensor& src, const at::Tensor& dst, bool /*no
   at::Tensor d = dst_sim ? acc.host_alias(dst) : dst;
   at::Tensor s = src_sim ? acc.host_alias(src) : src;
   d.copy_(s);
+  if (src_sim && !dst_sim && !non_blocking) order_host_waits(get_current_stream(src.device().index()));
   return dst;
 }
 
@@ -136,7 +139,9 @@ at::Tensor sim_copy_from_and_resize(const at::Tensor& src, const at::Tensor& dst
 
 at::Scalar sim_local_scalar_dense(const at::Tensor& self) {
   DeviceAccess acc;
-  return at::_local_scalar_dense(acc.host_alias(self));
+  const at::Scalar value = at::_local_scalar_dense(acc.host_alias(self));
+  order_host_waits(get_current_stream(self.device().index()));  // item() waits for the stream
+  return value;
 }
 
 at::Tensor& sim_fill_(at::Tensor& self, const at::Scalar& value) {

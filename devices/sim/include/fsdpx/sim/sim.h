@@ -12,7 +12,8 @@
 // synchronously on the calling host thread, in issue order, and reach device
 // bytes only through a DeviceAccess scope (see below). Streams and events
 // exist so that code written for CUDA runs unchanged, but since everything
-// completes at issue time they impose no ordering of their own.
+// completes at issue time they impose no ordering of their own; the stream-order check (below)
+// reports the orderings a GPU would need and code left out.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -87,6 +88,14 @@ FSDPX_SIM_API bool poison_enabled();   // env FSDPX_SIM_POISON (default 0): new 
 // The allocator registered for PrivateUse1 (also returned by
 // c10::GetAllocator(kPrivateUse1) and at::getDeviceAllocator(kPrivateUse1)).
 FSDPX_SIM_API c10::DeviceAllocator* allocator();
+
+// The stream-order check (src/sim_order.h; on unless FSDPX_SIM_STREAM_CHECK=0): a kernel on one
+// stream touching memory another stream used last with no event waited on between, or memory
+// freed while a stream other than its allocation's may still use it, is an error (c10::Error)
+// naming the streams: on a GPU it would race. The hazards seen so far in this process, and the
+// first one's message.
+FSDPX_SIM_API size_t stream_hazards();
+FSDPX_SIM_API std::string first_stream_hazard();
 
 // Is `p` inside a live sim allocation? If so, which device.
 FSDPX_SIM_API bool is_device_ptr(const void* p, c10::DeviceIndex* index = nullptr);
