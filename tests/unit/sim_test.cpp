@@ -359,11 +359,21 @@ TEST(SimCollectives, EveryCollectiveStagedThroughTheHost) {
 // The sharding engine on sim, every strategy, against the same run on the CPU (tests/workers/
 // engine_worker: gpt tiny, 2 SGD steps): the losses and every parameter afterwards byte for byte.
 // The kernels are the CPU's (sim routes every op to them, on the same layouts), so any difference
-// is a bug in the device path: placement, staging, offload copies, storage resize.
+// is a bug in the device path: placement, staging, offload copies, storage resize. Beyond two
+// ranks, the collectives run on streams of their own (`streams` did work on sim:0 in all), in
+// FSDP2's order: sim's stream-order check finds no hazard.
 struct DeviceRun {
   std::string name, args;
   std::vector<int> ranks;
+  int streams;  // at least this many streams of sim:0 did work, at 2 ranks and more
 };
+
+// The streams of a sim stream report (fsdpx_sim_stream_report) that did work on sim:0.
+int streams_used(const std::string& report) {
+  int n = 0;
+  for (size_t at = report.find("sim:0 stream "); at != std::string::npos; at = report.find("sim:0 stream ", at + 1)) ++n;
+  return n;
+}
 
 void PrintTo(const DeviceRun& r, std::ostream* os) { *os << r.name; }
 
@@ -386,19 +396,25 @@ TEST_P(SimEngine, LossesAndWeightsEqualTheCpuBitForBit) {
     EXPECT_FALSE(files["cpu.losses"].empty());
     EXPECT_EQ(files["sim.losses"], files["cpu.losses"]) << run.name << " at " << n << " ranks";
     EXPECT_TRUE(files["sim.params"] == files["cpu.params"]) << run.name << " at " << n << " ranks: the weights differ";
+    const std::string streams = fsdpx::test::read_file((dir.path() / ("sim" + std::to_string(n) + ".streams.0")).string());
+    EXPECT_NE(streams.find("hazards 0\n"), std::string::npos) << streams;
+    EXPECT_GE(streams_used(streams), n > 1 ? run.streams : 1) << streams;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Strategies, SimEngine,
-    ::testing::Values(DeviceRun{"full_shard", "--strategy full_shard", {1, 2, 4}},
-                      DeviceRun{"shard_grad_op", "--strategy shard_grad_op", {2, 4}},
-                      DeviceRun{"no_shard", "--strategy no_shard", {2, 4}},
-                      DeviceRun{"hybrid_shard", "--strategy full_shard --hybrid-shard 2", {4}},
-                      DeviceRun{"cpu_offload", "--strategy full_shard --offload", {2, 4}},
-                      DeviceRun{"bf16_mixed", "--strategy full_shard --precision bf16_mixed", {2}},
+    // Streams: the default one, all-gather, reduce-scatter; hybrid adds the all-reduce stream,
+    // offload the offload stream, bf16 the all-gather copy-in stream (the cast); no_shard has only
+    // the all-reduce across ranks, on the reduce-scatter stream.
+    ::testing::Values(DeviceRun{"full_shard", "--strategy full_shard", {1, 2, 4}, 3},
+                      DeviceRun{"shard_grad_op", "--strategy shard_grad_op", {2, 4}, 3},
+                      DeviceRun{"no_shard", "--strategy no_shard", {2, 4}, 2},
+                      DeviceRun{"hybrid_shard", "--strategy full_shard --hybrid-shard 2", {4}, 4},
+                      DeviceRun{"cpu_offload", "--strategy full_shard --offload", {2, 4}, 5},
+                      DeviceRun{"bf16_mixed", "--strategy full_shard --precision bf16_mixed", {2}, 4},
                       DeviceRun{"adamw_accumulation_clipping",
-                                "--strategy full_shard --optimizer adamw --accum 2 --clip 0.5", {2}}),
+                                "--strategy full_shard --optimizer adamw --accum 2 --clip 0.5", {2}, 3}),
     [](const ::testing::TestParamInfo<DeviceRun>& i) { return i.param.name; });
 
 }  // namespace

@@ -13,6 +13,8 @@
 // PREFIX.rankR   (each rank): "memory <param_bytes> <grad_bytes>", "comm <sent bytes per step>"
 //                (counted by the wrapper), "wire <bytes per step>" (sent on this process's TCP
 //                sockets, from the kernel) and "expect_comm <bytes per step from the formula>"
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -267,6 +269,12 @@ int run_sharded(Run& r) {
   mine << "memory_after " << mem.param_bytes << " " << mem.grad_bytes << " " << mem.unsharded_bytes << "\n";
   auto full = engine.full_parameters();
   if (rank == 0) write_params(r.out + ".params", full);
+  // On sim: the streams that did work and the stream-order hazards seen (fsdpx_sim_stream_report).
+  if (r.device->device().type() == c10::DeviceType::PrivateUse1) {
+    using Report = const char* (*)();
+    if (auto report = reinterpret_cast<Report>(dlsym(RTLD_DEFAULT, "fsdpx_sim_stream_report")))
+      std::ofstream(r.out + ".streams." + std::to_string(rank)) << report();
+  }
   sh.groups->control()->barrier().wait();
   return 0;
 }

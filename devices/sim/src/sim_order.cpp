@@ -157,8 +157,8 @@ void order_freed(const void* base) noexcept {
     if (s == b.owner || b.recorded.count(s) || owner.of(s) >= m || dev.host.of(s) >= m) continue;
     std::ostringstream o;
     o << b.bytes << " bytes allocated on " << stream_text(b.device, b.owner) << " are freed while stream " << s
-      << " may still use them: that stream waited on no event of stream " << s
-      << " recorded after its last use (nor did the host, nor did record_stream name it), and its next allocations "
+      << " may still use them: stream " << b.owner << " waited on no event of stream " << s
+      << " recorded after that use (nor did the host, nor did record_stream name it), and its next allocations "
          "may reuse them";
     const std::string message = note_hazard(st, o.str());
     if (st.pending.empty()) st.pending = message;
@@ -229,5 +229,27 @@ std::string first_stream_hazard() {
   std::lock_guard<std::mutex> g(st.mu);
   return st.first;
 }
+
+std::string stream_report() {
+  State& st = state();
+  std::lock_guard<std::mutex> g(st.mu);
+  std::ostringstream o;
+  for (size_t d = 0; d < st.devices.size(); ++d)
+    for (const auto& [s, clock] : st.devices[d].streams)
+      if (clock.of(s) > 0) o << "sim:" << d << " stream " << s << " uses " << clock.of(s) << "\n";
+  o << "hazards " << st.hazards << "\n";
+  return o.str();
+}
+
+}  // namespace fsdpx::sim
+
+// For code that loads the library with dlopen (fsdpx's own tools): stream_report() by a C name.
+extern "C" FSDPX_SIM_API const char* fsdpx_sim_stream_report() {
+  static thread_local std::string report;
+  report = fsdpx::sim::stream_report();
+  return report.c_str();
+}
+
+namespace fsdpx::sim {
 
 }  // namespace fsdpx::sim

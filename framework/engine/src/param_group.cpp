@@ -1,6 +1,7 @@
 #include "param_group.h"
 
 #include <atomic>
+#include <memory>
 #include <cstdio>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -12,6 +13,7 @@
 #include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/runtime/collective_context.h"
+#include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "unit_collectives.h"
 
@@ -89,14 +91,23 @@ void ParamGroup::start_gather() {
   if (state != State::Sharded) return;
   state = State::Gathering;
   if (!sharded_layout()) return;
-  // The shard in the compute dtype, on the device (offloading: copied from host memory now).
-  gather_in = cast_for_all_gather(flat_shard, precision.compute, config->device->device());
-  if (fault_skips_gather(*config, label)) {
-    gather_out = at::zeros({config->shard_size * total}, gather_in.options());
-    gather_work = Work();
-    return;
+  const DeviceRuntime& dev = *config->device;
+  // The copy-in waits for the shard as the compute stream last wrote it (the optimizer's step).
+  dev.wait_stream(StreamRole::AllGatherCopyIn, StreamRole::Compute);
+  {
+    OnStream on(dev, StreamRole::AllGatherCopyIn);
+    // The shard in the compute dtype, on the device (offloading: copied from host memory now).
+    gather_in = cast_for_all_gather(flat_shard, precision.compute, dev.device());
+    const bool skip = fault_skips_gather(*config, label);
+    gather_out = skip ? at::zeros({config->shard_size * total}, gather_in.options())
+                      : at::empty({config->shard_size * total}, gather_in.options());
+    if (skip) {
+      gather_work = Work();
+      return;
+    }
   }
-  gather_out = at::empty({config->shard_size * total}, gather_in.options());
+  dev.wait_stream(StreamRole::AllGather, StreamRole::AllGatherCopyIn);
+  OnStream on(dev, StreamRole::AllGather);
   CollectiveUnit scope(label);
   gather_work = config->comms.shard->all_gather(gather_out, gather_in);
 }
@@ -108,7 +119,7 @@ void ParamGroup::unshard() {
     const int64_t s = config->shard_size;
     at::Tensor src;
     if (sharded_layout()) {
-      gather_work.wait();
+      gather_work.wait();  // the compute stream waits for the all-gather (the host, over Gloo)
       src = gather_out.view({s, total});
     } else {
       src = flat_shard.view({1, total});  // cast by the copy-out
@@ -116,6 +127,13 @@ void ParamGroup::unshard() {
     resize_storage(unsharded, static_cast<size_t>(s * total) * unsharded_flat.element_size());
     copy_out_gathered(unsharded_flat, src, params, s);
     src = at::Tensor();
+    if (sharded_layout()) {
+      // The all-gather's buffers belong to the copy-in stream, whose next allocations may reuse
+      // them: it waits for the copy-out first (and the all-gather stream, for its next use).
+      const DeviceRuntime& dev = *config->device;
+      dev.wait_stream(StreamRole::AllGatherCopyIn, StreamRole::Compute);
+      dev.wait_stream(StreamRole::AllGather, StreamRole::Compute);
+    }
     free_now(gather_out);  // now, not when the collective's bookkeeping lets it go
     gather_in = at::Tensor();  // the shard itself, or its cast
     for (const ShardedParam& p : params) p.attach();
@@ -150,8 +168,16 @@ void ParamGroup::reduce_grads() {
   at::NoGradGuard no_grad;
   CollectiveUnit scope(label);
   const auto& comms = config->comms;
-  // Packed where the gradients are, on the device; offloading, the reduced shard alone goes to host memory.
+  const DeviceRuntime& dev = *config->device;
+  // Packed on the compute stream, where the gradients are (FSDP2's copy-in), so that they go at
+  // once; offloading, the reduced shard alone goes to host memory. The collective runs on the
+  // reduce-scatter stream, after what the compute stream did; every buffer it uses is allocated
+  // here, on the compute stream, which waits for the collective before they go (finish_reduce).
   reduce_in = pack_gradients(params, config->shard_size, total, config->on_device(precision.reduce));
+  auto on_reduce_stream = [&dev] {
+    dev.wait_stream(StreamRole::ReduceScatter, StreamRole::Compute);
+    return std::make_unique<OnStream>(dev, StreamRole::ReduceScatter);
+  };
   if (config->options.deterministic) {
     // Every world rank gets every rank's gradient rows of its own shard, for this rank's one
     // sample (finish_reduce adds them in order). World rank r holds shard r % S (shard groups
@@ -160,13 +186,14 @@ void ParamGroup::reduce_grads() {
     const int64_t W = comms.world->size(), S = config->shard_size;
     hold_gradients(/*zero=*/true);  // finish_reduce adds every sample's contributions
     reduce_out = at::empty({W * total}, reduce_in.options());
+    if (S != W && S != 1)
+      reduce_in = reduce_in.view({S, total})
+                      .index_select(0, at::arange(W, at::kLong).remainder(S).to(reduce_in.device()))
+                      .reshape({-1});
+    const auto on = on_reduce_stream();
     if (S == 1) {
       reduce_work = comms.world->all_gather(reduce_out, reduce_in);
     } else {
-      if (S != W)
-        reduce_in = reduce_in.view({S, total})
-                        .index_select(0, at::arange(W, at::kLong).remainder(S).to(reduce_in.device()))
-                        .reshape({-1});
       reduce_work = comms.world->all_to_all(reduce_out, reduce_in);
     }
   } else if (sharded_layout()) {
@@ -174,12 +201,16 @@ void ParamGroup::reduce_grads() {
     hold_gradients(/*zero=*/false);
     const bool direct = reduce_in.scalar_type() == flat_grad.scalar_type() && flat_grad.device() == reduce_in.device();
     reduce_out = direct ? flat_grad : at::empty({total}, reduce_in.options());
+    const auto on = on_reduce_stream();
     reduce_work = comms.shard->reduce_scatter(reduce_out, reduce_in, ReduceOp::Avg);
   } else {
     hold_gradients(/*zero=*/false);
     flat_grad.copy_(reduce_in);
     free_now(reduce_in);
-    if (comms.replicate) reduce_work = comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
+    if (comms.replicate) {
+      const auto on = on_reduce_stream();
+      reduce_work = comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
+    }
   }
   reduced = true;
 }
@@ -187,18 +218,30 @@ void ParamGroup::reduce_grads() {
 void ParamGroup::finish_reduce() {
   if (!reduced) return;
   reduced = false;
-  reduce_work.wait();
-  reduce_work = Work();
+  const DeviceRuntime& dev = *config->device;
+  // The reduced shard is finished on the reduce-scatter stream, or, offloading, copied to host
+  // memory on the offload stream after it; the compute stream waits for it before anything reads
+  // it or a buffer goes.
+  const StreamRole finish = config->offloads() ? StreamRole::Offload : StreamRole::ReduceScatter;
+  {
+    OnStream on(dev, StreamRole::ReduceScatter);
+    reduce_work.wait();
+    reduce_work = Work();
+  }
+  dev.wait_stream(finish, StreamRole::ReduceScatter);
+  {
+    OnStream on(dev, finish);
+    if (config->options.deterministic) {
+      add_in_rank_order();
+    } else if (reduce_out.defined() && !reduce_out.is_same(flat_grad)) {
+      at::NoGradGuard no_grad;
+      flat_grad.copy_(reduce_out);
+    }
+  }
+  dev.wait_stream(StreamRole::Compute, finish);
+  if (finish != StreamRole::ReduceScatter) dev.wait_stream(StreamRole::Compute, StreamRole::ReduceScatter);
   free_now(reduce_in);  // packed by reduce_grads: ours alone
-  if (config->options.deterministic) {
-    add_in_rank_order();
-    return;
-  }
-  if (reduce_out.defined() && !reduce_out.is_same(flat_grad)) {
-    at::NoGradGuard no_grad;
-    flat_grad.copy_(reduce_out);
-    free_now(reduce_out);
-  }
+  if (reduce_out.defined() && !reduce_out.is_same(flat_grad)) free_now(reduce_out);
   reduce_out = at::Tensor();
 }
 
@@ -209,9 +252,13 @@ bool ParamGroup::needs_replicate() const {
 
 void ParamGroup::start_replicate() {
   CollectiveUnit scope(label);
+  const DeviceRuntime& dev = *config->device;
+  // On the all-reduce stream, after the reduced shard (finish_reduce: the compute stream has it).
+  dev.wait_stream(StreamRole::AllReduce, StreamRole::Compute);
+  OnStream on(dev, StreamRole::AllReduce);
   // Offloading: the host's gradient shard goes to the device for the all-reduce (NCCL reads device
   // memory only) and comes back when it is waited for.
-  if (config->offloads()) replicate_on_device = flat_grad.to(config->device->device());
+  if (config->offloads()) replicate_on_device = flat_grad.to(dev.device());
   replicate_work =
       config->comms.replicate->all_reduce(config->offloads() ? replicate_on_device : flat_grad, ReduceOp::Avg);
   replicating = true;
@@ -225,21 +272,24 @@ void ParamGroup::add_in_rank_order() {
   const int64_t W = config->comms.world->size();
   at::Tensor all = reduce_out.view({W, total}).to(flat_grad.device());  // offloading: to host memory, then added
   for (int64_t r = 0; r < W; ++r) flat_grad.add_(all[r]);
-  all = at::Tensor();
-  free_now(reduce_out);
 }
 
 void ParamGroup::finish_replicate() {
   if (!replicating) return;
   replicating = false;
-  replicate_work.wait();
-  replicate_work = Work();
-  if (replicate_on_device.defined()) {
-    at::NoGradGuard no_grad;
-    flat_grad.copy_(replicate_on_device);
-    free_now(replicate_on_device);
-    replicate_on_device = at::Tensor();
+  const DeviceRuntime& dev = *config->device;
+  {
+    OnStream on(dev, StreamRole::AllReduce);
+    replicate_work.wait();
+    replicate_work = Work();
+    if (replicate_on_device.defined()) {
+      at::NoGradGuard no_grad;
+      flat_grad.copy_(replicate_on_device);
+      free_now(replicate_on_device);  // the all-reduce stream's own, used there alone
+      replicate_on_device = at::Tensor();
+    }
   }
+  dev.wait_stream(StreamRole::Compute, StreamRole::AllReduce);
 }
 
 namespace {
@@ -253,21 +303,24 @@ void wait_quietly(Work& work) {
 }  // namespace
 
 void ParamGroup::abandon(bool drop_grads) {
+  // Whatever is in flight is waited for, then every stream waits for every other, so that none
+  // still uses the buffers that go.
+  if (state == State::Gathering) wait_quietly(gather_work);
+  if (reduced) wait_quietly(reduce_work);
+  if (replicating) wait_quietly(replicate_work);
+  if (state == State::Gathering || reduced || replicating) config->device->join_streams();
   if (state == State::Gathering) {
-    wait_quietly(gather_work);
     gather_out = at::Tensor();
     gather_in = at::Tensor();
     state = State::Sharded;
   }
   if (reduced) {
-    wait_quietly(reduce_work);
     reduce_in = at::Tensor();
     reduce_out = at::Tensor();
     reduced = false;
   }
   if (replicating) {
     replicating = false;
-    wait_quietly(replicate_work);
     replicate_work = Work();
     replicate_on_device = at::Tensor();
   }

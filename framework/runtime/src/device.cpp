@@ -12,6 +12,7 @@
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "fsdpx/error.h"
@@ -32,6 +33,15 @@ const char* stream_role_name(StreamRole role) {
 
 DeviceRuntime::~DeviceRuntime() = default;
 
+void DeviceRuntime::join_streams() const {
+  for (int r = 1; r < kStreamRoles; ++r) wait_stream(StreamRole::Compute, static_cast<StreamRole>(r));
+  for (int r = 1; r < kStreamRoles; ++r) wait_stream(static_cast<StreamRole>(r), StreamRole::Compute);
+}
+
+OnStream::OnStream(const DeviceRuntime& device, StreamRole role) {
+  if (!device.is_cpu()) guard_.reset_stream(device.stream(role));
+}
+
 namespace {
 
 // A generator's state, and its restoration, under its lock (kernels draw under it).
@@ -48,6 +58,7 @@ class CpuRuntime final : public DeviceRuntime {
  public:
   c10::Device device() const override { return c10::Device(c10::kCPU); }
   c10::Stream stream(StreamRole) const override { return c10::Stream(c10::Stream::DEFAULT, device()); }
+  void wait_stream(StreamRole, StreamRole) const override {}
   MemoryStats memory_stats() const override { return cpu_memory_stats(); }
   void reset_peak_memory() const override { reset_cpu_peak_memory(); }
   int64_t free_memory() const override {
@@ -74,6 +85,13 @@ class AcceleratorRuntime final : public DeviceRuntime {
   }
   c10::Device device() const override { return device_; }
   c10::Stream stream(StreamRole role) const override { return streams_[static_cast<size_t>(role)]; }
+  void wait_stream(StreamRole waiter, StreamRole done) const override {
+    const c10::Stream w = stream(waiter), d = stream(done);
+    if (w == d) return;
+    c10::Event ended(device_.type());
+    ended.record(d);
+    ended.block(w);
+  }
 
   MemoryStats memory_stats() const override {
     const auto s = c10::getDeviceAllocator(device_.type())->getDeviceStats(device_.index());

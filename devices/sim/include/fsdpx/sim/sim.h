@@ -96,6 +96,9 @@ FSDPX_SIM_API c10::DeviceAllocator* allocator();
 // first one's message.
 FSDPX_SIM_API size_t stream_hazards();
 FSDPX_SIM_API std::string first_stream_hazard();
+// A line per stream that did work ("sim:0 stream 3 uses 120": its kernels' touches of device
+// memory), then "hazards N". Also extern "C" fsdpx_sim_stream_report(), for code that dlopens sim.
+FSDPX_SIM_API std::string stream_report();
 
 // Is `p` inside a live sim allocation? If so, which device.
 FSDPX_SIM_API bool is_device_ptr(const void* p, c10::DeviceIndex* index = nullptr);

@@ -13,6 +13,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/Storage.h>
 #include <c10/core/Stream.h>
+#include <c10/core/StreamGuard.h>
 
 #include "fsdpx/export.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
@@ -36,6 +37,11 @@ class FSDPX_API DeviceRuntime {
 
   // The stream of `role`. Compute is the stream that was current when the runtime was opened.
   virtual c10::Stream stream(StreamRole role) const = 0;
+  // `waiter`'s stream waits for the work issued so far on `done`'s (an event recorded on one and
+  // waited on by the other); the host does not wait. Nothing on the CPU, or when both are one.
+  virtual void wait_stream(StreamRole waiter, StreamRole done) const = 0;
+  // Every role's stream waits for every other's: after an abandoned step, before its buffers go.
+  void join_streams() const;
 
   // The device allocator's bytes, as CUDA's caching allocator counts them (on the CPU, the
   // counting allocator's: memory_accounting.h), and a restart of the peaks from now.
@@ -60,6 +66,15 @@ class FSDPX_API DeviceRuntime {
 
   // Waits for everything issued on the device (outside a step: timing, the peak probe).
   virtual void synchronize() const = 0;
+};
+
+// Makes `role`'s stream the calling thread's current stream while it lives (nothing on the CPU).
+class FSDPX_API OnStream {
+ public:
+  OnStream(const DeviceRuntime& device, StreamRole role);
+
+ private:
+  c10::OptionalStreamGuard guard_;
 };
 
 // The device `spec` names ("cpu", "cuda", "sim") for the rank with local index `local_rank`:
