@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -190,6 +191,37 @@ TEST(SimTrainOffload, TrainsTwiceTheLayersInTheSameDeviceMemory) {
   EXPECT_NE(over.err.find("left"), std::string::npos) << over.err;
   auto offload = run_command(run + (dir.path() / "c").string() + " --model.layers 8 --sharding.name cpu_offload");
   EXPECT_EQ(offload.exit_code, 0) << offload.err;
+}
+
+// The host reads the loss from the device at log steps only (the steps between need no wait):
+// every step's loss since the last log step at once. The losses logged, and the summary's first
+// and last, are those of a run logging every step; a loss that diverged between two log steps is
+// named with its own step.
+TEST(SimTrainLosses, ReadAtLogStepsOnlyWithEveryStepsValue) {
+  TempDir dir;
+  const std::string run = "timeout 300 " + train() +
+                          " --nproc-per-node 2 --model.size tiny --data.name synthetic --steps 8 --device sim ";
+  auto every = run_command(run + "--log-every 1 --out " + (dir.path() / "every").string());
+  ASSERT_EQ(every.exit_code, 0) << every.err;
+  auto fourth = run_command(run + "--log-every 4 --out " + (dir.path() / "fourth").string());
+  ASSERT_EQ(fourth.exit_code, 0) << fourth.err;
+  std::map<int64_t, double> logged;
+  for (const json& j : read_json_lines(dir.path() / "every" / "metrics.jsonl"))
+    if (j.contains("loss")) logged[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  std::vector<int64_t> steps;
+  for (const json& j : read_json_lines(dir.path() / "fourth" / "metrics.jsonl")) {
+    if (!j.contains("loss")) continue;
+    steps.push_back(j["step"].get<int64_t>());
+    EXPECT_EQ(j["loss"].get<double>(), logged[steps.back()]) << "step " << steps.back();
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{4, 8}));
+  const json summary = read_json(dir.path() / "fourth" / "summary.json");
+  EXPECT_EQ(summary["first_loss"].get<double>(), logged[1]);
+  EXPECT_EQ(summary["final_loss"].get<double>(), logged[8]);
+  // lr 1e30: step 3's loss is not finite; it is read at step 4 and named as step 3's.
+  auto diverged = run_command(run + "--log-every 4 --optimizer.lr 1e30 --out " + (dir.path() / "nan").string());
+  EXPECT_NE(diverged.exit_code, 0);
+  EXPECT_NE(diverged.err.find(" at step 3; training diverged"), std::string::npos) << diverged.err;
 }
 
 // A rank killed while the ranks train on sim (its collectives staged through Gloo), started as

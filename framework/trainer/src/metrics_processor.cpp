@@ -130,11 +130,16 @@ WorldStep MetricsProcessor::end_step(int64_t step, RankStep& mine, double ordere
   mine.rss_rise = rss_measured_ ? mine.step_peak - step_rss_start_ : -1;
   mine.run_peak = run_peak_;
   WorldStep w = gather_step(world_, mine);
-  if (s_.deterministic) w.loss = ordered_loss;
+  if (s_.deterministic) {  // its passes read every sample's loss already
+    w.losses = {ordered_loss};
+    w.loss = ordered_loss;
+  }
   max_step_rise_ = std::max(max_step_rise_, w.max_rss_rise);
   check_step(step, w);
-  if (std::isnan(first_loss_)) first_loss_ = w.loss;
-  last_loss_ = w.loss;
+  if (!w.losses.empty()) {
+    if (std::isnan(first_loss_)) first_loss_ = w.losses.front();
+    last_loss_ = w.losses.back();
+  }
   ++interval_.steps;
   interval_.tokens += w.tokens;
   interval_.samples += w.samples;
@@ -147,20 +152,26 @@ void MetricsProcessor::check_step(int64_t step, const WorldStep& w) const {
                 " MiB allocated on a rank (the plan's measure), over --max-memory-mib " +
                 std::to_string(s_.max_memory_mib) +
                 "; lower --batch-size, or recompute activations (--activation-checkpointing)");
-  if (!std::isfinite(w.loss))
-    throw Error("the loss is " + std::to_string(w.loss) + " at step " + std::to_string(step + 1) +
-                "; training diverged: lower the optimizer's lr (--optimizer.lr), add --warmup-steps or "
-                "--clip-grad-norm");
+  // The losses read at this step are those of the steps since the last read, this one last.
+  const int64_t first = step + 1 - static_cast<int64_t>(w.losses.size()) + 1;
+  for (size_t i = 0; i < w.losses.size(); ++i)
+    if (!std::isfinite(w.losses[i]))
+      throw Error("the loss is " + std::to_string(w.losses[i]) + " at step " +
+                  std::to_string(first + static_cast<int64_t>(i)) +
+                  "; training diverged: lower the optimizer's lr (--optimizer.lr), add --warmup-steps or "
+                  "--clip-grad-norm");
 }
+
+bool MetricsProcessor::logs_at(int64_t done) const { return done % s_.log_every == 0 || done == s_.steps; }
 
 void MetricsProcessor::log(int64_t done, const WorldStep& w, double lr, double grad_norm,
                            const LossScalingGuard& scaling) {
-  const bool log_now = done % s_.log_every == 0 || done == s_.steps;
+  const bool log_now = logs_at(done);
   const double elapsed = seconds_since(interval_.start);
   const bool tokens_matter = plan_.tokens_per_step != plan_.samples_per_step;
   Progress p;
   p.step = done;
-  p.loss = w.loss;
+  p.loss = last_loss_;  // the last read (at log steps only: reading it waits for the device)
   p.lr = lr;
   p.step_time = elapsed / static_cast<double>(interval_.steps);
   p.per_s = static_cast<double>(tokens_matter ? interval_.tokens : interval_.samples) / std::max(elapsed, 1e-9);

@@ -46,12 +46,15 @@ class MetricsProcessor {
   // The loop begins: the run's peaks so far and the first interval.
   void start();
 
-  // A step: begin_step() before its first forward returns the rank's figures to fill (loss,
+  // A step: begin_step() before its first forward returns the rank's figures to fill (losses,
   // tokens, samples, the allocated peak of each phase); end_step() after the optimizer agrees on
-  // them over every rank. end_step throws fsdpx::Error on a diverged loss or a step over
-  // --max-memory-mib. `ordered_loss`: --deterministic's loss, the same bits on every rank.
+  // them over every rank. end_step throws fsdpx::Error on a diverged loss (of any step whose loss
+  // it reads) or a step over --max-memory-mib. `ordered_loss`: --deterministic's loss, the same
+  // bits on every rank, read every step.
   RankStep begin_step();
   WorldStep end_step(int64_t step, RankStep& mine, double ordered_loss);
+  // Whether step `done` (1-based) writes a metrics line: the losses are read from the device then.
+  bool logs_at(int64_t done) const;
 
   // The progress line or bar of step `done`; at log steps also metrics.jsonl, and a new interval.
   void log(int64_t done, const WorldStep& w, double lr, double grad_norm, const LossScalingGuard& scaling);

@@ -9,6 +9,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
+#include <ATen/ops/stack.h>
 
 #include "checkpointer.h"
 #include "components.h"
@@ -172,8 +173,14 @@ class Trainer {
     if (!s_.deterministic) forward_backward(mine);
     CollectivePhase phase("step");  // the engine names forward and backward itself
     optimizer_step(step);
-    if (loss_sum_.defined()) mine.loss_sum = loss_sum_.item<double>();  // the host's one wait in the step
+    if (loss_sum_.defined()) unread_losses_.push_back(loss_sum_);
     loss_sum_ = at::Tensor();
+    if (metrics_->logs_at(step + 1) && !unread_losses_.empty()) {
+      // The host's one wait for the device in a log interval: every step's loss since the last.
+      const at::Tensor host = at::stack(unread_losses_).to(at::kCPU);
+      mine.losses.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+      unread_losses_.clear();
+    }
     return metrics_->end_step(step, mine, ordered_loss);
   }
 
@@ -186,7 +193,7 @@ class Trainer {
       mine.allocated.end(StepPhase::Forward);
       engine_->backward(scaling_->scaled(loss));
       mine.allocated.end(StepPhase::Backward);
-      // Added on the device, in fp64 as the host added it; read once, after the optimizer step.
+      // Added on the device, in fp64 as the host added it; read at the next log step.
       const at::Tensor l = loss.detach().to(at::kDouble);
       loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l;
       mine.tokens += b.tokens;
@@ -279,6 +286,7 @@ class Trainer {
   std::unique_ptr<Checkpointer> checkpointer_;
   double lr_ = 0, grad_norm_ = -1;
   at::Tensor loss_sum_;  // the step's loss so far, on the device
+  std::vector<at::Tensor> unread_losses_;  // each step's since the last log step, on the device
 };
 
 }  // namespace

@@ -1,14 +1,14 @@
 #include "world_step.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "fsdpx/framework/runtime/every_rank.h"
 
 namespace fsdpx {
 
 WorldStep gather_step(Communicator& world, const RankStep& mine) {
-  std::vector<double> f = {mine.loss_sum,
-                           static_cast<double>(mine.tokens),
+  std::vector<double> f = {static_cast<double>(mine.tokens),
                            static_cast<double>(mine.samples),
                            static_cast<double>(mine.rss_rise),
                            static_cast<double>(mine.step_peak),
@@ -16,20 +16,24 @@ WorldStep gather_step(Communicator& world, const RankStep& mine) {
                            static_cast<double>(mine.allocated.step_peak()),
                            static_cast<double>(mine.allocated_run_peak)};
   for (int k = 0; k < kStepPhases; ++k) f.push_back(static_cast<double>(mine.allocated.peak(static_cast<StepPhase>(k))));
+  const size_t fixed = f.size();
+  f.insert(f.end(), mine.losses.begin(), mine.losses.end());
   WorldStep w;
-  double loss = 0, tokens = 0, samples = 0, rise = -1, peak = 0;
+  w.losses.assign(mine.losses.size(), 0.0);
+  double tokens = 0, samples = 0, rise = -1, peak = 0;
   for (const std::vector<double>& a : from_every_rank(world, f)) {  // in rank order: the same result on every rank
-    loss += a[0];
-    tokens += a[1];
-    samples += a[2];
-    rise = std::max(rise, a[3]);
-    peak = std::max(peak, a[4]);
-    w.run_peaks.push_back(static_cast<int64_t>(a[5]));
-    w.max_allocated_peak = std::max(w.max_allocated_peak, static_cast<int64_t>(a[6]));
-    w.allocated_run_peaks.push_back(static_cast<int64_t>(a[7]));
-    for (int k = 0; k < kStepPhases; ++k) w.max_phase_peaks[k] = std::max(w.max_phase_peaks[k], static_cast<int64_t>(a[8 + k]));
+    tokens += a[0];
+    samples += a[1];
+    rise = std::max(rise, a[2]);
+    peak = std::max(peak, a[3]);
+    w.run_peaks.push_back(static_cast<int64_t>(a[4]));
+    w.max_allocated_peak = std::max(w.max_allocated_peak, static_cast<int64_t>(a[5]));
+    w.allocated_run_peaks.push_back(static_cast<int64_t>(a[6]));
+    for (int k = 0; k < kStepPhases; ++k) w.max_phase_peaks[k] = std::max(w.max_phase_peaks[k], static_cast<int64_t>(a[7 + k]));
+    for (size_t i = 0; i < w.losses.size() && fixed + i < a.size(); ++i) w.losses[i] += a[fixed + i];
   }
-  w.loss = loss / world.size();
+  for (double& l : w.losses) l /= world.size();
+  w.loss = w.losses.empty() ? std::nan("") : w.losses.back();
   w.tokens = static_cast<int64_t>(tokens);
   w.samples = static_cast<int64_t>(samples);
   w.max_rss_rise = static_cast<int64_t>(rise);

@@ -11,7 +11,9 @@
 namespace fsdpx {
 
 struct RankStep {
-  double loss_sum = 0;   // this rank's share of the step's loss (over its micro-batches)
+  // This rank's share of each step's loss (over its micro-batches) since the losses were last
+  // read: read from the device at log steps only, empty at the others. The same count on every rank.
+  std::vector<double> losses;
   int64_t tokens = 0, samples = 0;
   int64_t rss_rise = -1;  // the step's peak RSS over the RSS before it; -1: unknown
   int64_t step_peak = 0;  // the step's peak RSS
@@ -22,7 +24,8 @@ struct RankStep {
 
 // The same on every rank (summed in rank order).
 struct WorldStep {
-  double loss = 0;  // mean over ranks of their loss shares
+  std::vector<double> losses;  // per step read: the mean over ranks of their loss shares
+  double loss = 0;             // this step's (NaN where not read)
   int64_t tokens = 0, samples = 0;
   int64_t max_rss_rise = -1, max_step_peak = 0;
   std::vector<int64_t> run_peaks;  // per rank: peak RSS
