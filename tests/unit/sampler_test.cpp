@@ -65,5 +65,28 @@ TEST(Sampler, BadInput) {
             "data position {\"epoch\":0,\"step\":99} is outside this data set (5 steps per epoch)");
 }
 
+// SplitSamples: one split from its seed alone (training and held-out samples disjoint, all of them
+// together), training batches drawn from the training samples only, and one-line errors.
+TEST(SplitSamples, HeldOutApartFromTrainingAndTheSameForEverySeedOfTheRun) {
+  SplitSamples a(50, 0.2, /*split_seed=*/7, "pairs"), b(50, 0.2, 7, "pairs");
+  EXPECT_EQ(a.training(), 40);
+  EXPECT_EQ(a.held_out(), 10);
+  const std::vector<int64_t> held = a.heldout(0, 10);
+  EXPECT_EQ(held, b.heldout(0, 10));
+  std::set<int64_t> training;
+  for (int64_t t = 0; t < a.training(); ++t) training.insert(a.training_sample(t));
+  std::set<int64_t> all(training);
+  all.insert(held.begin(), held.end());
+  EXPECT_EQ(all.size(), 50u);
+  a.open(/*batch_size=*/4, /*rank=*/0, /*world_size=*/2, /*seed=*/1);
+  for (int step = 0; step < 20; ++step)
+    for (int64_t i : a.next()) EXPECT_TRUE(training.count(i)) << "sample " << i << " is held out";
+  EXPECT_NE(SplitSamples(50, 0.2, 8, "pairs").heldout(0, 10), held);  // another split seed, another split
+  SplitSamples c(50, 0.2, 7, "pairs");
+  EXPECT_EQ(test::error_of([&] { c.next(); }), "pairs: next() before open()");
+  EXPECT_EQ(test::error_of([&] { c.heldout(5, 6); }), "pairs: held-out samples 5+6 outside 0..10");
+  EXPECT_EQ(c.state(), "{}");
+}
+
 }  // namespace
 }  // namespace fsdpx

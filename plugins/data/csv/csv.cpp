@@ -118,7 +118,8 @@ Table parse_table(std::istream& in, const std::string& path, int64_t label_colum
   if (skip) rows.erase(rows.begin());
   if (rows.empty()) throw fsdpx::Error("csv file " + path + " has a header and no rows");
   const int64_t cols = static_cast<int64_t>(rows[0].size());
-  if (cols < 2) throw fsdpx::Error("csv file " + path + " has " + std::to_string(cols) + " column; it needs features and a label");
+  if (cols < 2)
+    throw fsdpx::Error("csv file " + path + " has " + std::to_string(cols) + " column; it needs features and a label");
   const int64_t label = label_column < 0 ? cols + label_column : label_column;
   if (label < 0 || label >= cols)
     throw fsdpx::Error("data.label_column " + std::to_string(label_column) + " is outside the " + std::to_string(cols) +
@@ -134,7 +135,8 @@ Table parse_table(std::istream& in, const std::string& path, int64_t label_colum
     const std::string where = "csv file " + path + ": row " + std::to_string(i + 1) + " (line " +
                               std::to_string(first_line + i + (skip ? 1 : 0)) + ")";
     if (static_cast<int64_t>(row.size()) != cols)
-      throw fsdpx::Error(where + " has " + std::to_string(row.size()) + " fields, the first row has " + std::to_string(cols));
+      throw fsdpx::Error(where + " has " + std::to_string(row.size()) + " fields, the first row has " +
+                         std::to_string(cols));
     int64_t k = 0;
     for (int64_t c = 0; c < cols; ++c) {
       const std::string& field = row[static_cast<size_t>(c)];
@@ -168,52 +170,34 @@ class Csv final : public fsdpx::DataSource, public fsdpx::HeldOutData {
     x_ = std::move(t.x);
     y_ = std::move(t.y);
     // The split: a permutation from split_seed alone; the last `holdout` fraction is held out.
-    order_.resize(static_cast<size_t>(n_));
-    std::iota(order_.begin(), order_.end(), 0);
-    std::mt19937_64 rng(split_seed);
-    for (int64_t i = n_ - 1; i > 0; --i) std::swap(order_[static_cast<size_t>(i)], order_[rng() % static_cast<uint64_t>(i + 1)]);
-    heldout_ = static_cast<int64_t>(std::floor(n_ * holdout));
-    train_ = n_ - heldout_;
-    if (train_ < 1) throw fsdpx::Error("csv file " + path + " leaves no training rows with data.holdout " + std::to_string(holdout));
+    split_ = std::make_unique<fsdpx::SplitSamples>(n_, holdout, split_seed, "csv");
+    train_ = split_->training();
+    if (train_ < 1)
+      throw fsdpx::Error("csv file " + path + " leaves no training rows with data.holdout " + std::to_string(holdout));
     if (standardize) standardise();
   }
 
   void open(const fsdpx::DataContext& ctx) override {
-    sampler_ = std::make_unique<fsdpx::GlobalBatchSampler>(train_, ctx.batch_size * ctx.world_size, ctx.rank,
-                                                           ctx.world_size, ctx.seed);
+    split_->open(ctx.batch_size, ctx.rank, ctx.world_size, ctx.seed);
   }
-  fsdpx::Batch next() override {
-    if (!sampler_) throw fsdpx::Error("csv: next() before open()");
-    std::vector<int64_t> idx;
-    for (int64_t i : sampler_->next()) idx.push_back(order_[static_cast<size_t>(i)]);
-    return rows(idx);
-  }
+  fsdpx::Batch next() override { return rows(split_->next()); }
   int64_t num_samples() const override { return train_; }
-  std::string state() const override { return sampler_ ? sampler_->state() : "{}"; }
-  void restore(const std::string& s) override {
-    if (!sampler_) throw fsdpx::Error("csv: restore() before open()");
-    sampler_->restore(s);
-  }
+  std::string state() const override { return split_->state(); }
+  void restore(const std::string& s) override { split_->restore(s); }
 
-  int64_t num_heldout() const override { return heldout_; }
-  fsdpx::Batch heldout(int64_t first, int64_t count) override {
-    if (first < 0 || count < 0 || first + count > heldout_)
-      throw fsdpx::Error("csv: held-out rows " + std::to_string(first) + "+" + std::to_string(count) + " outside 0.." +
-                         std::to_string(heldout_));
-    std::vector<int64_t> idx;
-    for (int64_t i = 0; i < count; ++i) idx.push_back(order_[static_cast<size_t>(train_ + first + i)]);
-    return rows(idx);
-  }
+  int64_t num_heldout() const override { return split_->held_out(); }
+  fsdpx::Batch heldout(int64_t first, int64_t count) override { return rows(split_->heldout(first, count)); }
 
  private:
   // Features to zero mean and unit variance, with the training rows' statistics.
   void standardise() {
     for (int64_t f = 0; f < features_; ++f) {
       double sum = 0, sq = 0;
-      for (int64_t t = 0; t < train_; ++t) sum += x_[static_cast<size_t>(order_[static_cast<size_t>(t)] * features_ + f)];
+      for (int64_t t = 0; t < train_; ++t)
+        sum += x_[static_cast<size_t>(split_->training_sample(t) * features_ + f)];
       const double mean = sum / train_;
       for (int64_t t = 0; t < train_; ++t) {
-        const double d = x_[static_cast<size_t>(order_[static_cast<size_t>(t)] * features_ + f)] - mean;
+        const double d = x_[static_cast<size_t>(split_->training_sample(t) * features_ + f)] - mean;
         sq += d * d;
       }
       const double sd = std::sqrt(sq / train_);
@@ -239,10 +223,10 @@ class Csv final : public fsdpx::DataSource, public fsdpx::HeldOutData {
     return batch;
   }
 
-  int64_t n_ = 0, features_ = 0, train_ = 0, heldout_ = 0;
+  int64_t n_ = 0, features_ = 0, train_ = 0;
   std::vector<float> x_;
-  std::vector<int64_t> y_, order_;
-  std::unique_ptr<fsdpx::GlobalBatchSampler> sampler_;
+  std::vector<int64_t> y_;
+  std::unique_ptr<fsdpx::SplitSamples> split_;
 };
 
 void register_components(fsdpx::Registrar& r) {
@@ -251,13 +235,15 @@ void register_components(fsdpx::Registrar& r) {
       {fsdpx::string_option("path", "", "the CSV file"),
        fsdpx::int_option("label_column", -1, {-(1 << 20), 1 << 20},
                          "the label's column index (negative counts from the end)"),
-       fsdpx::choice_option("header", "auto", {"auto", "yes", "no"},
-                            "whether the first line is a header (auto: when it is not all numbers or its width differs)"),
+       fsdpx::choice_option(
+           "header", "auto", {"auto", "yes", "no"},
+           "whether the first line is a header (auto: when it is not all numbers or its width differs)"),
        fsdpx::float_option("holdout", 0.2, fsdpx::FloatRange::closed(0, 0.9),
                            "fraction of the rows held out for evaluation"),
        fsdpx::int_option("split_seed", 0, fsdpx::IntRange{0},
                          "seed of the train/held-out split (independent of the run's seed)"),
-       fsdpx::flag_option("standardize", true, "scale features to zero mean and unit variance (training rows' statistics)")},
+       fsdpx::flag_option("standardize", true,
+                          "scale features to zero mean and unit variance (training rows' statistics)")},
       [](const fsdpx::ComponentContext& ctx) {
         const auto& o = ctx.options;
         if (o.get_string("path").empty()) throw fsdpx::Error("path is empty; give the CSV file with --data.path FILE");

@@ -38,44 +38,22 @@ class Seq2Seq final : public fsdpx::DataSource, public fsdpx::HeldOutData {
     if (!in) throw fsdpx::Error("seq2seq file " + path + " cannot be opened (data.path)");
     pairs_ = seq2seq::read_pairs(in, path, o);
     const int64_t n = pairs_.size();
-    order_.resize(static_cast<size_t>(n));
-    std::iota(order_.begin(), order_.end(), 0);
-    std::mt19937_64 rng(split_seed);
-    for (int64_t i = n - 1; i > 0; --i)
-      std::swap(order_[static_cast<size_t>(i)], order_[rng() % static_cast<uint64_t>(i + 1)]);
-    heldout_ = static_cast<int64_t>(std::floor(static_cast<double>(n) * holdout));
-    train_ = n - heldout_;
-    if (train_ < 1)
+    split_ = std::make_unique<fsdpx::SplitSamples>(n, holdout, split_seed, "seq2seq");
+    if (split_->training() < 1)
       throw fsdpx::Error("seq2seq file " + path + " holds " + std::to_string(n) +
                          " pair(s), none left for training with data.holdout " + std::to_string(holdout));
   }
 
   void open(const fsdpx::DataContext& ctx) override {
-    sampler_ = std::make_unique<fsdpx::GlobalBatchSampler>(train_, ctx.batch_size * ctx.world_size, ctx.rank,
-                                                           ctx.world_size, ctx.seed);
+    split_->open(ctx.batch_size, ctx.rank, ctx.world_size, ctx.seed);
   }
-  fsdpx::Batch next() override {
-    if (!sampler_) throw fsdpx::Error("seq2seq: next() before open()");
-    std::vector<int64_t> idx;
-    for (int64_t i : sampler_->next()) idx.push_back(order_[static_cast<size_t>(i)]);
-    return rows(idx);
-  }
-  int64_t num_samples() const override { return train_; }
-  std::string state() const override { return sampler_ ? sampler_->state() : "{}"; }
-  void restore(const std::string& s) override {
-    if (!sampler_) throw fsdpx::Error("seq2seq: restore() before open()");
-    sampler_->restore(s);
-  }
+  fsdpx::Batch next() override { return rows(split_->next()); }
+  int64_t num_samples() const override { return split_->training(); }
+  std::string state() const override { return split_->state(); }
+  void restore(const std::string& s) override { split_->restore(s); }
 
-  int64_t num_heldout() const override { return heldout_; }
-  fsdpx::Batch heldout(int64_t first, int64_t count) override {
-    if (first < 0 || count < 0 || first + count > heldout_)
-      throw fsdpx::Error("seq2seq: held-out pairs " + std::to_string(first) + "+" + std::to_string(count) +
-                         " outside 0.." + std::to_string(heldout_));
-    std::vector<int64_t> idx;
-    for (int64_t i = 0; i < count; ++i) idx.push_back(order_[static_cast<size_t>(train_ + first + i)]);
-    return rows(idx);
-  }
+  int64_t num_heldout() const override { return split_->held_out(); }
+  fsdpx::Batch heldout(int64_t first, int64_t count) override { return rows(split_->heldout(first, count)); }
 
  private:
   fsdpx::Batch rows(const std::vector<int64_t>& idx) const {
@@ -95,10 +73,9 @@ class Seq2Seq final : public fsdpx::DataSource, public fsdpx::HeldOutData {
     return batch;
   }
 
-  int64_t source_len_, target_len_, train_ = 0, heldout_ = 0;
+  int64_t source_len_, target_len_;
   seq2seq::Pairs pairs_;
-  std::vector<int64_t> order_;
-  std::unique_ptr<fsdpx::GlobalBatchSampler> sampler_;
+  std::unique_ptr<fsdpx::SplitSamples> split_;
 };
 
 void register_components(fsdpx::Registrar& r) {

@@ -32,6 +32,7 @@
 
 #include <fsdpx/activation_memory.h>
 #include <fsdpx/error.h>
+#include <fsdpx/hf_config.h>
 #include <fsdpx/evaluation.h>
 #include <fsdpx/files.h>
 #include <fsdpx/hf_interop.h>
@@ -190,7 +191,8 @@ std::string hf_name_of(const std::string& name) {
 // The bytes each layer of gpt keeps for its backward and holds at its worst moments, from the
 // tensors LibTorch's autograd saves for the ops below (N tokens per rank, width C, hidden F,
 // vocabulary V, heads H, e bytes per compute element; RMSNorm computes in fp32 whatever e is).
-std::vector<fsdpx::LayerActivations> gpt_activations(const Config& c, int64_t batch, int64_t seq, c10::ScalarType compute) {
+std::vector<fsdpx::LayerActivations> gpt_activations(const Config& c, int64_t batch, int64_t seq,
+                                                     c10::ScalarType compute) {
   const int64_t N = batch * seq, C = c.dim, F = c.ffn_hidden, V = c.vocab, H = c.heads;
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute)), NC = N * C, x = NC * e;
   const bool fp32 = compute == at::kFloat;
@@ -198,14 +200,16 @@ std::vector<fsdpx::LayerActivations> gpt_activations(const Config& c, int64_t ba
   // before the weight, its output, the reciprocal norms; x.pow(2) is a temporary of 4NC, and
   // so (below fp32) is the fp32 normalised input before its cast.
   auto norm = [&](const std::string& path) {
-    return fsdpx::LayerActivations{path, 4 * NC + 2 * x + 4 * N, x, fp32 ? 4 * NC : 8 * NC, 4 * NC + 2 * x + 4 * N + 12 * NC + 2 * x};
+    return fsdpx::LayerActivations{path, 4 * NC + 2 * x + 4 * N, x, fp32 ? 4 * NC : 8 * NC,
+                                   4 * NC + 2 * x + 4 * N + 12 * NC + 2 * x};
   };
   // Attention: the rotated queries and keys, the values, the output and its transposed copy
   // (scaled_dot_product_attention's flash kernel keeps q, k, v, out and the fp32 log-sum-exp),
   // the rotary tables; the projections before rotation are temporaries. Its backward adds the
   // gradients of q, k, v and their projections.
   const int64_t rope = 2 * seq * (C / H / 2) * e * 2;
-  const fsdpx::LayerActivations attention{"", 5 * x + 4 * N * H + rope, x, 3 * x, 5 * x + 4 * N * H + rope + 5 * x + 4 * NC};
+  const fsdpx::LayerActivations attention{"", 5 * x + 4 * N * H + rope, x, 3 * x,
+                                          5 * x + 4 * N * H + rope + 5 * x + 4 * NC};
   // SwiGLU: w1's and w3's outputs, the SiLU and the product (each N x F); its backward holds
   // up to two more N x F gradients besides them.
   const fsdpx::LayerActivations ffn{"", 4 * N * F * e, x, 0, 6 * N * F * e + x};
@@ -229,10 +233,16 @@ std::vector<fsdpx::LayerActivations> gpt_activations(const Config& c, int64_t ba
   return out;
 }
 
-class Gpt final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::HuggingFaceModel, public fsdpx::ActivationMemory {
+class Gpt final : public fsdpx::Model,
+                  public fsdpx::Evaluable,
+                  public fsdpx::HuggingFaceModel,
+                  public fsdpx::ActivationMemory {
  public:
   Gpt(const Config& c, std::string hf_dir, std::string hf_config)
-      : config_(c), root_(std::make_shared<TransformerImpl>(c)), hf_dir_(std::move(hf_dir)), hf_config_(std::move(hf_config)) {
+      : config_(c),
+        root_(std::make_shared<TransformerImpl>(c)),
+        hf_dir_(std::move(hf_dir)),
+        hf_config_(std::move(hf_config)) {
     for (const auto& p : root_->parameters()) params_ += p.numel();
   }
   std::shared_ptr<torch::nn::Module> module() override { return root_; }
@@ -241,7 +251,8 @@ class Gpt final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::Hu
   std::string hf_name(const std::string& name) const override { return hf_name_of(name); }
   bool hf_ignorable(const std::string& name) const override {
     // Rotary caches of older checkpoints; the output projection a tied checkpoint may still hold.
-    return name.find("rotary_emb.inv_freq") != std::string::npos || (config_.tie_embeddings && name == "lm_head.weight");
+    return name.find("rotary_emb.inv_freq") != std::string::npos ||
+           (config_.tie_embeddings && name == "lm_head.weight");
   }
   std::string hf_config_json() const override;
   at::Tensor hf_logits(const at::Tensor& token_ids) override { return logits_of(token_ids); }
@@ -271,8 +282,9 @@ class Gpt final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::Hu
     s.samples = batch.inputs.size(0);
     if (s.samples == 0) return s;
     at::Tensor logits = logits_of(batch.inputs);
-    s.loss_sum = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1})).item<double>() *
-                 static_cast<double>(s.samples);
+    s.loss_sum =
+        at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), batch.targets.reshape({-1})).item<double>() *
+        static_cast<double>(s.samples);
     return s;
   }
 
@@ -288,14 +300,16 @@ class Gpt final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::Hu
       throw fsdpx::Error("gpt expects token ids of shape [batch, seq], the data gives " + c10::str(t.sizes()) +
                          "; choose a token data source (text, tokens, synthetic)");
     if (t.size(1) > config_.seq)
-      throw fsdpx::Error("the data's sequences have " + std::to_string(t.size(1)) + " tokens, more than the model's context of " +
-                         std::to_string(config_.seq) + "; set --data.seq " + std::to_string(config_.seq) +
-                         " or less, or --model.seq " + std::to_string(t.size(1)) + " or more");
+      throw fsdpx::Error("the data's sequences have " + std::to_string(t.size(1)) +
+                         " tokens, more than the model's context of " + std::to_string(config_.seq) +
+                         "; set --data.seq " + std::to_string(config_.seq) + " or less, or --model.seq " +
+                         std::to_string(t.size(1)) + " or more");
     if (t.numel() > 0) {
       const int64_t hi = t.max().item<int64_t>();
       if (hi >= config_.vocab)
         throw fsdpx::Error("the data holds token id " + std::to_string(hi) + ", outside the model's vocabulary of " +
-                           std::to_string(config_.vocab) + "; set --model.vocab " + std::to_string(hi + 1) + " or more");
+                           std::to_string(config_.vocab) + "; set --model.vocab " + std::to_string(hi + 1) +
+                           " or more");
     }
     return root_->forward(t).to(at::kFloat);
   }
@@ -335,37 +349,10 @@ std::string Gpt::hf_config_json() const {
 
 // --- --model.from_hf: a Hugging Face Llama directory's config.json --------------------------------
 
-json read_hf_config(const std::string& dir) {
-  const std::filesystem::path p = std::filesystem::path(dir) / "config.json";
-  if (fsdpx::file_kind(p.string()) != "missing") fsdpx::check_input_file(p.string(), "--model.from_hf's");
-  std::ifstream in(p);
-  if (!in)
-    throw fsdpx::Error("--model.from_hf " + dir + ": no config.json there; give a Hugging Face model directory "
-                       "(what save_pretrained writes)");
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    json j = json::parse(text.str());
-    if (!j.is_object()) throw fsdpx::Error("not a JSON object");
-    return j;
-  } catch (const std::exception& e) {
-    throw fsdpx::Error(p.string() + " is not valid JSON: " + e.what());
-  }
-}
-
 // A key of config.json of the JSON type `T`; `fallback` when absent (nullopt: required).
 template <class T>
 T hf_value(const json& j, const std::string& file, const char* key, std::optional<T> fallback = std::nullopt) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback) return *fallback;
-    throw fsdpx::Error(file + " has no '" + key + "'; a Llama config.json needs it");
-  }
-  try {
-    return j[key].get<T>();
-  } catch (const std::exception&) {
-    throw fsdpx::Error(file + ": '" + key + "' is " + j[key].dump() + ", not a " +
-                       (std::is_same<T, bool>::value ? "boolean" : std::is_floating_point<T>::value ? "number" : "integer"));
-  }
+  return fsdpx::hf::config_value<T>(j, file, key, "Llama", fallback);
 }
 
 // The rope settings: transformers 5's rope_parameters, or rope_theta and rope_scaling before it.
@@ -380,7 +367,8 @@ void read_rope(const json& j, const std::string& file, Config& c) {
     if (r.contains("rope_type")) type = hf_value<std::string>(r, file, "rope_type");
     else if (r.contains("type")) type = hf_value<std::string>(r, file, "type");
     if (type != "default")
-      throw fsdpx::Error(file + ": " + key + " of type '" + type + "' is not implemented: gpt computes rotary embeddings "
+      throw fsdpx::Error(file + ": " + key + " of type '" + type +
+                         "' is not implemented: gpt computes rotary embeddings "
                          "without scaling (rope type 'default')");
   }
 }
@@ -408,8 +396,9 @@ Config config_from_hf(const json& j, const std::string& file) {
   if (c.heads > 0 && c.dim % c.heads == 0) {
     const int64_t hd = hf_value<int64_t>(j, file, "head_dim", c.dim / c.heads);
     if (hd != c.dim / c.heads)
-      throw fsdpx::Error(file + ": head_dim " + std::to_string(hd) + " differs from hidden_size / num_attention_heads = " +
-                         std::to_string(c.dim / c.heads) + "; gpt's heads split the model width");
+      throw fsdpx::Error(file + ": head_dim " + std::to_string(hd) +
+                         " differs from hidden_size / num_attention_heads = " + std::to_string(c.dim / c.heads) +
+                         "; gpt's heads split the model width");
   }
   read_rope(j, file, c);
   return c;
@@ -450,18 +439,23 @@ std::shared_ptr<Gpt> make_gpt(const fsdpx::Options& o) {
   Config c = preset(o.get_string("size"));
   json source;
   if (!hf.empty()) {
-    source = read_hf_config(hf);
+    source = fsdpx::hf::read_config(hf);
     c = config_from_hf(source, (std::filesystem::path(hf) / "config.json").string());
   }
   auto take = [&](const char* name, int64_t& field) {
     int64_t v = o.get_int(name);  // within its declared range
     if (v > 0 && !hf.empty() && std::string(name) != "seq")
-      throw fsdpx::Error("--model." + std::string(name) + " conflicts with --model.from_hf: the configuration comes from " +
-                         hf + "/config.json");
+      throw fsdpx::Error("--model." + std::string(name) +
+                         " conflicts with --model.from_hf: the configuration comes from " + hf + "/config.json");
     if (v > 0) field = v;
   };
-  for (auto [name, field] : {std::pair<const char*, int64_t*>{"dim", &c.dim}, {"layers", &c.layers}, {"heads", &c.heads},
-                             {"kv_heads", &c.kv_heads}, {"vocab", &c.vocab}, {"seq", &c.seq}, {"ffn_hidden", &c.ffn_hidden}})
+  for (auto [name, field] : {std::pair<const char*, int64_t*>{"dim", &c.dim},
+                             {"layers", &c.layers},
+                             {"heads", &c.heads},
+                             {"kv_heads", &c.kv_heads},
+                             {"vocab", &c.vocab},
+                             {"seq", &c.seq},
+                             {"ffn_hidden", &c.ffn_hidden}})
     take(name, *field);
   if (hf.empty()) {
     c.tie_embeddings = o.get_bool("tie_embeddings");

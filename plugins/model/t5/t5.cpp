@@ -20,6 +20,7 @@
 #include <ATen/ops/cross_entropy_loss.h>
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
+#include <fsdpx/hf_config.h>
 #include <fsdpx/hf_interop.h>
 #include <fsdpx/model.h>
 #include <fsdpx/plugin.h>
@@ -213,7 +214,7 @@ std::shared_ptr<T5> make_t5(const fsdpx::Options& o) {
   if (o.get_string("variant") == "v1.1") t5::make_v1_1(c);
   json source;
   if (!hf.empty()) {
-    source = t5::read_hf_config(hf);
+    source = fsdpx::hf::read_config(hf);
     c = t5::config_from_hf(source, (std::filesystem::path(hf) / "config.json").string(), t5::hf_tensor_names(hf));
     if (o.get_string("variant") != "v1.0")
       throw fsdpx::Error("--model.variant conflicts with --model.from_hf: the configuration comes from " + hf +

@@ -38,11 +38,10 @@ void make_v1_1(Config& c);
 // Refuses sizes that do not make a model (a zero count, heads that do not fit the buckets).
 void check_config(const Config& c);
 
-// --model.from_hf DIR: DIR/config.json, checked to be a T5ForConditionalGeneration (else one line
-// naming the architecture found). `weights` are the tensor names DIR's safetensors hold: whether
-// lm_head is tied follows from them when the configuration leaves it open (transformers 5 writes
-// tie_word_embeddings true for every T5).
-nlohmann::json read_hf_config(const std::string& dir);
+// --model.from_hf DIR: DIR/config.json (fsdpx::hf::read_config), checked to be a
+// T5ForConditionalGeneration (else one line naming the architecture found). `weights` are the
+// tensor names DIR's safetensors hold: whether lm_head is tied follows from them when the
+// configuration leaves it open (transformers 5 writes tie_word_embeddings true for every T5).
 Config config_from_hf(const nlohmann::json& j, const std::string& file, const std::vector<std::string>& weights);
 // The tensor names of DIR's model.safetensors, or of the shards its index lists.
 std::vector<std::string> hf_tensor_names(const std::string& dir);

@@ -1,6 +1,7 @@
 // t5's configuration: presets, checks, and Hugging Face's config.json read and written.
 #include <fsdpx/error.h>
 #include <fsdpx/files.h>
+#include <fsdpx/hf_config.h>
 
 #include <algorithm>
 #include <cmath>
@@ -64,25 +65,6 @@ void check_config(const Config& c) {
 
 // --- reading a Hugging Face directory ------------------------------------------------------------
 
-json read_hf_config(const std::string& dir) {
-  const fs::path p = fs::path(dir) / "config.json";
-  if (fsdpx::file_kind(p.string()) != "missing") fsdpx::check_input_file(p.string(), "--model.from_hf's");
-  std::ifstream in(p);
-  if (!in)
-    throw fsdpx::Error("--model.from_hf " + dir +
-                       ": no config.json there; give a Hugging Face model directory "
-                       "(what save_pretrained writes)");
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    json j = json::parse(text.str());
-    if (!j.is_object()) throw fsdpx::Error("not a JSON object");
-    return j;
-  } catch (const std::exception& e) {
-    throw fsdpx::Error(p.string() + " is not valid JSON: " + e.what());
-  }
-}
-
 namespace {
 
 // The header of a safetensors file: its tensor names.
@@ -112,19 +94,7 @@ std::vector<std::string> safetensors_names(const fs::path& file) {
 // A key of config.json of the JSON type `T`; `fallback` when absent (nullopt: required).
 template <class T>
 T hf_value(const json& j, const std::string& file, const char* key, std::optional<T> fallback = std::nullopt) {
-  if (!j.contains(key) || j[key].is_null()) {
-    if (fallback) return *fallback;
-    throw fsdpx::Error(file + " has no '" + key + "'; a T5 config.json needs it");
-  }
-  try {
-    return j[key].get<T>();
-  } catch (const std::exception&) {
-    throw fsdpx::Error(file + ": '" + key + "' is " + j[key].dump() + ", not " +
-                       (std::is_same<T, bool>::value          ? "a boolean"
-                        : std::is_floating_point<T>::value    ? "a number"
-                        : std::is_same<T, std::string>::value ? "a string"
-                                                              : "an integer"));
-  }
+  return fsdpx::hf::config_value<T>(j, file, key, "T5", fallback);
 }
 
 // The architecture config.json names, for the message that refuses it.

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,43 @@ class FSDPX_API GlobalBatchSampler {
   bool shuffle_;
   int64_t epoch_ = 0, step_ = 0;
   std::vector<int64_t> order_;
+};
+
+// A data set of `num_samples` indexed samples (a table's rows, a file's pairs) split once, from
+// `split_seed` alone, into training samples and the last `holdout` fraction held out
+// (fsdpx/evaluation.h's HeldOutData), with a GlobalBatchSampler over the training ones: what such
+// a data source's DataSource and HeldOutData methods need, named by `source` in its errors.
+//
+//   SplitSamples split_(n, holdout, split_seed, "csv");
+//   void open(const fsdpx::DataContext& ctx) override { split_.open(ctx); }
+//   fsdpx::Batch next() override { return rows(split_.next()); }           // sample indices
+//   fsdpx::Batch heldout(int64_t first, int64_t count) override { return rows(split_.heldout(first, count)); }
+class FSDPX_API SplitSamples {
+ public:
+  // `holdout` in [0, 1). training() may be 0: the caller says what its data lacks.
+  SplitSamples(int64_t num_samples, double holdout, uint64_t split_seed, std::string source);
+
+  int64_t training() const { return training_; }
+  int64_t held_out() const { return static_cast<int64_t>(order_.size()) - training_; }
+  // Training sample t (0 .. training() - 1) as an index into the whole data set.
+  int64_t training_sample(int64_t t) const { return order_[static_cast<size_t>(t)]; }
+
+  // The sampler over the training samples, from the run's DataContext (batch, rank, world, seed).
+  void open(int64_t batch_size, int rank, int world_size, uint64_t seed);
+  // This rank's sample indices (into the whole data set) for the next step. fsdpx::Error before open().
+  std::vector<int64_t> next();
+  // The sampler's position ("{}" before open()), and its restoration (fsdpx::Error before open()).
+  std::string state() const;
+  void restore(const std::string& state);
+  // Held-out samples first .. first + count - 1 as indices into the whole data set; fsdpx::Error
+  // naming the range when it lies outside 0 .. held_out().
+  std::vector<int64_t> heldout(int64_t first, int64_t count) const;
+
+ private:
+  std::string source_;
+  std::vector<int64_t> order_;  // a permutation: training samples first
+  int64_t training_ = 0;
+  std::unique_ptr<GlobalBatchSampler> sampler_;
 };
 
 }  // namespace fsdpx
