@@ -158,7 +158,8 @@ TEST(Engine, MemoryAndBytesMovedMatchTheFormulas) {
       }
       for (int r = 0; r < n; ++r) {
         auto m = got.ranks[r];
-        EXPECT_EQ(m["memory"], (std::vector<int64_t>{expect_bytes, expect_bytes})) << strategy << " N=" << n << " rank " << r;
+        EXPECT_EQ(m["memory"], (std::vector<int64_t>{expect_bytes, expect_bytes}))
+            << strategy << " N=" << n << " rank " << r;
         EXPECT_EQ(m["memory_after"], (std::vector<int64_t>{expect_bytes, expect_bytes, 0}))
             << strategy << " N=" << n << " rank " << r << " (nothing gathered stays after a step)";
         if (n > 1) {
@@ -172,8 +173,9 @@ TEST(Engine, MemoryAndBytesMovedMatchTheFormulas) {
         }
       }
       std::printf("%-14s %3d %14lld %14lld %14lld %16lld %16lld\n", strategy.c_str(), n,
-                  (long long)got.ranks[0].at("memory")[0], (long long)got.ranks[0].at("memory")[1], (long long)expect_bytes,
-                  n > 1 ? (long long)got.ranks[0].at("comm")[0] : 0LL, n > 1 ? (long long)got.ranks[0].at("wire")[0] : 0LL);
+                  (long long)got.ranks[0].at("memory")[0], (long long)got.ranks[0].at("memory")[1],
+                  (long long)expect_bytes, n > 1 ? (long long)got.ranks[0].at("comm")[0] : 0LL,
+                  n > 1 ? (long long)got.ranks[0].at("wire")[0] : 0LL);
     }
   }
 }
@@ -207,15 +209,20 @@ TEST(Engine, OverlapDoesNotChangeResults) {
 }
 
 TEST(Engine, WrapPoliciesGiveTheirUnits) {
-  EXPECT_EQ(run("--strategy full_shard --steps 1 --wrap fqn_regex --wrap-option pattern=layers\\\\.[0-9]+\\\\.attention", 2).units,
-            (std::vector<std::string>{"layers.0.attention", "layers.1.attention"}));
+  EXPECT_EQ(
+      run("--strategy full_shard --steps 1 --wrap fqn_regex --wrap-option pattern=layers\\\\.[0-9]+\\\\.attention", 2)
+          .units,
+      (std::vector<std::string>{"layers.0.attention", "layers.1.attention"}));
   EXPECT_EQ(run("--strategy full_shard --steps 1 --wrap size_based --wrap-option min_num_params=20000", 2).units,
             (std::vector<std::string>{"layers.0.feed_forward", "layers.1.feed_forward"}));
 }
 
 TEST(Engine, NestedUnitsMatchOneProcess) {
   const WorkerRun ref = run(std::string("--reference") + kSteps, 0);
-  const WorkerRun got = run(std::string("--strategy full_shard --wrap layer_type --wrap-option layer_types=Block,Attention,FeedForward") + kSteps, 3);
+  const WorkerRun got =
+      run(std::string("--strategy full_shard --wrap layer_type --wrap-option layer_types=Block,Attention,FeedForward") +
+              kSteps,
+          3);
   EXPECT_EQ(got.units, (std::vector<std::string>{"layers.0", "layers.0.attention", "layers.0.feed_forward", "layers.1",
                                                  "layers.1.attention", "layers.1.feed_forward"}));
   expect_same(got, ref, "blocks with their attention and feed-forward as nested units");
@@ -235,9 +242,10 @@ TEST(Engine, AdamWTrainingMatchesOneProcessAndShardsItsState) {
   // With Kahan on pure-bf16 shards: + 2 (a bf16 compensation buffer).
   for (std::string name : {"adamw", "anyprecision_adamw", "anyprecision_adamw+kahan"}) {
     const int64_t per = name == "adamw" ? 8 : name == "anyprecision_adamw" ? 6 : 8;
-    const std::string args = name == "anyprecision_adamw+kahan"
-                                 ? "--optimizer anyprecision_adamw --optimizer-option use_kahan_summation=true --precision pure_bf16"
-                                 : "--optimizer " + name;
+    const std::string args =
+        name == "anyprecision_adamw+kahan"
+            ? "--optimizer anyprecision_adamw --optimizer-option use_kahan_summation=true --precision pure_bf16"
+            : "--optimizer " + name;
     for (int n : {1, 2, 4}) {
       const WorkerRun r = run("--strategy full_shard --steps 1 " + args, n);
       int64_t elems = 0;
@@ -287,7 +295,8 @@ TEST(Engine, Bf16MixedMatchesOneProcessAndHalvesAllGatherBytes) {
     const WorkerRun got = run(std::string("--strategy full_shard --precision bf16_mixed") + kSteps, n);
     ASSERT_EQ(got.losses.size(), one.losses.size());
     for (size_t i = 0; i < one.losses.size(); ++i)
-      EXPECT_LE(std::abs(got.losses[i] - one.losses[i]), 1e-4 + 1e-4 * std::abs(one.losses[i])) << "step " << i << " at " << n;
+      EXPECT_LE(std::abs(got.losses[i] - one.losses[i]), 1e-4 + 1e-4 * std::abs(one.losses[i]))
+          << "step " << i << " at " << n;
     for (const auto& [name, p] : one.params) {
       const auto& g = got.params.at(name).values;
       for (size_t i = 0; i < g.size(); ++i)
@@ -302,7 +311,8 @@ TEST(Engine, Bf16MixedMatchesOneProcessAndHalvesAllGatherBytes) {
   EXPECT_EQ(2 * mixed.ranks[0].at("allgather_total").back(), fp32.ranks[0].at("allgather_total").back());
   EXPECT_EQ(mixed.ranks[0].at("memory"), fp32.ranks[0].at("memory"));
   std::printf("all-gather bytes over 4 steps at 2 ranks: fp32 %lld, bf16_mixed %lld\n",
-              (long long)fp32.ranks[0].at("allgather_total").back(), (long long)mixed.ranks[0].at("allgather_total").back());
+              (long long)fp32.ranks[0].at("allgather_total").back(),
+              (long long)mixed.ranks[0].at("allgather_total").back());
 }
 
 TEST(Engine, PureBf16HalvesParameterAndGradientMemory) {
@@ -360,7 +370,9 @@ class TinyModel final : public Model {
 // A model whose forward calls the same unit twice.
 class TwiceModel final : public Model {
  public:
-  TwiceModel() : root_(std::make_shared<torch::nn::Module>("Root")), leaf_() { root_->register_module("leaf", leaf_.ptr()); }
+  TwiceModel() : root_(std::make_shared<torch::nn::Module>("Root")), leaf_() {
+    root_->register_module("leaf", leaf_.ptr());
+  }
   std::shared_ptr<torch::nn::Module> module() override { return root_; }
   void init_parameter(const std::string&, at::Tensor& p, at::Generator&) const override { p.fill_(0.5); }
   at::Tensor loss(const Batch& b) override { return leaf_(leaf_(b.inputs)).sum(); }
@@ -582,7 +594,9 @@ TEST(EngineLifetime, OneModelOneEngineAndTheHooksGoWithIt) {
 
   a.engine.reset();
   EXPECT_EQ(detail::hooks_of(one), nullptr);
-  EXPECT_NE(test::error_of([&] { ShardingEngine bad(a.model, {{"one", false}, {"three", false}}, EngineComms{}, one_process()); }),
+  EXPECT_NE(test::error_of([&] {
+              ShardingEngine bad(a.model, {{"one", false}, {"three", false}}, EngineComms{}, one_process());
+            }),
             "(no error)");
   EXPECT_EQ(detail::hooks_of(one), nullptr);
   ShardingEngine again(a.model, units, EngineComms{}, one_process());
@@ -595,8 +609,8 @@ TEST(EngineLifetime, BackwardAfterTheEngineIsGoneIsAnError) {
   for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "recomputed unit" : "plain units");
     auto model = std::make_shared<ChainModel>();
-    auto engine = std::make_unique<ShardingEngine>(model, std::vector<UnitSelection>{{"one", false}, {"two", recompute}},
-                                                   EngineComms{}, one_process());
+    auto engine = std::make_unique<ShardingEngine>(
+        model, std::vector<UnitSelection>{{"one", false}, {"two", recompute}}, EngineComms{}, one_process());
     Batch b;
     b.inputs = at::ones({2, 4}).requires_grad_(true);
     at::Tensor loss = engine->forward([&] { return model->loss(b); });
@@ -646,7 +660,7 @@ TEST(EngineLifetime, ReadingAParameterOutsideItsUnitNamesIt) {
   at::Tensor w = c.model->module()->named_parameters()["one.w"];
   EXPECT_EQ(torch_error_of([&] { (void)w.sum(); }),
             "parameter 'one.w' is sharded: unit 'one' gathers it only for its forward and backward; outside them, "
-            "read the engine's shards() (or full_parameters())");
+            "read the engine's shards()");
   EXPECT_EQ(w.sizes(), at::IntArrayRef({4, 4}));  // its metadata stays
   c.engine->backward(c.forward());                // and the engine gathers it again
   EXPECT_TRUE(c.grad_of("one.w").defined());

@@ -67,7 +67,9 @@ std::map<std::string, std::string> key_values(const std::vector<std::string>& it
   return m;
 }
 
-std::vector<std::string> list(const po::variables_map& vm, const char* key) { return vm[key].as<std::vector<std::string>>(); }
+std::vector<std::string> list(const po::variables_map& vm, const char* key) {
+  return vm[key].as<std::vector<std::string>>();
+}
 
 // What every run of the worker shares.
 struct Run {
@@ -132,6 +134,29 @@ int run_reference(Run& r) {
   return 0;
 }
 
+// Every parameter whole (name, tensor): each one's shard (its rows of the parameter, padded at the
+// end) all-gathered over `shard_group` on `device`, the padding cut. The full shapes are the
+// model's. Collective over the shard group (none: the shards are whole).
+std::vector<std::pair<std::string, at::Tensor>> full_parameters(const ShardingEngine& engine, Model& model,
+                                                                 c10::Device device, Communicator* shard_group) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& p : model.module()->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const ParamShard& p : engine.shards()) {
+    const std::vector<int64_t>& shape = shapes.at(p.name);
+    at::Tensor mine = p.param.detach().to(device).contiguous();
+    at::Tensor all = mine;
+    if (shard_group != nullptr) {
+      all = at::empty({shard_group->size() * mine.numel()}, mine.options());
+      shard_group->all_gather(all, mine.reshape({-1})).wait();
+    }
+    const int64_t rows = shape.empty() ? 1 : shape[0];
+    at::Tensor grid = all.view({-1, mine.numel() / mine.size(0)});
+    out.emplace_back(p.name, grid.narrow(0, 0, rows).reshape(shape).clone());
+  }
+  return out;
+}
+
 // The engine under test and its communicators, counted.
 struct Sharded {
   std::shared_ptr<ProcessGroups> groups;
@@ -144,7 +169,9 @@ Sharded build_sharded(Run& r) {
   Sharded sh;
   const c10::DeviceType type = r.device->device().type();
   sh.groups = tool::join_world(std::chrono::seconds(60), std::chrono::seconds(60),
-                               type == c10::kCPU ? DeviceKind::Cpu : type == c10::kCUDA ? DeviceKind::Cuda : DeviceKind::Sim,
+                               type == c10::kCPU    ? DeviceKind::Cpu
+                               : type == c10::kCUDA ? DeviceKind::Cuda
+                                                    : DeviceKind::Sim,
                                r.vm["backend"].as<std::string>() == "gloo" ? Backend::Gloo : Backend::Default);
   const Topology& topo = sh.groups->topology();
   auto strategy = r.host.create<ShardingStrategy>(r.vm["strategy"].as<std::string>());
@@ -165,7 +192,8 @@ Sharded build_sharded(Run& r) {
     comms.shard = sh.counted = std::make_shared<CountingCommunicator>(h.shard);
     comms.replicate = sh.counted_replicate = std::make_shared<CountingCommunicator>(h.replicate);
   } else {
-    if (eo.layout.shard_group_size > 1) comms.shard = sh.counted = std::make_shared<CountingCommunicator>(sh.groups->world());
+    if (eo.layout.shard_group_size > 1)
+      comms.shard = sh.counted = std::make_shared<CountingCommunicator>(sh.groups->world());
     if (eo.layout.replicate_group_size > 1)
       comms.replicate = sh.counted = std::make_shared<CountingCommunicator>(sh.groups->world());
   }
@@ -184,7 +212,8 @@ int64_t expected_comm(const ShardingEngine& engine, const ShardingLayout& layout
   const auto& units = engine.plan().units;
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t bytes = S * padded_shard_numel(units[u].shapes, S) * 4;
-    if (S > 1) expect += (reshards_after_forward(layout, u == 0) ? 3 : 2) * ring_sent_bytes(Collective::AllGather, bytes, S);
+    if (S > 1)
+      expect += (reshards_after_forward(layout, u == 0) ? 3 : 2) * ring_sent_bytes(Collective::AllGather, bytes, S);
     else if (world > 1) expect += ring_sent_bytes(Collective::AllReduce, bytes, world);
   }
   return expect;
@@ -249,7 +278,8 @@ int run_sharded(Run& r) {
     if (world > 1) mine << "wire " << tcp_bytes_sent() - wire_before << "\n";  // what the kernel sent
     if (sh.counted) mine << "comm " << sh.counted->stats().sent_bytes() - before << "\n";
     if (sh.counted) mine << "allgather_total " << sh.counted->stats()[Collective::AllGather].payload_bytes << "\n";
-    if (sh.counted_replicate) mine << "comm_replicate " << sh.counted_replicate->stats().sent_bytes() - before_replicate << "\n";
+    if (sh.counted_replicate)
+      mine << "comm_replicate " << sh.counted_replicate->stats().sent_bytes() - before_replicate << "\n";
     at::Tensor l = at::full({1}, step_loss, at::kDouble);
     sh.groups->control()->all_reduce(l, ReduceOp::Avg).wait();
     if (rank == 0) {
@@ -267,7 +297,8 @@ int run_sharded(Run& r) {
   }
   mem = engine.memory();
   mine << "memory_after " << mem.param_bytes << " " << mem.grad_bytes << " " << mem.unsharded_bytes << "\n";
-  auto full = engine.full_parameters();
+  auto full =
+      full_parameters(engine, *r.model, r.device->device(), engine.shard_size() > 1 ? sh.counted.get() : nullptr);
   if (rank == 0) write_params(r.out + ".params", full);
   // On sim: the streams that did work and the stream-order hazards seen (fsdpx_sim_stream_report).
   if (r.device->device().type() == c10::DeviceType::PrivateUse1) {
@@ -309,7 +340,8 @@ int main(int argc, char** argv) {
     auto host = tool::default_plugins();
     auto model_options = key_values(list(vm, "model-option"));
     model_options.emplace("seq", std::to_string(kSeq));
-    if (vm.count("skew-rank1") && resolve_topology({}, process_environment()).topology.rank == 1) model_options["layers"] = "3";
+    if (vm.count("skew-rank1") && resolve_topology({}, process_environment()).topology.rank == 1)
+      model_options["layers"] = "3";
     const std::string device = vm["device"].as<std::string>();
     Run r{vm,
           open_device(device, resolve_topology({}, process_environment()).topology.local_rank),

@@ -1,17 +1,18 @@
 // Construction of a ShardingEngine: units from the wrap policy's selection, the ranks' agreement
 // on the model, world-size-invariant initialisation of the shards, and the hooks.
+#include "engine_builder.h"
+
 #include <algorithm>
 #include <functional>
 #include <map>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "engine_state.h"
-#include "module_tree.h"
 #include "fsdpx/error.h"
 #include "fsdpx/framework/base/suggest.h"
 #include "fsdpx/framework/engine/unit_precision.h"
 #include "fsdpx/framework/runtime/every_rank.h"
+#include "module_tree.h"
 
 namespace fsdpx {
 namespace {
@@ -30,7 +31,8 @@ void check_layout(const EngineConfig& c) {
     throw Error("the engine's communicators do not match the sharding layout (a bug in the host)");
   if (c.options.deterministic && !c.comms.world)
     throw Error("deterministic mode sums every rank's gradients over comms.world, and the engine was given none");
-  if (c.options.deterministic && c.comms.shard && c.comms.world->rank() % c.comms.shard->size() != c.comms.shard->rank())
+  if (c.options.deterministic && c.comms.shard &&
+      c.comms.world->rank() % c.comms.shard->size() != c.comms.shard->rank())
     throw Error("deterministic mode needs shard groups of consecutive world ranks (world rank r at shard rank r % " +
                 std::to_string(c.comms.shard->size()) + "), as ProcessGroups::hybrid makes them; world rank " +
                 std::to_string(c.comms.world->rank()) + " is shard rank " + std::to_string(c.comms.shard->rank()));
@@ -39,7 +41,7 @@ void check_layout(const EngineConfig& c) {
 
 std::unique_ptr<Unit> new_unit(ShardingEngine::Impl& e, const std::string& fqn, const torch::nn::Module* module) {
   auto u = std::make_unique<Unit>();
-  u->engine = &e;
+  u->step = &e;
   u->index = static_cast<int64_t>(e.units.size());
   u->fqn = fqn;
   u->module = module;
@@ -93,7 +95,8 @@ void check_ranks_agree(const ShardingEngine::Impl& e) {
   for (const auto& u : e.units) {
     checksum = parameter_seed(checksum, u->fqn + ":" + c10::toString(u->group.precision.compute) + "/" +
                                             c10::toString(u->group.precision.reduce));
-    for (const auto& p : u->group.params) checksum = parameter_seed(checksum, p.name + shape_text(p.shape) + "@" + u->fqn);
+    for (const auto& p : u->group.params)
+      checksum = parameter_seed(checksum, p.name + shape_text(p.shape) + "@" + u->fqn);
   }
   if (!e.config.comms.world || e.config.comms.world->size() <= 1) return;
   const auto all =

@@ -13,7 +13,9 @@ struct EngineConfig {
   std::shared_ptr<const DeviceRuntime> device;  // options.device, or the CPU's
 
   // Options for a tensor of `dtype` where the engine computes.
-  at::TensorOptions on_device(at::ScalarType dtype) const { return at::TensorOptions().dtype(dtype).device(device->device()); }
+  at::TensorOptions on_device(at::ScalarType dtype) const {
+    return at::TensorOptions().dtype(dtype).device(device->device());
+  }
   // Options for a shard or its gradient: host memory (pinned when the device has it) when
   // offloading, else the device.
   at::TensorOptions for_shards(at::ScalarType dtype) const {

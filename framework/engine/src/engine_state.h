@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "engine_config.h"
-#include "unit.h"
+#include "sharding_unit.h"
 
 namespace fsdpx {
 
@@ -28,7 +28,7 @@ class InstalledHooks {
   std::vector<std::pair<at::Tensor, unsigned>> gradient_hooks_;
 };
 
-struct ShardingEngine::Impl {
+struct ShardingEngine::Impl final : StepContext {
   Impl();   // registers the engine among the live ones (live_unit finds it)
   ~Impl();  // unregisters it first, so that a graph outliving it gets an error, not freed memory
   Impl(const Impl&) = delete;
@@ -39,34 +39,36 @@ struct ShardingEngine::Impl {
   EngineConfig config;
   std::vector<std::unique_ptr<Unit>> units;  // root first
   UnitPlan plan;
-  bool sync = true;
+  bool sync = true;  // set_requires_gradient_sync
+  TrainingState state = TrainingState::Idle;
   // Each forward is a generation; its hooks and autograd nodes carry it, so a backward that
   // reaches an earlier forward's graph, or a second backward over one forward, is refused.
-  uint64_t generation = 0, finished_generation = 0;
-  bool in_backward = false;        // a backward of `generation` has started and not finished
-  bool awaiting_backward = false;  // the last forward's output needs a backward
+  uint64_t current = 0, finished_generation = 0;
   std::vector<Unit*> forward_order, last_forward_order;
   // FSDP2's bound on transient memory: at most one unit's reduction in flight, and (hybrid) one
   // all-reduce across replicas. The next unit's reduction waits for the previous one first.
   ParamGroup* reducing = nullptr;
   ParamGroup* replicating = nullptr;
 
+  // StepContext (step_context.h). reduce: `g`'s reduction is issued after waiting for the one in
+  // flight (which overlapped the backward compute of `g`'s unit) and freeing its buffers.
+  int64_t engine_id() const override { return id; }
+  uint64_t generation() const override { return current; }
+  const EngineConfig& engine_config() const override { return config; }
+  void check_generation(uint64_t gen, const std::string& unit) const override;
+  void forward_began(Unit& u) override { forward_order.push_back(&u); }
+  void prefetch_after(Unit& u, bool backward) override;
+  void backward_began(uint64_t gen) override;
+  void finish_in_flight_reduce() override;
+  void reduce(ParamGroup& g) override;
   // Issues the gathers of the next `prefetch` units after `u` in `order` that still need one.
-  void prefetch_after(Unit* u, const std::vector<Unit*>& order);
-  // Issues `g`'s reduction after waiting for the one in flight (which overlapped the backward
-  // compute of `g`'s unit) and freeing its buffers.
-  void reduce(ParamGroup& g);
-  // Waits for the reduction in flight, if any; hybrid: then issues its all-reduce across
-  // replicas after waiting for the previous one.
-  void finish_in_flight_reduce();
+  void prefetch_in(Unit* u, const std::vector<Unit*>& order);
   // The end of a backward: units whose post-backward did not fire finished, reductions waited.
   void finish_backward();
   // Brings every unit back to rest after a forward without backward or a failed backward:
   // pending gathers and reductions waited for and dropped, parameters resharded; with
   // drop_grads, unsharded gradients discarded too.
   void abort_step(bool drop_grads);
-  // Throws fsdpx::Error unless `gen` is the current forward's and its backward has not finished.
-  void check_generation(uint64_t gen, const std::string& unit) const;
 
   // Last, so that it goes first: no hook points at a unit being destroyed.
   std::unique_ptr<InstalledHooks> hooks;
@@ -77,9 +79,5 @@ struct ShardingEngine::Impl {
 Unit& live_unit(int64_t engine, int64_t index, const std::string& fqn);
 // The engine `id` if it is still alive, else nullptr.
 ShardingEngine::Impl* live_engine(int64_t id);
-
-// Builds the units of `e` from the model and the wrap policy's selection, checks that every rank
-// built the same, shards and initialises the parameters, and installs the units' hooks.
-void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& selected);
 
 }  // namespace fsdpx

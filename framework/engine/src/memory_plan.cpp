@@ -131,7 +131,8 @@ void Replay::map_layers() {
   auto unit_of = [&](const std::string& path) {
     int best = 0;
     for (size_t u = 1; u < in_.units.size(); ++u)
-      if (prefixes(in_.units[u].fqn, path) && in_.units[u].fqn.size() >= in_.units[static_cast<size_t>(best)].fqn.size())
+      if (prefixes(in_.units[u].fqn, path) &&
+          in_.units[u].fqn.size() >= in_.units[static_cast<size_t>(best)].fqn.size())
         best = static_cast<int>(u);
     return best;
   };
@@ -160,7 +161,8 @@ void Replay::map_gradients() {
       size_t best = last_layer_[u];
       size_t best_len = 0;
       for (size_t l = 0; l < layers_.size(); ++l)
-        if (layer_unit_[l] == static_cast<int>(u) && prefixes(layers_[l].path, name) && layers_[l].path.size() >= best_len) {
+        if (layer_unit_[l] == static_cast<int>(u) && prefixes(layers_[l].path, name) &&
+            layers_[l].path.size() >= best_len) {
           best = l;
           best_len = layers_[l].path.size();
         }
@@ -180,7 +182,7 @@ void Replay::unshard(int u) {
   prefetched_[static_cast<size_t>(u)] = false;
 }
 
-// ShardingEngine::Impl::prefetch_after: the next `prefetch` units of `order` after u that are
+// ShardingEngine::Impl::prefetch_in: the next `prefetch` units of `order` after u that are
 // not through their backward; those still sharded start their all-gather.
 void Replay::prefetch_after(int u, const std::vector<int>& order) {
   if (!in_.overlap) return;
@@ -218,7 +220,8 @@ void Replay::forward_pass() {
       transient += layers_[l].saved * 3 / 4;  // without a graph, intermediates go once used
     }
     ledger_.moment("the forward of " + layers_[l].path, transient);
-    if (u != 0 && l == last_layer_[static_cast<size_t>(u)] && b.reshard_after_forward && gathered_[static_cast<size_t>(u)]) {
+    if (u != 0 && l == last_layer_[static_cast<size_t>(u)] && b.reshard_after_forward &&
+        gathered_[static_cast<size_t>(u)]) {
       ledger_.sub(b.gathered);
       gathered_[static_cast<size_t>(u)] = false;
     }

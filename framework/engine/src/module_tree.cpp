@@ -59,8 +59,10 @@ class Walker {
 ModuleTree ModuleTree::walk(const torch::nn::Module& root, const std::vector<UnitSelection>& selected) {
   std::map<std::string, bool> chosen;  // unit -> recomputes
   for (const auto& s : selected) {
-    if (s.fqn.empty()) throw Error("the wrap policy selected the root module; the root is always a unit and is not listed");
-    if (!chosen.emplace(s.fqn, s.activation_checkpoint).second) throw Error("the wrap policy selected '" + s.fqn + "' twice");
+    if (s.fqn.empty())
+      throw Error("the wrap policy selected the root module; the root is always a unit and is not listed");
+    if (!chosen.emplace(s.fqn, s.activation_checkpoint).second)
+      throw Error("the wrap policy selected '" + s.fqn + "' twice");
   }
   ModuleTree tree;
   tree.units.push_back(Unit{"", &root, false, {}});

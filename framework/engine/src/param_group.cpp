@@ -56,8 +56,9 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
   resize_storage(flat_grad.storage(), 0);  // no bytes until hold_gradients
   if (separate()) {
     const c10::Device dev = config->device->device();
-    unsharded = c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * total) * c10::elementSize(prec.compute),
-                             c10::GetAllocator(dev.type()), /*resizable=*/true);
+    unsharded =
+        c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * total) * c10::elementSize(prec.compute),
+                     c10::GetAllocator(dev.type()), /*resizable=*/true);
     unsharded_flat = tensor_over(unsharded, 0, {S * total}, prec.compute);
   }
   for (ShardedParam& p : params) {
@@ -76,9 +77,9 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
     // the shard itself); its object stays, so the model and autograd keep using it.
     p.gathered = separate() ? tensor_over(unsharded, S * p.offset, p.shape, prec.compute)
                             : tensor_over(flat_shard.storage(), p.offset, p.shape, prec.storage);
-    p.sharded_message = "parameter '" + p.name + "' is sharded: " + (root ? std::string("the root unit") : "unit '" + unit + "'") +
-                        " gathers it only for its forward and backward; outside them, read the engine's shards() "
-                        "(or full_parameters())";
+    p.sharded_message = "parameter '" + p.name +
+                        "' is sharded: " + (root ? std::string("the root unit") : "unit '" + unit + "'") +
+                        " gathers it only for its forward and backward; outside them, read the engine's shards()";
     p.attach();
   }
   if (separate()) {
@@ -154,7 +155,8 @@ void ParamGroup::hold_gradients(bool zero) {
   resize_storage(flat_grad.storage(), static_cast<size_t>(total) * flat_grad.element_size());
   if (zero) flat_grad.zero_();
   for (ShardedParam& p : params)
-    if (p.param.requires_grad()) p.shard.mutable_grad() = tensor_over(flat_grad.storage(), p.offset, p.shard.sizes(), flat_grad.scalar_type());
+    if (p.param.requires_grad())
+      p.shard.mutable_grad() = tensor_over(flat_grad.storage(), p.offset, p.shard.sizes(), flat_grad.scalar_type());
   grads_held = true;
 }
 

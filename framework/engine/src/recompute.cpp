@@ -16,7 +16,7 @@ using torch::autograd::variable_list;
 // Runs the unit's forward again with a graph, the device's generator as it was in the first
 // forward (the same dropout masks).
 at::Tensor replay(Unit& u, const std::vector<at::Tensor>& defined) {
-  const DeviceRuntime& device = *u.engine->config.device;
+  const DeviceRuntime& device = *u.step->engine_config().device;
   const at::Tensor now = device.rng_state();
   device.set_rng_state(u.recompute_rng);
   at::AutoGradMode enable(true);
@@ -42,7 +42,7 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     for (const auto& t : defined) needs.push_back(t.requires_grad());
     ctx->saved_data["needs"] = needs;
     ctx->save_for_backward(defined);
-    u->recompute_rng = u->engine->config.device->rng_state();
+    u->recompute_rng = u->step->engine_config().device->rng_state();
     at::NoGradGuard no_grad;
     return u->recompute(u->arguments(defined));
   }
@@ -82,7 +82,8 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     // the parameters'.
     variable_list result(static_cast<size_t>(2 + n + static_cast<int64_t>(params.size())));
     for (size_t j = 0; j < input_slot.size(); ++j) result[static_cast<size_t>(2 + input_slot[j])] = g[j];
-    for (size_t j = 0; j < param_slot.size(); ++j) result[2 + static_cast<size_t>(n) + param_slot[j]] = g[input_slot.size() + j];
+    for (size_t j = 0; j < param_slot.size(); ++j)
+      result[2 + static_cast<size_t>(n) + param_slot[j]] = g[input_slot.size() + j];
     u->drop_recompute();
     return result;
   }

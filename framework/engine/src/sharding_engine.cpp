@@ -12,8 +12,10 @@
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "engine_builder.h"
 #include "engine_state.h"
 #include "fsdpx/error.h"
 #include "fsdpx/framework/base/unit_registry.h"
@@ -77,9 +79,10 @@ InstalledHooks::InstalledHooks(const std::vector<std::unique_ptr<Unit>>& units) 
     for (const ShardedParam& p : u->group.params) {
       if (!p.param.requires_grad()) continue;
       // By id, not pointer: a graph may outlive the engine (its hooks are removed with it).
-      const unsigned idx = p.param.register_hook([engine = u->engine->id, index = u->index, name = u->fqn](const at::Tensor& g) {
-        if (live_engine(engine)) live_unit(engine, index, name).on_parameter_gradient(g.numel());
-      });
+      const unsigned idx =
+          p.param.register_hook([engine = u->step->engine_id(), index = u->index, name = u->fqn](const at::Tensor& g) {
+            if (live_engine(engine)) live_unit(engine, index, name).on_parameter_gradient(g.numel());
+          });
       gradient_hooks_.emplace_back(p.param, idx);
     }
 }
@@ -91,7 +94,22 @@ InstalledHooks::~InstalledHooks() {
 
 // ---- The engine's state ------------------------------------------------------------------------
 
-void ShardingEngine::Impl::prefetch_after(Unit* u, const std::vector<Unit*>& order) {
+void ShardingEngine::Impl::prefetch_after(Unit& u, bool backward) {
+  if (!config.options.overlap) return;
+  if (!backward) return prefetch_in(&u, last_forward_order);
+  prefetch_in(&u, std::vector<Unit*>(last_forward_order.rbegin(), last_forward_order.rend()));
+}
+
+void ShardingEngine::Impl::backward_began(uint64_t gen) {
+  if (state == TrainingState::Backward) return;
+  state = TrainingState::Backward;
+  torch::autograd::Engine::get_default_engine().queue_callback([id = id, gen] {
+    ShardingEngine::Impl* e = live_engine(id);
+    if (e && e->current == gen && e->state == TrainingState::Backward) e->finish_backward();
+  });
+}
+
+void ShardingEngine::Impl::prefetch_in(Unit* u, const std::vector<Unit*>& order) {
   auto it = std::find(order.begin(), order.end(), u);
   if (it == order.end()) return;
   int issued = 0;
@@ -104,7 +122,7 @@ void ShardingEngine::Impl::prefetch_after(Unit* u, const std::vector<Unit*>& ord
 
 void ShardingEngine::Impl::check_generation(uint64_t gen, const std::string& unit) const {
   const std::string name = unit.empty() ? "the root" : "unit '" + unit + "'";
-  if (gen != generation)
+  if (gen != current)
     throw Error("backward reached " + name + " of an earlier forward: fsdpx needs each forward's backward before the "
                 "next forward (for gradient accumulation, run forward and backward per micro-batch with "
                 "set_requires_gradient_sync(false))");
@@ -114,6 +132,7 @@ void ShardingEngine::Impl::check_generation(uint64_t gen, const std::string& uni
 }
 
 void ShardingEngine::Impl::reduce(ParamGroup& g) {
+  if (!sync) return;
   finish_in_flight_reduce();
   g.reduce_grads();
   reducing = &g;
@@ -137,9 +156,8 @@ void ShardingEngine::Impl::finish_backward() {
   finish_in_flight_reduce();
   if (replicating) std::exchange(replicating, nullptr)->finish_replicate();
   abort_step(/*drop_grads=*/false);  // gathers prefetched for units whose backward never came
-  finished_generation = generation;
-  in_backward = false;
-  awaiting_backward = false;
+  finished_generation = current;
+  state = TrainingState::Idle;
 }
 
 void ShardingEngine::Impl::abort_step(bool drop_grads) {
@@ -148,8 +166,7 @@ void ShardingEngine::Impl::abort_step(bool drop_grads) {
     u->drop_recompute();  // a forward whose backward never came: let its graph go
     u->group.abandon(drop_grads);
   }
-  in_backward = false;
-  awaiting_backward = false;
+  state = TrainingState::Idle;
 }
 
 // ---- The facade --------------------------------------------------------------------------------
@@ -172,13 +189,14 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   // A forward whose backward never came (validation with grad on, a skipped step), or a
   // backward that failed half-way: bring everything back to rest. Everything is resharded, the
   // root too, so that the new forward gathers what the optimizer last wrote.
-  if (e.in_backward) e.abort_step(/*drop_grads=*/true);
-  if (e.awaiting_backward) e.abort_step(/*drop_grads=*/false);
+  if (e.state == TrainingState::Backward) e.abort_step(/*drop_grads=*/true);
+  if (e.state == TrainingState::AwaitingBackward || e.state == TrainingState::Forward) e.abort_step(false);
   for (auto& u : e.units) {
     u->group.reshard();
     u->begin_step();
   }
-  ++e.generation;
+  ++e.current;
+  e.state = TrainingState::Forward;
   e.forward_order.clear();
   Unit& root = *e.units[0];
   at::Tensor out;
@@ -199,8 +217,9 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   e.last_forward_order = e.forward_order;
   if (!at::GradMode::is_enabled() || !out.requires_grad()) {
     for (auto& u : e.units) u->group.reshard();  // no backward will follow
+    e.state = TrainingState::Idle;
   } else {
-    e.awaiting_backward = true;
+    e.state = TrainingState::AwaitingBackward;
   }
   return out;
 }
@@ -210,7 +229,8 @@ void ShardingEngine::backward(const at::Tensor& loss) {
   try {
     loss.backward();
     // The final callback did not run: no unit's hook fired (the loss does not depend on them).
-    if (e.awaiting_backward && e.finished_generation != e.generation) e.finish_backward();
+    const bool pending = e.state == TrainingState::AwaitingBackward || e.state == TrainingState::Backward;
+    if (pending && e.finished_generation != e.current) e.finish_backward();
   } catch (...) {
     e.abort_step(/*drop_grads=*/true);
     throw;
@@ -254,7 +274,8 @@ void for_each_chunk_in_double(const std::vector<at::Tensor>& grads, F f) {
 // `t` := op over the shard group (which carries device tensors), or itself without one.
 using GroupReduce = std::function<void(at::Tensor&, ReduceOp)>;
 
-double fixed_point_squared_norm(const std::vector<at::Tensor>& grads, const GroupReduce& reduce, const at::TensorOptions& on) {
+double fixed_point_squared_norm(const std::vector<at::Tensor>& grads, const GroupReduce& reduce,
+                                const at::TensorOptions& on) {
   at::Tensor peak = at::zeros({1}, on.dtype(at::kDouble));
   for_each_chunk_in_double(grads, [&](const at::Tensor& c) { peak = peak.maximum(c.pow(2).max().reshape({1})); });
   reduce(peak, ReduceOp::Max);
@@ -265,7 +286,8 @@ double fixed_point_squared_norm(const std::vector<at::Tensor>& grads, const Grou
   // 2^(30 - e) in two factors: one would overflow a double for squares below 2^-993.
   const double half = std::ldexp(1.0, (30 - e) / 2), rest = std::ldexp(1.0, 30 - e - (30 - e) / 2);
   at::Tensor sum = at::zeros({1}, on.dtype(at::kLong));
-  for_each_chunk_in_double(grads, [&](const at::Tensor& c) { sum += c.pow_(2).mul_(half).mul_(rest).floor_().to(at::kLong).sum(); });
+  for_each_chunk_in_double(
+      grads, [&](const at::Tensor& c) { sum += c.pow_(2).mul_(half).mul_(rest).floor_().to(at::kLong).sum(); });
   reduce(sum, ReduceOp::Sum);
   return std::ldexp(static_cast<double>(sum.item<int64_t>()), e - 30);
 }
@@ -302,29 +324,6 @@ std::vector<ParamShard> ShardingEngine::shards() const {
   std::vector<ParamShard> out;
   for (auto& u : impl_->units)
     for (auto& p : u->group.params) out.push_back({p.name, p.shard});
-  return out;
-}
-
-std::vector<std::pair<std::string, at::Tensor>> ShardingEngine::full_parameters() {
-  Impl& e = *impl_;
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  const int64_t S = e.config.shard_size;
-  for (auto& u : e.units) {
-    const ParamGroup& g = u->group;
-    at::Tensor all = g.flat_shard;
-    if (S > 1) {  // on the device, which the shard group's collectives take
-      CollectiveUnit scope(g.label);
-      const at::Tensor mine = g.flat_shard.to(e.config.device->device());
-      all = at::empty({S * g.total}, mine.options());
-      e.config.comms.shard->all_gather(all, mine).wait();
-    }
-    at::Tensor grid = all.view({S, g.total});
-    for (auto& p : g.params) {
-      const ShardGeometry& geo = p.geometry;
-      at::Tensor full = grid.narrow(1, p.offset, geo.shard_numel).reshape({S * geo.rows_per_shard, geo.row});
-      out.emplace_back(p.name, full.narrow(0, 0, geo.rows).reshape(p.shape).clone());
-    }
-  }
   return out;
 }
 

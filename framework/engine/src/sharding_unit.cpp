@@ -1,7 +1,6 @@
-#include "unit.h"
+#include "sharding_unit.h"
 
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "engine_state.h"
@@ -37,10 +36,10 @@ struct PostBackward : public torch::autograd::Function<PostBackward> {
 }  // namespace
 
 void save_unit(AutogradContext* ctx, const Unit& u) {
-  ctx->saved_data["engine"] = u.engine->id;
+  ctx->saved_data["engine"] = u.step->engine_id();
   ctx->saved_data["unit"] = u.index;
   ctx->saved_data["fqn"] = u.fqn;
-  ctx->saved_data["generation"] = static_cast<int64_t>(u.engine->generation);
+  ctx->saved_data["generation"] = static_cast<int64_t>(u.step->generation());
 }
 
 Unit& saved_unit(AutogradContext* ctx) {
@@ -54,13 +53,13 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
   if (forward_calls++ > 0)
     throw Error("unit '" + fqn + "' ran its forward twice in one step; fsdpx gathers and reduces a unit once per "
                 "step, so a layer called twice must not be a unit (wrap its parent instead)");
-  engine->forward_order.push_back(this);
+  step->forward_began(*this);
   const PrecisionSpec& prec = group.precision;
   if (prec.cast_forward_inputs)
     for (auto& t : inputs)
       if (t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != prec.compute) t = t.to(prec.compute);
   group.unshard();
-  if (engine->config.options.overlap) engine->prefetch_after(this, engine->last_forward_order);
+  step->prefetch_after(*this, /*backward=*/false);
   if (!at::GradMode::is_enabled()) return inputs;
   std::vector<size_t> idx;
   variable_list needs;
@@ -77,13 +76,14 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
 
 bool Unit::recomputes() const { return checkpoint && at::GradMode::is_enabled(); }
 
-at::Tensor Unit::run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f, const std::vector<at::Tensor>& inputs) {
+at::Tensor Unit::run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
+                     const std::vector<at::Tensor>& inputs) {
   if (!recomputes()) {
     drop_recompute();
     return f(inputs);
   }
   recompute = f;
-  recompute_generation = engine->generation;
+  recompute_generation = step->generation();
   recompute_arity = inputs.size();
   recompute_slots.clear();
   std::vector<at::Tensor> defined;
@@ -98,36 +98,32 @@ at::Tensor Unit::run(const std::function<at::Tensor(const std::vector<at::Tensor
 at::Tensor Unit::post_forward(at::Tensor output) {
   if (group.reshard_after_forward()) group.reshard();
   const auto& out_dtype = group.precision.output;
-  if (root && out_dtype && output.defined() && at::isFloatingType(output.scalar_type()) && output.scalar_type() != *out_dtype)
+  if (root && out_dtype && output.defined() && at::isFloatingType(output.scalar_type()) &&
+      output.scalar_type() != *out_dtype)
     output = output.to(*out_dtype);
   // A unit with a compute dtype of its own hands its output back in the root's, so that the code
   // around it (the root's own layers) computes as it would without it.
-  const c10::ScalarType around = engine->config.options.precision.compute;
+  const c10::ScalarType around = step->engine_config().options.precision.compute;
   if (!root && group.precision.compute != around && output.defined() && at::isFloatingType(output.scalar_type()) &&
       output.scalar_type() != around)
     output = output.to(around);
   if (at::GradMode::is_enabled() && output.defined() && output.requires_grad()) {
     // By id, not `this`: the output may outlive the engine.
-    output.register_hook([engine = engine->id, index = index, name = fqn, gen = engine->generation](const at::Tensor& grad) {
-      live_unit(engine, index, name).pre_backward(gen);
-      return grad;
-    });
+    output.register_hook(
+        [engine = step->engine_id(), index = index, name = fqn, gen = step->generation()](const at::Tensor& grad) {
+          live_unit(engine, index, name).pre_backward(gen);
+          return grad;
+        });
   }
   return output;
 }
 
 void Unit::pre_backward(uint64_t gen) {
   CollectivePhase phase("backward");  // autograd may run this on a thread of its own
-  engine->check_generation(gen, fqn);
+  step->check_generation(gen, fqn);
   if (stage != BackwardStage::Waiting) return;
   stage = BackwardStage::Computing;
-  if (!engine->in_backward) {
-    engine->in_backward = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([id = engine->id, gen] {
-      ShardingEngine::Impl* e = live_engine(id);
-      if (e && e->generation == gen && e->in_backward) e->finish_backward();
-    });
-  }
+  step->backward_began(gen);
   group.unshard();
   if (progress_elements == 0) progress();  // no gradient will come to count
 }
@@ -142,15 +138,12 @@ void Unit::progress() {
   if (stage != BackwardStage::Computing) return;
   stage = BackwardStage::Progressed;
   CollectivePhase phase("backward");
-  engine->finish_in_flight_reduce();
-  if (engine->config.options.overlap) {
-    std::vector<Unit*> reverse(engine->last_forward_order.rbegin(), engine->last_forward_order.rend());
-    engine->prefetch_after(this, reverse);
-  }
+  step->finish_in_flight_reduce();
+  step->prefetch_after(*this, /*backward=*/true);
 }
 
 void Unit::post_backward(uint64_t gen) {
-  engine->check_generation(gen, fqn);
+  step->check_generation(gen, fqn);
   post_backward();
 }
 
@@ -160,7 +153,7 @@ void Unit::post_backward() {
   if (stage == BackwardStage::Computing) progress();  // the same collectives, in the same order, on every rank
   stage = BackwardStage::Done;
   group.reshard();  // first, as FSDP2 does: the gathered parameters are not needed any more
-  if (engine->sync) engine->reduce(group);
+  step->reduce(group);
 }
 
 void Unit::begin_step() {

@@ -26,12 +26,13 @@
 
 #include "fsdpx/unit.h"
 #include "param_group.h"
+#include "step_context.h"
 
 namespace fsdpx {
 
 struct Unit final : UnitHooks {
-  ShardingEngine::Impl* engine = nullptr;
-  int64_t index = 0;  // in engine->units (live_unit finds it by engine id and index)
+  StepContext* step = nullptr;  // its engine, as far as a unit needs it
+  int64_t index = 0;  // in its engine's units (live_unit finds it by engine id and index)
   std::string fqn;    // "" for the root
   const torch::nn::Module* module = nullptr;
   bool root = false;

@@ -18,7 +18,8 @@ void copy_out_gathered(at::Tensor& unsharded_flat, const at::Tensor& gathered, c
   }
 }
 
-at::Tensor pack_gradients(std::vector<ShardedParam>& params, int64_t s, int64_t total, const at::TensorOptions& options) {
+at::Tensor pack_gradients(std::vector<ShardedParam>& params, int64_t s, int64_t total,
+                          const at::TensorOptions& options) {
   at::NoGradGuard no_grad;
   at::Tensor packed = at::zeros({s * total}, options);
   at::Tensor dst = packed.view({s, total});

@@ -36,8 +36,8 @@ struct EngineOptions {
   // Layout-invariant sums: each backward is one sample per world rank (rank r's is global sample
   // j * W + r of the round), and adds every rank's gradient rows of this rank's shard, sent by one
   // all-to-all over comms.world (unsharded: one all-gather), into the gradient shard in rank
-  // order: a fixed, sequential order over global samples at any world size and strategy. Nothing is averaged (the loss carries 1 / global samples), and the
-  // shards accumulate until zero_grad(). clip_grad_norm sums in exact fixed point.
+  // order: a fixed, sequential order over global samples at any world size and strategy. Nothing is averaged (the loss
+  // carries 1 / global samples), and the shards accumulate until zero_grad(). clip_grad_norm sums in exact fixed point.
   bool deterministic = false;
   // Where shards, gathered units, gradients and activations live (fsdpx/framework/runtime/
   // device.h); unset: the CPU. With layout.offload_to_cpu the shards, their gradients (and so the
@@ -107,9 +107,6 @@ class FSDPX_API ShardingEngine {
   // This rank's parameter shards, in unit order, for the optimizer: leaf tensors of shape
   // [rows per shard, ...], updated in place; .grad() is the reduced gradient shard.
   std::vector<ParamShard> shards() const;
-
-  // Every parameter whole (name, tensor), gathered unit by unit. Collective over the shard group.
-  std::vector<std::pair<std::string, at::Tensor>> full_parameters();
 
   const UnitPlan& plan() const;
   // This rank's index in its shard group, the group's size, and its index among the replicas
