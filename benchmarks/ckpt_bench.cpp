@@ -49,18 +49,20 @@ int64_t dir_bytes(const fs::path& p) {
 
 int main(int argc, char** argv) {
   po::options_description desc("fsdpx-ckpt-bench [--nproc-per-node N] [options]");
-  desc.add_options()("dir", po::value<std::string>()->default_value("/tmp/fsdpx-ckpt-bench"), "where to write")
-      ("dim", po::value<int>()->default_value(1024), "model width")("layers", po::value<int>()->default_value(8), "layers")
-      ("vocab", po::value<int>()->default_value(32000), "vocabulary");
+  desc.add_options()("dir", po::value<std::string>()->default_value("/tmp/fsdpx-ckpt-bench"), "where to write")(
+      "dim", po::value<int>()->default_value(1024), "model width")(
+      "layers", po::value<int>()->default_value(8), "layers")("vocab", po::value<int>()->default_value(32000),
+                                                              "vocabulary");
   return tool::main(argc, argv, "fsdpx-ckpt-bench", desc, [](const po::variables_map& vm) {
     auto groups = tool::join_world();
     const int rank = groups->topology().rank, world = groups->topology().world_size;
     auto host = tool::default_plugins();
-    auto model = host->create<Model>("gpt", std::map<std::string, std::string>{{"dim", std::to_string(vm["dim"].as<int>())},
-                                                                             {"layers", std::to_string(vm["layers"].as<int>())},
-                                                                             {"heads", "16"},
-                                                                             {"vocab", std::to_string(vm["vocab"].as<int>())},
-                                                                             {"seq", "128"}});
+    auto model = host->create<Model>(
+        "gpt", std::map<std::string, std::string>{{"dim", std::to_string(vm["dim"].as<int>())},
+                                                  {"layers", std::to_string(vm["layers"].as<int>())},
+                                                  {"heads", "16"},
+                                                  {"vocab", std::to_string(vm["vocab"].as<int>())},
+                                                  {"seq", "128"}});
     auto policy = host->create<WrapPolicy>("layer_type", std::map<std::string, std::string>{{"layer_types", "Block"}});
     EngineOptions eo;
     eo.layout = ShardingLayout{world, 1, true, false};
@@ -73,9 +75,10 @@ int main(int argc, char** argv) {
     const int64_t params = engine.plan().total_params;
     const int64_t shard_bytes = engine.memory().param_bytes;
     if (rank == 0)
-      std::printf("gpt: %.1fM parameters, %.0f MB in fp32 (%d rank(s), %.0f MB of parameters per rank; with adamw state the "
-                  "checkpoint is 3x)\n",
-                  params / 1e6, params * 4 / 1e6, world, shard_bytes / 1e6);
+      std::printf(
+          "gpt: %.1fM parameters, %.0f MB in fp32 (%d rank(s), %.0f MB of parameters per rank; with adamw state the "
+          "checkpoint is 3x)\n",
+          params / 1e6, params * 4 / 1e6, world, shard_bytes / 1e6);
     CheckpointContext ctx = checkpoint_context(*groups, engine);
     auto timed = [&](const std::function<void()>& f) {
       groups->world()->barrier().wait();
@@ -101,10 +104,12 @@ int main(int argc, char** argv) {
       at::Tensor r = at::full({1}, rise, at::kLong);
       groups->world()->all_reduce(r, ReduceOp::Max).wait();
       if (rank == 0)
-        std::printf("%-12s %7.0f MB  save %6.2f s = %6.0f MB/s   load %6.2f s = %6.0f MB/s   load adds at most %5.0f MB of RSS on a "
-                    "rank (parameter shard: %.0f MB)\n",
-                    backend.c_str(), bytes / 1e6, save_s, bytes / 1e6 / save_s, load_s, bytes / 1e6 / load_s,
-                    r.item<int64_t>() / 1e6, shard_bytes / 1e6);
+        std::printf(
+            "%-12s %7.0f MB  save %6.2f s = %6.0f MB/s   load %6.2f s = %6.0f MB/s   load adds at most %5.0f MB of RSS "
+            "on a "
+            "rank (parameter shard: %.0f MB)\n",
+            backend.c_str(), bytes / 1e6, save_s, bytes / 1e6 / save_s, load_s, bytes / 1e6 / load_s,
+            r.item<int64_t>() / 1e6, shard_bytes / 1e6);
       groups->world()->barrier().wait();
       if (rank == 0) fs::remove_all(root / backend);
     }

@@ -31,11 +31,13 @@ struct Arm {
 
 Arm make_arm(PluginHost& host, ProcessGroups& groups, const po::variables_map& vm, bool overlap) {
   Arm arm;
-  arm.model = host.create<Model>("gpt", {{"size", vm["size"].as<std::string>()}, {"seq", std::to_string(vm["seq"].as<int64_t>())}});
+  arm.model = host.create<Model>(
+      "gpt", {{"size", vm["size"].as<std::string>()}, {"seq", std::to_string(vm["seq"].as<int64_t>())}});
   EngineOptions eo;
   eo.layout = host.create<ShardingStrategy>("full_shard")->layout(groups.topology());
   eo.overlap = overlap;
-  EngineComms comms{groups.world(), eo.layout.shard_group_size > 1 ? groups.world() : nullptr, nullptr, groups.control()};
+  EngineComms comms{groups.world(), eo.layout.shard_group_size > 1 ? groups.world() : nullptr, nullptr,
+                    groups.control()};
   auto policy = host.create<WrapPolicy>("layer_type");
   arm.engine = std::make_unique<ShardingEngine>(arm.model, policy->select(*arm.model->module()), comms, eo);
   return arm;
@@ -84,9 +86,11 @@ int main(int argc, char** argv) {
         }
     if (topo.rank == 0) {
       const double on = median(arms[0].times), off = median(arms[1].times);
-      std::printf("fsdpx-engine-bench: gpt %s (%lld parameters), full_shard, %d ranks, batch %lld x %lld tokens per rank, %d thread(s) per rank\n",
-                  vm["size"].as<std::string>().c_str(), static_cast<long long>(arms[0].engine->plan().total_params),
-                  topo.world_size, static_cast<long long>(batch), static_cast<long long>(seq), vm["threads"].as<int>());
+      std::printf(
+          "fsdpx-engine-bench: gpt %s (%lld parameters), full_shard, %d ranks, batch %lld x %lld tokens per rank, %d "
+          "thread(s) per rank\n",
+          vm["size"].as<std::string>().c_str(), static_cast<long long>(arms[0].engine->plan().total_params),
+          topo.world_size, static_cast<long long>(batch), static_cast<long long>(seq), vm["threads"].as<int>());
       std::printf("  step time, overlap on : %8.1f ms (median of %zu)\n", on * 1e3, arms[0].times.size());
       std::printf("  step time, overlap off: %8.1f ms (median of %zu)\n", off * 1e3, arms[1].times.size());
       std::printf("  off / on = %.3f\n", off / on);

@@ -50,8 +50,10 @@ TorchFigures torch_figures(const std::string& python, int64_t n, int steps, int 
       "for kind, label, make in [\n"
       "    (\"adamw\", \"AdamW(fused=True)\", lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=True)),\n"
       "    (\"adamw\", \"AdamW(foreach=True)\", lambda ps: torch.optim.AdamW(ps, lr=1e-4, foreach=True)),\n"
-      "    (\"sgd\", \"SGD(momentum=0.9, fused=True)\", lambda ps: torch.optim.SGD(ps, lr=1e-4, momentum=0.9, fused=True)),\n"
-      "    (\"sgd\", \"SGD(momentum=0.9, foreach=True)\", lambda ps: torch.optim.SGD(ps, lr=1e-4, momentum=0.9, foreach=True))]:\n"
+      "    (\"sgd\", \"SGD(momentum=0.9, fused=True)\", lambda ps: torch.optim.SGD(ps, lr=1e-4, momentum=0.9, "
+      "fused=True)),\n"
+      "    (\"sgd\", \"SGD(momentum=0.9, foreach=True)\", lambda ps: torch.optim.SGD(ps, lr=1e-4, momentum=0.9, "
+      "foreach=True))]:\n"
       "    print(kind, run(make), label)\n";
   const std::string cmd = python + " -c '" + script + "' " + std::to_string(n) + " " + std::to_string(steps) + " " +
                           std::to_string(threads);
@@ -75,10 +77,11 @@ TorchFigures torch_figures(const std::string& python, int64_t n, int steps, int 
 
 int main(int argc, char** argv) {
   po::options_description desc("fsdpx-optim-bench [options]");
-  desc.add_options()("numel", po::value<int64_t>()->default_value(20000000), "elements of the shard")
-      ("steps", po::value<int>()->default_value(5), "timed steps per optimizer (after one warm-up)")
-      ("threads", po::value<int>()->default_value(1), "intra-op threads (0: LibTorch's default)")
-      ("python", po::value<std::string>()->default_value(""), "a Python with torch, to time PyTorch's optimizers beside");
+  desc.add_options()("numel", po::value<int64_t>()->default_value(20000000), "elements of the shard")(
+      "steps", po::value<int>()->default_value(5), "timed steps per optimizer (after one warm-up)")(
+      "threads", po::value<int>()->default_value(1), "intra-op threads (0: LibTorch's default)")(
+      "python", po::value<std::string>()->default_value(""),
+      "a Python with torch, to time PyTorch's optimizers beside");
   return tool::main(argc, argv, "fsdpx-optim-bench", desc, [](const po::variables_map& vm) {
     if (vm["threads"].as<int>() > 0) at::set_num_threads(vm["threads"].as<int>());
     auto host = tool::default_plugins();
@@ -92,8 +95,14 @@ int main(int argc, char** argv) {
     const std::vector<Case> cases = {
         {"adamw (fp32 shard, fp32 moments)", "adamw", {}, at::kFloat},
         {"anyprecision_adamw (fp32 shard, fp32 m, bf16 v)", "anyprecision_adamw", {}, at::kFloat},
-        {"anyprecision_adamw (fp32 shard, bf16 m, bf16 v)", "anyprecision_adamw", {{"momentum_dtype", "bf16"}}, at::kFloat},
-        {"anyprecision_adamw (bf16 shard, Kahan)", "anyprecision_adamw", {{"use_kahan_summation", "true"}}, at::kBFloat16},
+        {"anyprecision_adamw (fp32 shard, bf16 m, bf16 v)",
+         "anyprecision_adamw",
+         {{"momentum_dtype", "bf16"}},
+         at::kFloat},
+        {"anyprecision_adamw (bf16 shard, Kahan)",
+         "anyprecision_adamw",
+         {{"use_kahan_summation", "true"}},
+         at::kBFloat16},
         {"sgd (momentum 0.9)", "sgd", {{"momentum", "0.9"}}, at::kFloat}};
     std::printf("fsdpx-optim-bench: one shard of %lld elements, %d threads\n", static_cast<long long>(n),
                 at::get_num_threads());

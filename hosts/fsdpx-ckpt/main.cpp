@@ -48,13 +48,15 @@ int inspect(const std::string& dir) {
               static_cast<long long>(info.tensors.size()), static_cast<double>(info.bytes) / (1 << 20));
   size_t w = 6;
   for (const auto& t : info.tensors) w = std::max(w, t.name.size());
-  std::printf("  %-*s  %-6s %-20s %s\n", static_cast<int>(w), "tensor", "dtype", "shape", "layout (file: first row + rows)");
+  std::printf("  %-*s  %-6s %-20s %s\n", static_cast<int>(w), "tensor", "dtype", "shape",
+              "layout (file: first row + rows)");
   for (const auto& t : info.tensors) {
     std::string layout;
     for (const auto& [file, range] : t.pieces)
-      layout += (layout.empty() ? "" : ", ") + file + ": " + std::to_string(range.first) + "+" + std::to_string(range.second);
-    std::printf("  %-*s  %-6s %-20s %s\n", static_cast<int>(w), t.name.c_str(), t.dtype.c_str(), shape_text(t.shape).c_str(),
-                layout.c_str());
+      layout +=
+          (layout.empty() ? "" : ", ") + file + ": " + std::to_string(range.first) + "+" + std::to_string(range.second);
+    std::printf("  %-*s  %-6s %-20s %s\n", static_cast<int>(w), t.name.c_str(), t.dtype.c_str(),
+                shape_text(t.shape).c_str(), layout.c_str());
   }
   if (!info.trainer_state_json.empty()) std::printf("\ntrainer state: %s\n", info.trainer_state_json.c_str());
   if (!info.config_ini.empty()) std::printf("\nconfiguration:\n%s", info.config_ini.c_str());
@@ -62,7 +64,8 @@ int inspect(const std::string& dir) {
 }
 
 // The [model] section of the configuration a checkpoint was saved with: its name and options.
-std::pair<std::string, std::map<std::string, std::string>> model_section(const std::string& ini, const std::string& dir) {
+std::pair<std::string, std::map<std::string, std::string>> model_section(const std::string& ini,
+                                                                         const std::string& dir) {
   // Boost's INI parser, as RunConfig reads --config: [model] key=value arrives as "model.key".
   std::istringstream in(ini);
   const auto parsed = boost::program_options::parse_config_file(in, boost::program_options::options_description(),
@@ -93,7 +96,8 @@ int export_hf(const std::vector<std::string>& a) {
       o.max_shard_bytes = static_cast<int64_t>(gb * 1e9);
     } else if (a[i] == "--dtype") {
       const std::string d = a[i + 1];
-      if (d != "fp32" && d != "bf16" && d != "fp16") throw fsdpx::Error("--dtype must be fp32, bf16 or fp16, got '" + d + "'");
+      if (d != "fp32" && d != "bf16" && d != "fp16")
+        throw fsdpx::Error("--dtype must be fp32, bf16 or fp16, got '" + d + "'");
       o.dtype = d == "fp32" ? c10::kFloat : d == "bf16" ? c10::kBFloat16 : c10::kHalf;
     } else {
       throw fsdpx::Error("export-hf: unknown option '" + a[i] + "' (--max-shard-size GB, --dtype fp32|bf16|fp16)");
@@ -108,7 +112,8 @@ int export_hf(const std::vector<std::string>& a) {
   for (const auto& e : host.discover(fsdpx::PluginSearch{})) throw fsdpx::Error(e);
   auto model = host.create<fsdpx::Model>(name, options);
   auto* hf = dynamic_cast<fsdpx::HuggingFaceModel*>(model.get());
-  if (!hf) throw fsdpx::Error("model '" + name + "' has no Hugging Face counterpart (it does not offer fsdpx/hf_interop.h)");
+  if (!hf)
+    throw fsdpx::Error("model '" + name + "' has no Hugging Face counterpart (it does not offer fsdpx/hf_interop.h)");
   o.hf_name = [hf](const std::string& n) { return hf->hf_name(n); };
   o.config_json = hf->hf_config_json();
   if (!info.trainer_state_json.empty()) {

@@ -152,17 +152,20 @@ int cmd_plan(const fsdpx::PluginHost& host, const std::vector<std::string>& args
   const auto* model_choice = config.choice(fsdpx::Kind::Model);
   const auto* wrap_choice = config.choice(fsdpx::Kind::Wrap);
   if (!model_choice || !wrap_choice)
-    throw fsdpx::Error("plan needs a model and a wrap policy: --model.name NAME --wrap.name NAME (or [model] and [wrap] in --config)");
+    throw fsdpx::Error(
+        "plan needs a model and a wrap policy: --model.name NAME --wrap.name NAME (or [model] and [wrap] in --config)");
   auto model = host.create<fsdpx::Model>(model_choice->name, model_choice->options);
   auto policy = host.create<fsdpx::WrapPolicy>(wrap_choice->name, wrap_choice->options);
   auto root = model->module();
   auto plan = fsdpx::plan_units(*root, policy->select(*root));
-  std::printf("model %s, wrap policy %s\n%s", model_choice->name.c_str(), wrap_choice->name.c_str(), plan.table().c_str());
+  std::printf("model %s, wrap policy %s\n%s", model_choice->name.c_str(), wrap_choice->name.c_str(),
+              plan.table().c_str());
   return 0;
 }
 
 int cmd_explain(const fsdpx::PluginHost& host, const std::vector<std::string>& args) {
-  auto config = fsdpx::RunConfig::resolve(host, args, fsdpx::ConfigRequest{nullptr, {{fsdpx::Kind::Precision, "fp32"}}, {}});
+  auto config =
+      fsdpx::RunConfig::resolve(host, args, fsdpx::ConfigRequest{nullptr, {{fsdpx::Kind::Precision, "fp32"}}, {}});
   const auto* precision = config.choice(fsdpx::Kind::Precision);
   auto spec = host.create<fsdpx::PrecisionPolicy>(precision->name, precision->options)->spec("");
   auto name = [](c10::ScalarType t) { return std::string(c10::toString(t)); };
@@ -196,7 +199,8 @@ int cmd_explain(const fsdpx::PluginHost& host, const std::vector<std::string>& a
               wrap_choice->name.c_str());
   for (const auto& u : plan.units) {
     const auto s = policy->spec(u.fqn);
-    std::printf("  %-44s %s / %s\n", u.fqn.empty() ? "(root)" : u.fqn.c_str(), name(s.compute).c_str(), name(s.reduce).c_str());
+    std::printf("  %-44s %s / %s\n", u.fqn.empty() ? "(root)" : u.fqn.c_str(), name(s.compute).c_str(),
+                name(s.reduce).c_str());
   }
   return 0;
 }

@@ -205,8 +205,9 @@ int main(int argc, char** argv) {
       auto plan = fsdpx::plan_run(*l.host, l.config, settings, ro.topology);
       fsdpx::check_memory_fits(plan, ro.topology.local_world_size, fsdpx::resident_bytes());
     }
-    settings.progress_bar = ro.topology.rank == 0 && (std::getenv("FSDPX_PROGRESS") ? std::string(std::getenv("FSDPX_PROGRESS")) == "1"
-                                                                                      : (isatty(STDOUT_FILENO) != 0));
+    settings.progress_bar =
+        ro.topology.rank == 0 && (std::getenv("FSDPX_PROGRESS") ? std::string(std::getenv("FSDPX_PROGRESS")) == "1"
+                                                                : (isatty(STDOUT_FILENO) != 0));
     return fsdpx::train(*l.host, l.config, settings, ro);
   } catch (const po::error& e) {
     std::fprintf(stderr, "fsdpx-train: %s (see --help)\n", e.what());

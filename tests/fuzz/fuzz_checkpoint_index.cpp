@@ -9,7 +9,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto dir = fsdpx::fuzz::scratch() / "step-00000001";
   if (!std::filesystem::exists(dir / "rank-00000.safetensors")) {
     std::filesystem::create_directories(dir);
-    std::filesystem::copy_file(std::filesystem::path(FSDPX_FUZZ_DATA_DIR) / "rank-00000.safetensors", dir / "rank-00000.safetensors");
+    std::filesystem::copy_file(std::filesystem::path(FSDPX_FUZZ_DATA_DIR) / "rank-00000.safetensors",
+                               dir / "rank-00000.safetensors");
   }
   fsdpx::fuzz::write("step-00000001/index.json", data, size);
   const std::string text(reinterpret_cast<const char*>(data), size);

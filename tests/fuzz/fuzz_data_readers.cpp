@@ -12,12 +12,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (pick % 2 == 0) {
       const char* header[] = {"auto", "yes", "no"};
       source = fsdpx::fuzz::plugins().create<fsdpx::DataSource>(
-          "csv", std::map<std::string, std::string>{{"path", path.string()},
-                                                    {"header", header[(pick / 2) % 3]},
-                                                    {"label_column", std::to_string(static_cast<int>(pick / 6 % 5) - 2)}});
+          "csv",
+          std::map<std::string, std::string>{{"path", path.string()},
+                                             {"header", header[(pick / 2) % 3]},
+                                             {"label_column", std::to_string(static_cast<int>(pick / 6 % 5) - 2)}});
     } else {
       source = fsdpx::fuzz::plugins().create<fsdpx::DataSource>(
-          "text", std::map<std::string, std::string>{{"path", path.string()}, {"seq", std::to_string(1 + pick / 2 % 16)}});
+          "text",
+          std::map<std::string, std::string>{{"path", path.string()}, {"seq", std::to_string(1 + pick / 2 % 16)}});
     }
     source->open(fsdpx::DataContext{0, 1, 1 + pick / 32 % 4, pick});
     for (int i = 0; i < 3; ++i) source->next();

@@ -33,7 +33,8 @@ inline const std::filesystem::path& scratch() {
 
 inline std::filesystem::path write(const std::string& name, const uint8_t* data, size_t size) {
   const std::filesystem::path p = scratch() / name;
-  std::ofstream(p, std::ios::binary | std::ios::trunc).write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  std::ofstream(p, std::ios::binary | std::ios::trunc)
+      .write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
   return p;
 }
 

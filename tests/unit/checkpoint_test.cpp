@@ -63,9 +63,11 @@ TEST(Checkpoint, ExactResume) {
     EXPECT_NE(b2.out.find("resumed from " + (split.path() / "checkpoints" / "step-00000005").string() + " at step 5"),
               std::string::npos)
         << b2.out;
-    EXPECT_EQ(losses(whole.path()), losses(split.path()));  // metrics.jsonl: 1..5 kept, 6..10 written by the resumed run
+    EXPECT_EQ(losses(whole.path()),
+              losses(split.path()));  // metrics.jsonl: 1..5 kept, 6..10 written by the resumed run
     ASSERT_EQ(losses(split.path()).size(), 10u);
-    json x = index_of(whole.path() / "checkpoints" / "step-00000010"), y = index_of(split.path() / "checkpoints" / "step-00000010");
+    json x = index_of(whole.path() / "checkpoints" / "step-00000010"),
+         y = index_of(split.path() / "checkpoints" / "step-00000010");
     ASSERT_EQ(x["tensors"].size(), y["tensors"].size());
     for (auto it = x["tensors"].begin(); it != x["tensors"].end(); ++it)
       EXPECT_EQ(it.value()["digest"], y["tensors"][it.key()]["digest"]) << it.key();
@@ -77,13 +79,15 @@ TEST(Checkpoint, ExactResume) {
 // with the world size; measured: equal to the 4 printed decimals).
 TEST(Checkpoint, ReshardsAcrossWorldSizesAndStrategies) {
   TempDir base, three, one;
-  auto a = run_command(train() + " --nproc-per-node 2 --batch-size 6 --save-every 5 --steps 10" + kRun + "--out " + base.path().string());
+  auto a = run_command(train() + " --nproc-per-node 2 --batch-size 6 --save-every 5 --steps 10" + kRun + "--out " +
+                       base.path().string());
   ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
   const std::string from = (base.path() / "checkpoints" / "step-00000005").string();
-  auto b = run_command(train() + " --nproc-per-node 3 --batch-size 4" + kRun + "--steps 10 --resume " + from + " --out " + three.path().string());
+  auto b = run_command(train() + " --nproc-per-node 3 --batch-size 4" + kRun + "--steps 10 --resume " + from +
+                       " --out " + three.path().string());
   ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
-  auto c = run_command(train() + " --batch-size 12 --sharding.name no_shard --steps 10" + kRun + "--resume " + from + " --out " +
-                       one.path().string());
+  auto c = run_command(train() + " --batch-size 12 --sharding.name no_shard --steps 10" + kRun + "--resume " + from +
+                       " --out " + one.path().string());
   ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
   auto ref = losses(base.path()), l3 = losses(three.path()), l1 = losses(one.path());
   ASSERT_EQ(ref.size(), 10u);
@@ -111,14 +115,16 @@ TEST(Checkpoint, InterruptedSaveNeverLooksComplete) {
   EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
   auto c = run_command(run + " --steps 10 --resume auto");
   ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
-  EXPECT_NE(c.out.find("resumed from " + (dir.path() / "checkpoints" / "step-00000005").string()), std::string::npos) << c.out;
+  EXPECT_NE(c.out.find("resumed from " + (dir.path() / "checkpoints" / "step-00000005").string()), std::string::npos)
+      << c.out;
 }
 
 // A flipped byte, a truncated file, a hand-edited shape: each its own clear error, from the
 // loader and from fsdpx-ckpt verify.
 TEST(Checkpoint, CorruptionIsNamed) {
   TempDir dir;
-  auto a = run_command(train() + " --nproc-per-node 2 --batch-size 6" + kRun + "--steps 2 --out " + dir.path().string());
+  auto a =
+      run_command(train() + " --nproc-per-node 2 --batch-size 6" + kRun + "--steps 2 --out " + dir.path().string());
   ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
   const fs::path good = dir.path() / "checkpoints" / "step-00000002";
   auto copy = [&](const std::string& name) {
@@ -172,7 +178,8 @@ TEST(Checkpoint, ConsolidatedFileLoadsInPython) {
   const std::string run = train() + " --nproc-per-node 2 --batch-size 6 --steps 3 --log-every 1 --data.seq 32 ";
   auto a = run_command(run + "--checkpoint.name sharded --out " + sharded.path().string());
   ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
-  auto b = run_command(run + "--checkpoint.name consolidated --checkpoint.optimizer false --out " + whole.path().string());
+  auto b =
+      run_command(run + "--checkpoint.name consolidated --checkpoint.optimizer false --out " + whole.path().string());
   ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
   const fs::path offline = sharded.path() / "offline.safetensors";
   auto c = run_command(ckpt() + " consolidate " + (sharded.path() / "checkpoints" / "step-00000003").string() + " " +
@@ -190,7 +197,8 @@ TEST(Checkpoint, ConsolidatedFileLoadsInPython) {
              "assert not bad, bad\n"
              "print('same', len(a))\n");
   auto p = run_command(venv_python() + " " + script.string() + " " +
-                       (whole.path() / "checkpoints" / "step-00000003" / "model.safetensors").string() + " " + offline.string());
+                       (whole.path() / "checkpoints" / "step-00000003" / "model.safetensors").string() + " " +
+                       offline.string());
   EXPECT_EQ(p.exit_code, 0) << p.out << p.err;
   EXPECT_NE(p.out.find("same 21"), std::string::npos) << p.out;
   auto v = run_command(ckpt() + " verify " + (whole.path() / "checkpoints" / "step-00000003").string());
@@ -209,20 +217,26 @@ TEST(Safetensors, HostileHeadersAreRefused) {
   };
   using fsdpx::SafetensorsReader;
   write_file(dir.path() / "short", "abc");
-  EXPECT_NE(error_of([&] { SafetensorsReader r((dir.path() / "short").string()); }).find("too short"), std::string::npos);
-  EXPECT_NE(error_of([&] { SafetensorsReader r(file("huge", 1ULL << 62, "{}")); }).find("exceeds the file"), std::string::npos);
+  EXPECT_NE(error_of([&] { SafetensorsReader r((dir.path() / "short").string()); }).find("too short"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { SafetensorsReader r(file("huge", 1ULL << 62, "{}")); }).find("exceeds the file"),
+            std::string::npos);
   EXPECT_NE(error_of([&] { SafetensorsReader r(file("json", 5, "{abc}")); }).find("not valid JSON"), std::string::npos);
   const std::string past = R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
   EXPECT_NE(error_of([&] { SafetensorsReader r(file("past", past.size(), past, 8)); }).find("outside the data section"),
             std::string::npos);
   const std::string wrong = R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[0,12]}})";
-  EXPECT_NE(error_of([&] { SafetensorsReader r(file("size", wrong.size(), wrong, 16)); }).find("needs 16"), std::string::npos);
+  EXPECT_NE(error_of([&] { SafetensorsReader r(file("size", wrong.size(), wrong, 16)); }).find("needs 16"),
+            std::string::npos);
   const std::string dtype = R"({"t":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})";
-  EXPECT_NE(error_of([&] { SafetensorsReader r(file("dtype", dtype.size(), dtype, 1)); }).find("unknown safetensors dtype 'Q7'"),
+  EXPECT_NE(error_of([&] {
+              SafetensorsReader r(file("dtype", dtype.size(), dtype, 1));
+            }).find("unknown safetensors dtype 'Q7'"),
             std::string::npos);
   const std::string overlap =
       R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})";
-  EXPECT_NE(error_of([&] { SafetensorsReader r(file("overlap", overlap.size(), overlap, 8)); }).find("overlap"), std::string::npos);
+  EXPECT_NE(error_of([&] { SafetensorsReader r(file("overlap", overlap.size(), overlap, 8)); }).find("overlap"),
+            std::string::npos);
   const std::string ok = R"({"t":{"dtype":"U8","shape":[2,2],"data_offsets":[0,4]}})";
   SafetensorsReader r(file("ok", ok.size(), ok, 4));
   EXPECT_NE(error_of([&] { r.read_rows("t", 1, 5); }).find("outside its 2 rows"), std::string::npos);
@@ -272,20 +286,23 @@ TEST(Safetensors, OlderFnvDigestsStillVerify) {
   fsdpx::RowDigest fnv;
   fnv.kind = fsdpx::DigestKind::Fnv1a;
   fnv.add_rows(static_cast<const char*>(w.data_ptr()), 0, 6, 16);
-  auto write_digests = [&](const std::string& d) { std::ofstream(dir.path() / "digests.json") << nlohmann::json{{"w", d}}.dump(); };
+  auto write_digests = [&](const std::string& d) {
+    std::ofstream(dir.path() / "digests.json") << nlohmann::json{{"w", d}}.dump();
+  };
   write_digests(fnv.hex());
   EXPECT_EQ(fsdpx::verify_checkpoint(dir.path().string()), 1);
   std::string wrong = fnv.hex();
   wrong[0] = wrong[0] == '0' ? '1' : '0';
   write_digests(wrong);
-  EXPECT_NE(error_of([&] { fsdpx::verify_checkpoint(dir.path().string()); }).find("does not match its digest"), std::string::npos);
+  EXPECT_NE(error_of([&] { fsdpx::verify_checkpoint(dir.path().string()); }).find("does not match its digest"),
+            std::string::npos);
 }
 
 // --save-every with --keep-last: the newest K stay; fsdpx-ckpt inspect tells what one holds.
 TEST(Checkpoint, KeepLastAndInspect) {
   TempDir dir;
-  auto r = run_command(train() + " --nproc-per-node 2 --batch-size 6 --save-every 2 --keep-last 2 --steps 6" + kRun + "--out " +
-                       dir.path().string());
+  auto r = run_command(train() + " --nproc-per-node 2 --batch-size 6 --save-every 2 --keep-last 2 --steps 6" + kRun +
+                       "--out " + dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(dir.path() / "checkpoints")) left.push_back(e.path().filename().string());
@@ -328,14 +345,16 @@ TEST(Checkpoint, ListingIsReadOnlyAndRankZeroRecovers) {
 
   // End to end: a run whose last checkpoint was left aside by an interrupted save resumes from it.
   TempDir run;
-  auto a = run_command(train() + " --nproc-per-node 2 --batch-size 6 --steps 4" + kRun + "--out " + run.path().string());
+  auto a =
+      run_command(train() + " --nproc-per-node 2 --batch-size 6 --steps 4" + kRun + "--out " + run.path().string());
   ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
   const fs::path ckpts = run.path() / "checkpoints";
   fs::rename(ckpts / "step-00000004", ckpts / ".old-step-00000004");
   auto b = run_command(train() + " --nproc-per-node 2 --batch-size 6 --steps 6 --resume auto" + kRun + "--out " +
                        run.path().string());
   ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
-  EXPECT_NE(b.out.find("resumed from " + (ckpts / "step-00000004").string() + " at step 4"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("resumed from " + (ckpts / "step-00000004").string() + " at step 4"), std::string::npos)
+      << b.out;
 }
 
 // Found by tests/fuzz/fuzz_checkpoint_index: an index field of another type (a list where a

@@ -29,7 +29,8 @@ struct Outcome {
 };
 
 Outcome train(const std::string& flags, const fs::path& out) {
-  auto r = run_command((test::bin_dir() / "fsdpx-train").string() + kRun + "--steps 5 " + flags + " --out " + out.string());
+  auto r =
+      run_command((test::bin_dir() / "fsdpx-train").string() + kRun + "--steps 5 " + flags + " --out " + out.string());
   EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.out << r.err;
   Outcome run;
   if (r.exit_code != 0) return run;
@@ -136,11 +137,12 @@ TEST(Deterministic, SameTrainingAsTheNormalModeAndBytesAsPlanned) {
   }
   EXPECT_EQ(det.plan["allgather_bytes"], gathers);
   EXPECT_EQ(det.plan["all_to_all_bytes"], exchange);
-  std::printf("bytes per step: normal all-gather %ld + reduce-scatter %ld; deterministic all-gather %ld + all-to-all %ld\n",
-              static_cast<long>(normal.steps[0]["allgather_bytes"].get<int64_t>()),
-              static_cast<long>(normal.steps[0]["reduce_scatter_bytes"].get<int64_t>()),
-              static_cast<long>(det.steps[0]["allgather_bytes"].get<int64_t>()),
-              static_cast<long>(det.steps[0]["all_to_all_bytes"].get<int64_t>()));
+  std::printf(
+      "bytes per step: normal all-gather %ld + reduce-scatter %ld; deterministic all-gather %ld + all-to-all %ld\n",
+      static_cast<long>(normal.steps[0]["allgather_bytes"].get<int64_t>()),
+      static_cast<long>(normal.steps[0]["reduce_scatter_bytes"].get<int64_t>()),
+      static_cast<long>(det.steps[0]["allgather_bytes"].get<int64_t>()),
+      static_cast<long>(det.steps[0]["all_to_all_bytes"].get<int64_t>()));
 }
 
 TEST(Deterministic, DryRunSaysWhatItCosts) {

@@ -36,9 +36,10 @@ TEST(FlightRecorder, ARankThatSkipsAnAllGatherIsNamedWithBothCollectives) {
   const auto [out, secs] = skipping_run(dir.path().string(), "");
   EXPECT_NE(out.find("rank 1 skips the all-gather of unit layers.0"), std::string::npos) << out;
   // The first divergence, both sides: rank 0 gathered layers.0 where rank 1 gathered layers.1.
-  EXPECT_TRUE(std::regex_search(out, std::regex("flight records of group 'world': the ranks diverge at #([0-9]+): "
-                                                  "rank 0 ran all_gather #\\1 \\(unit layers.0, forward, fp32 x 26.7k\\); "
-                                                  "rank 1 ran all_gather #\\1 \\(unit layers.1, forward, fp32 x 26.7k\\)")))
+  EXPECT_TRUE(
+      std::regex_search(out, std::regex("flight records of group 'world': the ranks diverge at #([0-9]+): "
+                                        "rank 0 ran all_gather #\\1 \\(unit layers.0, forward, fp32 x 26.7k\\); "
+                                        "rank 1 ran all_gather #\\1 \\(unit layers.1, forward, fp32 x 26.7k\\)")))
       << out;
   EXPECT_NE(out.find("Last completed: "), std::string::npos) << out;
   EXPECT_LT(secs, 40.0);  // the 5 s collective timeout, the 2 s diagnosis, the ends
@@ -47,10 +48,11 @@ TEST(FlightRecorder, ARankThatSkipsAnAllGatherIsNamedWithBothCollectives) {
 TEST(FlightRecorder, CheckCollectivesStopsTheSkippingRankBeforeTheCollectiveRuns) {
   test::TempDir dir;
   const auto [out, secs] = skipping_run(dir.path().string(), "--check-collectives");
-  EXPECT_TRUE(std::regex_search(out, std::regex("--check-collectives: the ranks of group 'world' \\(ranks 0, 1\\) are about "
-                                                  "to call different collectives: rank 0 is at all_gather #([0-9]+) \\(unit "
-                                                  "layers.0, forward, fp32 x 26.7k\\); rank 1 is at all_gather #\\1 \\(unit "
-                                                  "layers.1, forward, fp32 x 26.7k\\)")))
+  EXPECT_TRUE(
+      std::regex_search(out, std::regex("--check-collectives: the ranks of group 'world' \\(ranks 0, 1\\) are about "
+                                        "to call different collectives: rank 0 is at all_gather #([0-9]+) \\(unit "
+                                        "layers.0, forward, fp32 x 26.7k\\); rank 1 is at all_gather #\\1 \\(unit "
+                                        "layers.1, forward, fp32 x 26.7k\\)")))
       << out;
   EXPECT_EQ(out.find("timed out"), std::string::npos) << out;  // found before anything waited
   EXPECT_LT(secs, 30.0);
@@ -79,13 +81,13 @@ TEST(FlightRecorder, AStoppedRankIsNamedAsHungWithItsLastCollective) {
            " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " timeout 90 " + train() +
            " --steps 100000 --log-every 20 --collective-timeout 5 --out " + d + "/o" + std::to_string(r);
   };
-  const std::string script =
-      "cd " + d + "\n(" + rank(0) + " > r0.out 2> r0.err; echo $? > r0.code) &\n" + rank(1) + " > r1.out 2> r1.err &\n" +
-      "R1=$!\n"
-      "for i in $(seq 300); do grep -q 'step 40/' r0.out 2>/dev/null && break; sleep 0.1; done\n"
-      "pkill -STOP -P $R1; date +%s.%N > stopped\n"  // fsdpx-train, the child of timeout
-      "wait %1; date +%s.%N > ended\n"
-      "pkill -KILL -P $R1; wait\n";
+  const std::string script = "cd " + d + "\n(" + rank(0) + " > r0.out 2> r0.err; echo $? > r0.code) &\n" + rank(1) +
+                             " > r1.out 2> r1.err &\n" +
+                             "R1=$!\n"
+                             "for i in $(seq 300); do grep -q 'step 40/' r0.out 2>/dev/null && break; sleep 0.1; done\n"
+                             "pkill -STOP -P $R1; date +%s.%N > stopped\n"  // fsdpx-train, the child of timeout
+                             "wait %1; date +%s.%N > ended\n"
+                             "pkill -KILL -P $R1; wait\n";
   test::write_file(dir.path() / "run.sh", script);
   run_command("bash " + (dir.path() / "run.sh").string());
   const std::string err0 = read_file(dir.path() / "r0.err");

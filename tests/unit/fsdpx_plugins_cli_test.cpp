@@ -23,7 +23,8 @@ TEST(FsdpxPluginsCli, ShowPrintsOptionsWithTypesDefaultsAndHelp) {
   auto r = test::run_command(tool() + " show size_based");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("wrap policy 'size_based' from plugin wrap_size_based 0.1.0"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("choose it with --wrap.name size_based  or  [wrap] name=size_based"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("choose it with --wrap.name size_based  or  [wrap] name=size_based"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("  min_num_params  int >= 1  '100000000'  smallest number of parameter elements"),
             std::string::npos)
       << r.out;
@@ -34,7 +35,8 @@ TEST(FsdpxPluginsCli, ExtraPluginsFromFlags) {
   auto r = test::run_command(tool() + " --plugin " + test::fixture("good").string() +
                              " show fixture_depth");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("  recompute  bool  'false'  checkpoint the activations of each unit"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("  recompute  bool  'false'  checkpoint the activations of each unit"), std::string::npos)
+      << r.out;
 }
 
 TEST(FsdpxPluginsCli, ErrorsExitNonZeroWithOneClearLine) {
@@ -102,8 +104,9 @@ TEST(FsdpxPluginsCli, ExplainPrintsThePrecisionAudit) {
 
 // With a model and a wrap policy, each unit's own dtypes (bf16_mixed keeping the root in fp32).
 TEST(FsdpxPluginsCli, ExplainShowsEachUnitsDtypes) {
-  auto r = test::run_command(tool() + " explain --precision.name bf16_mixed --precision.fp32_units root --model.name gpt "
-                                      "--wrap.name layer_type");
+  auto r = test::run_command(tool() +
+                             " explain --precision.name bf16_mixed --precision.fp32_units root --model.name gpt "
+                             "--wrap.name layer_type");
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("precision bf16_mixed, for the root unit\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("per unit (model gpt, wrap policy layer_type): compute and all-gather / reduce\n"

@@ -17,7 +17,9 @@ namespace fs = std::filesystem;
 using test::run_command;
 
 std::string python() { return test::venv_python(); }
-std::string hf_script(const std::string& name) { return python() + " " + (test::source_dir() / "tests" / "hf" / name).string(); }
+std::string hf_script(const std::string& name) {
+  return python() + " " + (test::source_dir() / "tests" / "hf" / name).string();
+}
 std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
 std::string ckpt() { return (test::bin_dir() / "fsdpx-ckpt").string(); }
 std::string worker() { return (test::build_dir() / "tests" / "hf_worker").string(); }
@@ -77,9 +79,10 @@ TEST(HfInterop, TrainedWeightsExportedLoadInTransformersWithFsdpxLogits) {
                              (d / "tok" / "tokenizer.json").string() + " --out " + (d / "corpus.bin").string() + " " +
                              (d / "corpus.txt").string());
   EXPECT_NE(tok.find("(uint16, vocab 300)"), std::string::npos) << tok;
-  const std::string run = ok("bash -c 'cd " + d.string() + " && " + train() + " --nproc-per-node 2 --model.name gpt " +
-                             "--model.from_hf llama --data.name tokens --data.path corpus.bin --data.seq 32 --batch-size 2 " +
-                             "--steps 5 --checkpoint.name consolidated --out run'");
+  const std::string run =
+      ok("bash -c 'cd " + d.string() + " && " + train() + " --nproc-per-node 2 --model.name gpt " +
+         "--model.from_hf llama --data.name tokens --data.path corpus.bin --data.seq 32 --batch-size 2 " +
+         "--steps 5 --checkpoint.name consolidated --out run'");
   EXPECT_NE(run.find("initial weights from the Hugging Face checkpoint llama"), std::string::npos) << run;
   const fs::path step = d / "run" / "checkpoints" / "step-00000005";
   ok(ckpt() + " export-hf " + step.string() + " " + (d / "exported").string());
@@ -90,8 +93,8 @@ TEST(HfInterop, TrainedWeightsExportedLoadInTransformersWithFsdpxLogits) {
   const fs::path ids = d / "llama.logits.safetensors";
   ok(hf_script("hf_logits.py") + " --model " + (d / "exported").string() + " --ids " + ids.string() + " --out " +
      (d / "hf_trained.safetensors").string());
-  ok(worker() + " --nproc-per-node 2 --from-hf " + m.string() + " --init-from " + step.string() + " --ids " + ids.string() +
-     " --out " + (d / "fsdpx_trained.safetensors").string());
+  ok(worker() + " --nproc-per-node 2 --from-hf " + m.string() + " --init-from " + step.string() + " --ids " +
+     ids.string() + " --out " + (d / "fsdpx_trained.safetensors").string());
   const std::string cmp = ok(hf_script("compare_logits.py") + " " + (d / "hf_trained.safetensors").string() + " " +
                              (d / "fsdpx_trained.safetensors").string() + " --tol 1e-4");
   std::printf("trained, exported, loaded by transformers: %s", cmp.c_str());
@@ -110,19 +113,21 @@ TEST(HfInterop, ImportThenExportUntrainedIsBitIdentical) {
     ok("bash -c 'cd " + d.string() + " && " + train() + " --model.name gpt --model.from_hf " + name +
        " --data.name synthetic --data.seq 16 --steps 1 --save-init init_" + name + " --out run_" + name + "'");
     // Shards of at most 200 kB, as the source has: the index is written too.
-    const std::string out = ok(ckpt() + " export-hf " + (d / ("init_" + name)).string() + " " + (d / ("back_" + name)).string() +
-                               " --max-shard-size 0.0002");
+    const std::string out = ok(ckpt() + " export-hf " + (d / ("init_" + name)).string() + " " +
+                               (d / ("back_" + name)).string() + " --max-shard-size 0.0002");
     EXPECT_TRUE(fs::exists(d / ("back_" + name) / "model.safetensors.index.json")) << out;
-    const std::string cmp = ok(hf_script("compare_tensors.py") + " " + (d / name).string() + " " + (d / ("back_" + name)).string());
+    const std::string cmp =
+        ok(hf_script("compare_tensors.py") + " " + (d / name).string() + " " + (d / ("back_" + name)).string());
     EXPECT_NE(cmp.find(tied ? "20 tensors bit-identical" : "21 tensors bit-identical"), std::string::npos) << cmp;
   }
   // --dtype bf16: the files and config.json say bfloat16, and transformers' logits stay close.
   ok(ckpt() + " export-hf " + (d / "init_untied").string() + " " + (d / "bf16").string() + " --dtype bf16");
   EXPECT_EQ(test::read_json(d / "bf16" / "config.json")["dtype"], "bfloat16");
-  ok(hf_script("hf_logits.py") + " --model " + (d / "bf16").string() + " --ids " + (d / "untied.logits.safetensors").string() +
-     " --out " + (d / "bf16.logits.safetensors").string());
-  std::printf("bf16 export: %s", ok(hf_script("compare_logits.py") + " " + (d / "untied.logits.safetensors").string() + " " +
-                                     (d / "bf16.logits.safetensors").string() + " --tol 2e-2").c_str());
+  ok(hf_script("hf_logits.py") + " --model " + (d / "bf16").string() + " --ids " +
+     (d / "untied.logits.safetensors").string() + " --out " + (d / "bf16.logits.safetensors").string());
+  std::printf("bf16 export: %s", ok(hf_script("compare_logits.py") + " " + (d / "untied.logits.safetensors").string() +
+                                    " " + (d / "bf16.logits.safetensors").string() + " --tol 2e-2")
+                                     .c_str());
 }
 
 // Each wrong directory is one line naming what is wrong.
@@ -137,14 +142,18 @@ TEST(HfInterop, BadDirectoriesAreOneClearLine) {
   };
   const std::vector<Case> cases{
       {[](nlohmann::json& j) { j["model_type"] = "mistral"; }, "model_type 'mistral' is not a Llama"},
-      {[](nlohmann::json& j) { j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0}}; },
+      {[](nlohmann::json& j) {
+         j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0}};
+       },
        "rope_parameters of type 'llama3' is not implemented"},
       {[](nlohmann::json& j) { j["num_hidden_layers"] = 3; },
        "has no tensor 'model.layers.2.input_layernorm.weight' (the model's 'layers.2.attention_norm.weight')"},
       {[](nlohmann::json& j) { j["num_hidden_layers"] = 1; }, "which no parameter of this model takes"},
       {[](nlohmann::json& j) { j["intermediate_size"] = 128; },
-       "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [160, 64], the model's 'layers.0.feed_forward.w1' is [128, 64]"},
-      {[](nlohmann::json& j) { j["attention_bias"] = true; }, "attention_bias is true; gpt's projections have no biases"},
+       "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [160, 64], the model's 'layers.0.feed_forward.w1' is "
+       "[128, 64]"},
+      {[](nlohmann::json& j) { j["attention_bias"] = true; },
+       "attention_bias is true; gpt's projections have no biases"},
   };
   for (const auto& c : cases) {
     nlohmann::json j = nlohmann::json::parse(base);

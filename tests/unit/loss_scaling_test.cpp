@@ -44,8 +44,9 @@ TEST(LossScaling, Fp16MixedTrainsCloseToFp32AndBf16) {
     to_fp32 = std::max(to_fp32, std::abs(loss["fp16_mixed"][s] - loss["fp32"][s]));
     to_bf16 = std::max(to_bf16, std::abs(loss["bf16_mixed"][s] - loss["fp32"][s]));
   }
-  std::printf("largest loss difference over 30 steps: fp16_mixed - fp32 %.2e, bf16_mixed - fp32 %.2e (final %.4f %.4f %.4f)\n",
-              to_fp32, to_bf16, loss["fp32"].back(), loss["bf16_mixed"].back(), loss["fp16_mixed"].back());
+  std::printf(
+      "largest loss difference over 30 steps: fp16_mixed - fp32 %.2e, bf16_mixed - fp32 %.2e (final %.4f %.4f %.4f)\n",
+      to_fp32, to_bf16, loss["fp32"].back(), loss["bf16_mixed"].back(), loss["fp16_mixed"].back());
   // fp16 keeps 11 bits of mantissa against bf16's 8: at least as close to fp32 as bf16_mixed is,
   // and within 2e-3 nats (measured: 2.2e-4, bf16_mixed 2.0e-3).
   EXPECT_LT(to_fp32, 2e-3);
@@ -59,10 +60,12 @@ TEST(LossScaling, AnInfOnOneRankSkipsTheStepOnEveryRankAndHalvesTheScale) {
   test::TempDir dir;
   const fs::path out = dir.path() / "run";
   auto r = run_command("env FSDPX_FAULT=inf-grad:1:3 " + train() +
-                       "--steps 5 --precision.name fp16_mixed --checkpoint.name sharded --save-every 1 --out " + out.string());
+                       "--steps 5 --precision.name fp16_mixed --checkpoint.name sharded --save-every 1 --out " +
+                       out.string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("step 3: inf/NaN in the gradients of rank(s) 1: skipped on every rank; loss scale 65536 -> 32768"),
-            std::string::npos)
+  EXPECT_NE(
+      r.out.find("step 3: inf/NaN in the gradients of rank(s) 1: skipped on every rank; loss scale 65536 -> 32768"),
+      std::string::npos)
       << r.out;
   const auto m = test::step_metrics(out);
   ASSERT_EQ(m.size(), 5u);
@@ -87,7 +90,8 @@ TEST(LossScaling, TheScaleGrowsAfterItsInterval) {
 // scale grows at steps 2, 4 and 6, so the resumed run must know the step since the last growth).
 TEST(LossScaling, ResumeRestoresTheScale) {
   test::TempDir whole, split;
-  const std::string run = train() + "--precision.name fp16_mixed --precision.growth_interval 2 --precision.init_scale 1024 "
+  const std::string run = train() +
+                          "--precision.name fp16_mixed --precision.growth_interval 2 --precision.init_scale 1024 "
                           "--checkpoint.name sharded ";
   ASSERT_EQ(run_command(run + "--steps 6 --out " + whole.path().string()).exit_code, 0);
   ASSERT_EQ(run_command(run + "--steps 3 --out " + split.path().string()).exit_code, 0);
@@ -131,8 +135,8 @@ TEST(UnitPrecision, EachUnitGathersInItsOwnDtype) {
       {"", {}}, {"root", {"root"}}, {"layers\\.1", {"layers.1"}}, {"root,layers\\.0", {"root", "layers.0"}}};
   for (const auto& [units, in_fp32] : cases) {
     const fs::path out = dir.path() / ("u" + std::to_string(measured.size()));
-    auto r = run_command(train() + "--steps 2 --precision.name bf16_mixed --precision.fp32_units '" + units + "' --out " +
-                         out.string());
+    auto r = run_command(train() + "--steps 2 --precision.name bf16_mixed --precision.fp32_units '" + units +
+                         "' --out " + out.string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     const json plan = test::read_json(out / "plan.json");
     int fp32 = 0;
@@ -189,7 +193,8 @@ TEST(UnitPrecision, MixedUnitsTrainCloseToFp32) {
     mixed = std::max(mixed, std::abs(loss["mixed"][s] - loss["fp32"][s]));
     bf16 = std::max(bf16, std::abs(loss["bf16"][s] - loss["fp32"][s]));
   }
-  std::printf("largest loss difference to fp32 over 30 steps: bf16 with an fp32 root %.2e, all bf16 %.2e\n", mixed, bf16);
+  std::printf("largest loss difference to fp32 over 30 steps: bf16 with an fp32 root %.2e, all bf16 %.2e\n", mixed,
+              bf16);
   EXPECT_LT(mixed, 1.5e-3);  // measured 3.5e-4 (all bf16: 2.0e-3)
   EXPECT_LT(mixed, bf16);
 }

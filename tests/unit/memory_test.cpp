@@ -48,7 +48,8 @@ int64_t measured_peak(const Measured& m) { return m.step["step_peak_allocated_by
 int64_t held_gathered(const Measured& m) {
   int64_t b = 0;
   for (const auto& u : m.plan["units"])
-    if (!u["reshard_after_forward"].get<bool>() && !u["unit"].get<std::string>().empty()) b += u["gathered_bytes"].get<int64_t>();
+    if (!u["reshard_after_forward"].get<bool>() && !u["unit"].get<std::string>().empty())
+      b += u["gathered_bytes"].get<int64_t>();
   return b;
 }
 
@@ -159,8 +160,9 @@ TEST(MemoryCheck, APlanThatCannotFitIsRefusedBeforeAnyWorkerStarts) {
     EXPECT_EQ(r.err.find("[rank"), std::string::npos) << "a worker started:\n" << r.err;
   }
   // Far more local ranks than the machine can run: one line, no worker.
-  auto r = run_command(train() + " --nproc-per-node 1000 --skip-memory-check --data.name synthetic --data.samples 10000 "
-                                 "--batch-size 1 --steps 1");
+  auto r = run_command(train() +
+                       " --nproc-per-node 1000 --skip-memory-check --data.name synthetic --data.samples 10000 "
+                       "--batch-size 1 --steps 1");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("starts more workers than this machine can run"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("[rank"), std::string::npos) << r.err;
@@ -171,7 +173,8 @@ TEST(MemoryCheck, MaxMemoryMibChecksTheAllocatedPeak) {
   auto r = run_command(train() + " --nproc-per-node 2 --model.size small --data.name synthetic --steps 2 "
                                  "--peak-tflops 1 --max-memory-mib 1");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("MiB allocated on a rank (the plan's measure), over --max-memory-mib 1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("MiB allocated on a rank (the plan's measure), over --max-memory-mib 1"), std::string::npos)
+      << r.err;
 }
 
 // A worker killed by SIGKILL from outside (as the kernel's out-of-memory killer does) is named,
@@ -180,13 +183,18 @@ TEST(MemoryCheck, AWorkerKilledFromOutsideIsReportedAsProbablyOutOfMemory) {
   TempDir dir;
   const std::string out = dir.path().string();
   write_file(dir.path() / "kill.sh",
-             train() + " --nproc-per-node 2 --model.size tiny --data.name synthetic --steps 100000 --log-every 1 "
-                       "--peak-tflops 1 --out " + out + "/run > " + out + "/log 2>&1 &\n"
-                       "L=$!\n"
-                       "for i in $(seq 600); do grep -q step " + out + "/run/metrics.jsonl 2>/dev/null && break; sleep 0.1; done\n"
-                       "kill -9 $(pgrep -P $L | tail -1)\n"
-                       "wait $L\n"
-                       "echo exit=$?\n");
+             train() +
+                 " --nproc-per-node 2 --model.size tiny --data.name synthetic --steps 100000 --log-every 1 "
+                 "--peak-tflops 1 --out " +
+                 out + "/run > " + out +
+                 "/log 2>&1 &\n"
+                 "L=$!\n"
+                 "for i in $(seq 600); do grep -q step " +
+                 out +
+                 "/run/metrics.jsonl 2>/dev/null && break; sleep 0.1; done\n"
+                 "kill -9 $(pgrep -P $L | tail -1)\n"
+                 "wait $L\n"
+                 "echo exit=$?\n");
   auto r = run_command("timeout 120 bash " + out + "/kill.sh");
   const std::string log = read_file(dir.path() / "log");
   EXPECT_NE(r.out.find("exit=137"), std::string::npos) << r.out << log;

@@ -69,7 +69,8 @@ constexpr double kTol = 2e-6;
 
 TEST_F(OptimizerTest, AdamWMatchesTorchAdamW) {
   for (std::string name : {"adamw", "anyprecision_adamw"}) {
-    std::map<std::string, std::string> opts = {{"lr", "0.01"}, {"betas", "0.8,0.95"}, {"eps", "1e-6"}, {"weight_decay", "0.1"}};
+    std::map<std::string, std::string> opts = {
+        {"lr", "0.01"}, {"betas", "0.8,0.95"}, {"eps", "1e-6"}, {"weight_decay", "0.1"}};
     if (name == "anyprecision_adamw") opts["variance_dtype"] = "fp32";  // fp32 moments, Kahan off
     auto ours = host.create<Optimizer>(name, opts);
     auto a = params(1), b = params(1);
@@ -83,7 +84,8 @@ TEST_F(OptimizerTest, AdamWMatchesTorchAdamW) {
 
 TEST_F(OptimizerTest, SgdMatchesTorchSgd) {
   auto ours = host.create<Optimizer>(
-      "sgd", std::map<std::string, std::string>{{"lr", "0.05"}, {"momentum", "0.9"}, {"nesterov", "true"}, {"weight_decay", "0.01"}});
+      "sgd", std::map<std::string, std::string>{
+                 {"lr", "0.05"}, {"momentum", "0.9"}, {"nesterov", "true"}, {"weight_decay", "0.01"}});
   auto a = params(2), b = params(2);
   ours->init(named(a));
   torch::optim::SGD theirs(b, torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(0.01));
@@ -113,8 +115,8 @@ TEST_F(OptimizerTest, KahanKeepsSmallUpdatesThatBf16Swallows) {
   at::Tensor ref = run(at::kFloat, false);
   const double err_plain = (run(at::kBFloat16, false) - ref).abs().mean().item<double>();
   const double err_kahan = (run(at::kBFloat16, true) - ref).abs().mean().item<double>();
-  std::printf("pure bf16 after %d steps: mean |error| vs fp32 %.5f without Kahan, %.5f with Kahan (ratio %.1f)\n", steps,
-              err_plain, err_kahan, err_plain / err_kahan);
+  std::printf("pure bf16 after %d steps: mean |error| vs fp32 %.5f without Kahan, %.5f with Kahan (ratio %.1f)\n",
+              steps, err_plain, err_kahan, err_plain / err_kahan);
   // Plain bf16: about lr x steps, nothing moved. Kahan: the residue of a bf16 compensation
   // buffer (8 significant bits; the default, as in torchdistx): observed 0.0003, 690x closer.
   EXPECT_GT(err_plain, 0.1);
@@ -154,8 +156,9 @@ TEST_F(OptimizerTest, AnyPrecisionSinglePassEqualsTheTensorOps) {
 // 20 x (lr x 4 eps + 4.8e-7) of fp32 moments. fp64 moments (computed in fp64) add no epsilon term.
 TEST_F(OptimizerTest, AnyPrecisionMomentDtypesStayWithinTheirRounding) {
   auto run = [&](const std::string& dtype) {
-    auto opt = host.create<Optimizer>("anyprecision_adamw", std::map<std::string, std::string>{
-                                                                 {"lr", "0.01"}, {"momentum_dtype", dtype}, {"variance_dtype", dtype}});
+    auto opt = host.create<Optimizer>(
+        "anyprecision_adamw",
+        std::map<std::string, std::string>{{"lr", "0.01"}, {"momentum_dtype", dtype}, {"variance_dtype", dtype}});
     auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
     at::Tensor w = at::randn({3000}, gen).requires_grad_(true);
     opt->init({{"w", w}});

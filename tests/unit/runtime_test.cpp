@@ -78,14 +78,18 @@ TEST(GlooBackend, ObjectSizeMatchesLibTorch) {
 // before make_gloo_backend builds anything (the running one passes).
 TEST(GlooBackend, OtherLibTorchVersionsAreRefused) {
   EXPECT_EQ(test::error_of([] { check_gloo_object_size_applies(at::show_config()); }), "(no error)");
-  EXPECT_EQ(test::error_of([] { check_gloo_object_size_applies("  - Build settings: BLAS_INFO=mkl, TORCH_VERSION=2.12.0, USE_CUDA=ON\n"); }),
-            "the LibTorch loaded at run time is 2.12.0; fsdpx builds the Gloo backend in 488 bytes, the size of "
-            "c10d::ProcessGroupGloo in LibTorch 2.11.0 only: run with LibTorch 2.11.0 (the one fsdpx was built against; "
-            "scripts/setup.sh installs it)");
-  EXPECT_EQ(test::error_of([] { check_gloo_object_size_applies("PyTorch built with:\n  - C++ Version: 201703\n"); }),
-            "the LibTorch loaded at run time is of unknown version (its build configuration names no TORCH_VERSION); "
-            "fsdpx builds the Gloo backend in 488 bytes, the size of c10d::ProcessGroupGloo in LibTorch 2.11.0 only: run "
-            "with LibTorch 2.11.0 (the one fsdpx was built against; scripts/setup.sh installs it)");
+  EXPECT_EQ(
+      test::error_of([] {
+        check_gloo_object_size_applies("  - Build settings: BLAS_INFO=mkl, TORCH_VERSION=2.12.0, USE_CUDA=ON\n");
+      }),
+      "the LibTorch loaded at run time is 2.12.0; fsdpx builds the Gloo backend in 488 bytes, the size of "
+      "c10d::ProcessGroupGloo in LibTorch 2.11.0 only: run with LibTorch 2.11.0 (the one fsdpx was built against; "
+      "scripts/setup.sh installs it)");
+  EXPECT_EQ(
+      test::error_of([] { check_gloo_object_size_applies("PyTorch built with:\n  - C++ Version: 201703\n"); }),
+      "the LibTorch loaded at run time is of unknown version (its build configuration names no TORCH_VERSION); "
+      "fsdpx builds the Gloo backend in 488 bytes, the size of c10d::ProcessGroupGloo in LibTorch 2.11.0 only: run "
+      "with LibTorch 2.11.0 (the one fsdpx was built against; scripts/setup.sh installs it)");
 }
 
 TEST(Runtime, SubgroupsOfSomeRanksThenOfAll) {
@@ -161,7 +165,8 @@ TEST(Runtime, CountingWrapperRecordsBytes) {
 // from srun.
 std::set<std::string> topology_lines(const std::string& out) {
   std::set<std::string> lines;
-  std::regex re("topology (rank=\\d+ world_size=\\d+ local_rank=\\d+ local_world_size=\\d+ node_rank=\\d+ num_nodes=\\d+)");
+  std::regex re(
+      "topology (rank=\\d+ world_size=\\d+ local_rank=\\d+ local_world_size=\\d+ node_rank=\\d+ num_nodes=\\d+)");
   for (std::sregex_iterator it(out.begin(), out.end(), re), end; it != end; ++it) lines.insert((*it)[1]);
   return lines;
 }
@@ -180,7 +185,8 @@ TEST(Launcher, TopologyMatchesTorchrun) {
 TEST(Launcher, CheckCommPassesAndOutputIsPrefixedByRank) {
   auto r = test::run_command(train() + " --nproc-per-node 2 --check-comm --rendezvous-timeout 30");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("[rank0]: fsdpx-train: communication check passed on 2 ranks (gloo)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[rank0]: fsdpx-train: communication check passed on 2 ranks (gloo)"), std::string::npos)
+      << r.out;
 }
 
 TEST(Launcher, AFailingRankStopsTheOthers) {
@@ -188,7 +194,8 @@ TEST(Launcher, AFailingRankStopsTheOthers) {
   auto r = test::run_command(worker() + " --nproc-per-node 3 --scenario exit --fail-rank 1 --code 7");
   double secs = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(r.exit_code, 7);
-  EXPECT_NE(r.err.find("comm_worker: rank 1 exited with status 7; stopping the other ranks"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("comm_worker: rank 1 exited with status 7; stopping the other ranks"), std::string::npos)
+      << r.err;
   EXPECT_NE(r.err.find("comm_worker: failed: rank 1 exited with status 7"), std::string::npos) << r.err;
   EXPECT_LT(secs, 20.0) << "the sleeping ranks were not stopped within seconds";
 }
@@ -221,10 +228,10 @@ TEST(Faults, RankKilledDuringACollectiveIsNamedBySurvivors) {
   const int port = test::free_port();
   const std::string out0 = (dir.path() / "r0").string(), out2 = (dir.path() / "r2").string();
   auto start = Clock::now();
-  auto r = test::run_command("bash -c '" + rank_cmd(0, 3, port, "--scenario die --collective-timeout 20") + " >" + out0 +
-                             " 2>&1 & " + rank_cmd(1, 3, port, "--scenario die") + " >/dev/null 2>&1 & " +
-                             rank_cmd(2, 3, port, "--scenario die --collective-timeout 20") + " >" + out2 +
-                             " 2>&1 & wait'");
+  auto r =
+      test::run_command("bash -c '" + rank_cmd(0, 3, port, "--scenario die --collective-timeout 20") + " >" + out0 +
+                        " 2>&1 & " + rank_cmd(1, 3, port, "--scenario die") + " >/dev/null 2>&1 & " +
+                        rank_cmd(2, 3, port, "--scenario die --collective-timeout 20") + " >" + out2 + " 2>&1 & wait'");
   double secs = std::chrono::duration<double>(Clock::now() - start).count();
   for (const auto& f : {out0, out2}) {
     const std::string text = test::read_file(f);
@@ -252,7 +259,8 @@ TEST(Faults, ALostRankIsNamedByItsWatcherOutsideAnyCollective) {
   // Rank 0 watches rank 1: it names it from the stopped heartbeat; rank 2 ends with its message.
   EXPECT_NE(r0.find("fsdpx: stopping rank 0: rank 1 is gone (no heartbeat in "), std::string::npos) << r0;
   EXPECT_NE(r0.find("seen by rank 0) (node 0, host "), std::string::npos) << r0;
-  EXPECT_NE(r2.find("fsdpx: stopping rank 2: rank 0 failed: rank 1 is gone (no heartbeat in "), std::string::npos) << r2;
+  EXPECT_NE(r2.find("fsdpx: stopping rank 2: rank 0 failed: rank 1 is gone (no heartbeat in "), std::string::npos)
+      << r2;
   EXPECT_EQ(r0.find("still running"), std::string::npos) << r0;
   EXPECT_LT(secs, 20.0);
 }

@@ -27,7 +27,9 @@ struct LinImpl : torch::nn::Module {
 FSDPX_MODULE(Lin);
 
 struct EmbImpl : torch::nn::Module {
-  EmbImpl(int64_t vocab, int64_t d) : torch::nn::Module("Emb") { weight = register_parameter("weight", at::ones({vocab, d})); }
+  EmbImpl(int64_t vocab, int64_t d) : torch::nn::Module("Emb") {
+    weight = register_parameter("weight", at::ones({vocab, d}));
+  }
   at::Tensor forward(const at::Tensor& x) { return weight.index_select(0, x); }
   at::Tensor weight;
 };

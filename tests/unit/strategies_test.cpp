@@ -34,12 +34,14 @@ const std::string kSmall = " --steps 3 --log-every 1 --data.seq 32 --clip-grad-n
 // the gradients), as the plan's formula says. Both flavours: reshard after forward or not.
 TEST(HybridShard, TwoNodesOfTwoMatchOneProcessAndTheFormulas) {
   TempDir one;
-  auto ref = run_command(train() + " --batch-size 12 --sharding.name no_shard" + kSmall + "--out " + one.path().string());
+  auto ref =
+      run_command(train() + " --batch-size 12 --sharding.name no_shard" + kSmall + "--out " + one.path().string());
   ASSERT_EQ(ref.exit_code, 0) << ref.out << ref.err;
   for (const char* reshard : {"true", "false"}) {
     SCOPED_TRACE(reshard);
     TempDir four;
-    auto r = run_command(train() + " --nproc-per-node 4 --batch-size 3 --sharding.name hybrid_shard --sharding.shard_size 2 " +
+    auto r = run_command(train() +
+                         " --nproc-per-node 4 --batch-size 3 --sharding.name hybrid_shard --sharding.shard_size 2 " +
                          "--sharding.reshard_after_forward " + reshard + kSmall + "--out " + four.path().string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     auto a = step_metrics(one.path()), b = step_metrics(four.path());
@@ -47,7 +49,9 @@ TEST(HybridShard, TwoNodesOfTwoMatchOneProcessAndTheFormulas) {
     ASSERT_EQ(b.size(), 3u);
     for (size_t i = 0; i < 3; ++i) {
       EXPECT_NEAR(b[i]["loss"].get<double>(), a[i]["loss"].get<double>(), 1e-5 * a[i]["loss"].get<double>()) << i;
-      EXPECT_NEAR(b[i]["grad_norm"].get<double>(), a[i]["grad_norm"].get<double>(), 1e-4 * a[i]["grad_norm"].get<double>()) << i;
+      EXPECT_NEAR(b[i]["grad_norm"].get<double>(), a[i]["grad_norm"].get<double>(),
+                  1e-4 * a[i]["grad_norm"].get<double>())
+          << i;
     }
     json s = read_json(four.path() / "summary.json"), plan = s["plan"];
     EXPECT_EQ(plan["shard_group_size"], 2);
@@ -61,7 +65,8 @@ TEST(HybridShard, TwoNodesOfTwoMatchOneProcessAndTheFormulas) {
       EXPECT_EQ(rank["optimizer_bytes"], plan["optimizer_bytes"]);
     }
     const json& c = s["last_step_comm"];
-    for (const char* k : {"allgather_bytes", "reduce_scatter_bytes", "all_reduce_bytes", "sent_bytes"}) EXPECT_EQ(c[k], plan[k]) << k;
+    for (const char* k : {"allgather_bytes", "reduce_scatter_bytes", "all_reduce_bytes", "sent_bytes"})
+      EXPECT_EQ(c[k], plan[k]) << k;
     // The inter-node all-reduce carries the gradient shard (plus the 8-byte squared norm of clipping).
     EXPECT_EQ(c["all_reduce_bytes"].get<int64_t>(), plan["grad_bytes"].get<int64_t>() + 8);
     EXPECT_EQ(c["reduce_scatter_bytes"].get<int64_t>(), padded_total * 4);
@@ -89,9 +94,10 @@ TEST(HybridShard, ShardSizeDefaultsToTheRanksPerNode) {
 TEST(HybridShard, WorldNotDivisibleByShardSizeIsNamed) {
   auto r = run_command(train() + " --nproc-per-node 4 --steps 2 --sharding.name hybrid_shard --sharding.shard_size 3");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("hybrid_shard: shard_size 3 does not divide the world size 4; set --sharding.shard_size to a divisor "
-                       "of 4: 1, 2, 4"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("hybrid_shard: shard_size 3 does not divide the world size 4; set --sharding.shard_size to a divisor "
+                 "of 4: 1, 2, 4"),
+      std::string::npos)
       << r.err;
 }
 
@@ -102,11 +108,13 @@ TEST(CpuOffload, OnTheCpuItIsTheBaseStrategyBitForBit) {
     std::string base, offload;
   };
   const std::vector<Case> cases = {
-      {"--nproc-per-node 2 --batch-size 6 --sharding.name full_shard", "--nproc-per-node 2 --batch-size 6 --sharding.name cpu_offload"},
+      {"--nproc-per-node 2 --batch-size 6 --sharding.name full_shard",
+       "--nproc-per-node 2 --batch-size 6 --sharding.name cpu_offload"},
       {"--nproc-per-node 2 --batch-size 6 --sharding.name shard_grad_op",
        "--nproc-per-node 2 --batch-size 6 --sharding.name cpu_offload --sharding.base shard_grad_op"},
       {"--nproc-per-node 4 --batch-size 3 --sharding.name hybrid_shard --sharding.shard_size 2",
-       "--nproc-per-node 4 --batch-size 3 --sharding.name cpu_offload --sharding.base hybrid_shard --sharding.shard_size 2"},
+       "--nproc-per-node 4 --batch-size 3 --sharding.name cpu_offload --sharding.base hybrid_shard "
+       "--sharding.shard_size 2"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.offload);
@@ -120,7 +128,8 @@ TEST(CpuOffload, OnTheCpuItIsTheBaseStrategyBitForBit) {
     auto x = step_metrics(a.path()), y = step_metrics(b.path());
     ASSERT_EQ(x.size(), y.size());
     for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i]["loss"], y[i]["loss"]) << i;
-    EXPECT_EQ(tensor_digests(a.path() / "checkpoints" / "step-00000003"), tensor_digests(b.path() / "checkpoints" / "step-00000003"));
+    EXPECT_EQ(tensor_digests(a.path() / "checkpoints" / "step-00000003"),
+              tensor_digests(b.path() / "checkpoints" / "step-00000003"));
   }
 }
 
@@ -143,7 +152,8 @@ TEST(ActivationCheckpointing, GradientsAreIdentical) {
       EXPECT_EQ(x[i]["loss"], y[i]["loss"]) << i;
       EXPECT_EQ(x[i]["grad_norm"], y[i]["grad_norm"]) << i;
     }
-    EXPECT_EQ(tensor_digests(a.path() / "checkpoints" / "step-00000003"), tensor_digests(b.path() / "checkpoints" / "step-00000003"));
+    EXPECT_EQ(tensor_digests(a.path() / "checkpoints" / "step-00000003"),
+              tensor_digests(b.path() / "checkpoints" / "step-00000003"));
     json plan = read_json(b.path() / "plan.json");
     EXPECT_EQ(plan["units"][1]["recompute"], true);
     EXPECT_EQ(plan["units"][0]["recompute"], false);
@@ -177,9 +187,10 @@ TEST(ActivationCheckpointing, StepMemoryDropsForGptSmall) {
 TEST(ActivationCheckpointing, BadLayerTypesAreNamed) {
   auto r = run_command(train() + " --nproc-per-node 2 --steps 2 --activation-checkpointing Blok");
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("--activation-checkpointing Blok: the model has no layer type 'Blok'; its layer types are: Block, "
-                       "Attention, FeedForward"),
-            std::string::npos)
+  EXPECT_NE(
+      r.err.find("--activation-checkpointing Blok: the model has no layer type 'Blok'; its layer types are: Block, "
+                 "Attention, FeedForward"),
+      std::string::npos)
       << r.err;
   auto r2 = run_command(train() + " --nproc-per-node 2 --steps 2 --activation-checkpointing Attention");
   EXPECT_NE(r2.err.find("no unit is a Attention"), std::string::npos) << r2.err;
@@ -193,7 +204,8 @@ TEST(ActivationCheckpointing, BadLayerTypesAreNamed) {
 // Offload needs an optimizer that steps on the CPU; one that declares it cannot (the fixture
 // stands in for a fused CUDA-only optimizer) is refused before anything starts.
 TEST(CpuOffload, AnOptimizerThatCannotRunOnTheCpuIsRefused) {
-  const std::string plugin = " --plugin " + fixture("cuda_only_optimizer").string() + " --optimizer.name cuda_only_adam";
+  const std::string plugin =
+      " --plugin " + fixture("cuda_only_optimizer").string() + " --optimizer.name cuda_only_adam";
   auto r = run_command(train() + " --nproc-per-node 2 --steps 2 --sharding.name cpu_offload" + plugin);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("sharding 'cpu_offload' offloads the optimizer state to host memory and steps on the CPU, but "

@@ -36,9 +36,10 @@ TEST(Hostlist, RejectsMalformed) {
             "malformed hostlist 'gpu[a-b]': 'a-b' is not a number or a range");
   EXPECT_EQ(error_of([] { expand_hostlist("a,,b"); }), "malformed hostlist 'a,,b': empty host name");
   // Found by tests/fuzz/fuzz_hostlist: numbers beyond std::stoll, and groups that multiply.
-  EXPECT_EQ(error_of([] { expand_hostlist("n[1234567890123456789-1234567890123456790]"); }),
-            "malformed hostlist 'n[1234567890123456789-1234567890123456790]': '1234567890123456789-1234567890123456790' has "
-            "numbers of more than 18 digits");
+  EXPECT_EQ(
+      error_of([] { expand_hostlist("n[1234567890123456789-1234567890123456790]"); }),
+      "malformed hostlist 'n[1234567890123456789-1234567890123456790]': '1234567890123456789-1234567890123456790' has "
+      "numbers of more than 18 digits");
   EXPECT_EQ(error_of([] { expand_hostlist("a[0-99999]b[0-99999]"); }),
             "malformed hostlist 'a[0-99999]b[0-99999]': more than 1000000 hosts");
 }
@@ -160,7 +161,10 @@ TEST(Threads, ChosenFromTheCoresEachRankMayUse) {
   EXPECT_EQ(choose_threads({{"OMP_NUM_THREADS", "3"}}, 2, 2).threads, 3);
   EXPECT_EQ(choose_threads({{"OMP_NUM_THREADS", "3"}}, 2, 2).why, "OMP_NUM_THREADS");
   EXPECT_EQ(choose_threads({{"SLURM_CPUS_PER_TASK", "8"}}, 4, 64).threads, 8);
-  EXPECT_EQ(error_of([] { choose_threads({{"OMP_NUM_THREADS", "many"}}, 2, 2); }), "OMP_NUM_THREADS='many' is not an integer");
+  EXPECT_EQ(error_of([] {
+              choose_threads({{"OMP_NUM_THREADS", "many"}}, 2, 2);
+            }),
+            "OMP_NUM_THREADS='many' is not an integer");
   EXPECT_EQ(error_of([] { choose_threads({{"OMP_NUM_THREADS", "0"}}, 2, 2); }),
             "OMP_NUM_THREADS=0: a rank needs at least 1 thread; unset it to let fsdpx choose");
   EXPECT_GE(affinity_cpus(), 1);

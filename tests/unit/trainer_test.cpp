@@ -38,7 +38,8 @@ int lines(const std::string& text) {
 // (measured: 5.56 -> 3.50 at lr 1e-3; ln 256 = 5.55 is the untrained byte model's loss).
 TEST(Trainer, GptTinyLossFallsOverThirtySteps) {
   TempDir dir;
-  auto r = run_command(train_cmd() + " --nproc-per-node 2 --steps 30 --batch-size 8 --log-every 1 --out " + dir.path().string());
+  auto r = run_command(train_cmd() + " --nproc-per-node 2 --steps 30 --batch-size 8 --log-every 1 --out " +
+                       dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = read_json_lines(dir.path() / "metrics.jsonl");
   std::vector<json> train;
@@ -61,7 +62,8 @@ TEST(Trainer, GptTinyLossFallsOverThirtySteps) {
 // The resolved configuration in a run's directory reproduces the run.
 TEST(Trainer, ConfigIniReproducesTheRun) {
   TempDir a, b;
-  auto r1 = run_command(train_cmd() + " --nproc-per-node 2 --steps 4 --log-every 1 --optimizer.name sgd --data.seq 32 --out " +
+  auto r1 = run_command(train_cmd() +
+                        " --nproc-per-node 2 --steps 4 --log-every 1 --optimizer.name sgd --data.seq 32 --out " +
                         a.path().string());
   ASSERT_EQ(r1.exit_code, 0) << r1.out << r1.err;
   auto r2 = run_command(train_cmd() + " --nproc-per-node 2 --config " + (a.path() / "config.ini").string() + " --out " +
@@ -82,8 +84,9 @@ TEST(Trainer, MlpOnBreastCancerReachesNinetyPercentHeldOut) {
   const std::string csv = csv_path();
   ASSERT_TRUE(std::filesystem::exists(csv)) << "scikit-learn's breast_cancer.csv: '" << csv << "'";
   TempDir dir;
-  auto r = run_command(train_cmd() + " --nproc-per-node 2 --model.name mlp --data.name csv --data.path " + csv +
-                       " --wrap.layer_types Hidden --steps 100 --batch-size 16 --log-every 50 --out " + dir.path().string());
+  auto r =
+      run_command(train_cmd() + " --nproc-per-node 2 --model.name mlp --data.name csv --data.path " + csv +
+                  " --wrap.layer_types Hidden --steps 100 --batch-size 16 --log-every 50 --out " + dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   json s = read_json(dir.path() / "summary.json");
   ASSERT_TRUE(s.contains("eval")) << s.dump();
@@ -102,7 +105,8 @@ TEST(Trainer, DryRunBytesEqualMeasured) {
       "--sharding.name full_shard",
       "--sharding.name shard_grad_op",
       "--sharding.name no_shard",
-      "--sharding.name full_shard --grad-accum 2 --clip-grad-norm 1 --precision.name bf16_mixed --optimizer.name anyprecision_adamw",
+      "--sharding.name full_shard --grad-accum 2 --clip-grad-norm 1 --precision.name bf16_mixed --optimizer.name "
+      "anyprecision_adamw",
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c);
@@ -135,16 +139,17 @@ TEST(Trainer, BadInputGetsOneClearLine) {
     std::string args, expect;
   };
   const std::vector<Case> cases = {
-      {"--model.name gtp --steps 2", "gpt"},                                        // unknown plugin: the closest name
-      {"--optimizer.lr fast --steps 2", "optimizer.lr"},                            // bad option type
-      {"--steps many", "steps"},                                          // bad host option type
+      {"--model.name gtp --steps 2", "gpt"},  // unknown plugin: the closest name
+      {"--optimizer.lr fast --steps 2", "optimizer.lr"},  // bad option type
+      {"--steps many", "steps"},  // bad host option type
       {"--data.path /nonexistent/corpus --steps 2", "/nonexistent/corpus does not exist"},  // missing data file
-      {"--batch-size 100000 --steps 2", "larger than the data set"},                // batch larger than the data set
+      {"--batch-size 100000 --steps 2", "larger than the data set"},  // batch larger than the data set
       {"--steps 0", "--steps expects an integer of at least 1, got '0'"},  // zero steps
-      {"--save-every 5 --steps 2", "needs a checkpoint component"},                 // conflicting options
-      {"--lr-schedule cosine --warmup-steps 50 --steps 20", "warm"},                 // conflicting: warm-up longer than the run
-      {"--checkpoint.name '' --steps 2", "--checkpoint.name is empty: give a checkpoint backend's name (fsdpx-plugins "
-                                         "list shows them), or none to run without a checkpoint backend"},
+      {"--save-every 5 --steps 2", "needs a checkpoint component"},  // conflicting options
+      {"--lr-schedule cosine --warmup-steps 50 --steps 20", "warm"},  // conflicting: warm-up longer than the run
+      {"--checkpoint.name '' --steps 2",
+       "--checkpoint.name is empty: give a checkpoint backend's name (fsdpx-plugins "
+       "list shows them), or none to run without a checkpoint backend"},
       {"--model.name none --steps 2", "--model.name none: a run needs a model"},
   };
   for (const auto& c : cases) {
@@ -175,8 +180,8 @@ TEST(Trainer, SequenceLongerThanContextIsNamed) {
 TEST(Trainer, HelpListsTheChosenComponentsOptions) {
   auto r = run_command(train_cmd() + " --help --model.name mlp --sharding.name hybrid_shard");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* want : {"--steps", "--batch-size", "--grad-accum", "--dry-run", "--nproc-per-node",
-                           "model 'mlp'", "in_features", "sharding strategy 'hybrid_shard'", "shard_size", "optimizer 'adamw'",
+  for (const char* want : {"--steps", "--batch-size", "--grad-accum", "--dry-run", "--nproc-per-node", "model 'mlp'",
+                           "in_features", "sharding strategy 'hybrid_shard'", "shard_size", "optimizer 'adamw'",
                            "data source 'text'", "--activation-checkpointing"})
     EXPECT_NE(r.out.find(want), std::string::npos) << want;
 }
@@ -205,8 +210,9 @@ TEST(Trainer, RankZeroFailuresEndEveryRank) {
     const int port = free_port();
     std::string cmd = "bash -c '";
     for (int r = 0; r < 2; ++r)
-      cmd += "(env RANK=" + std::to_string(r) + " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) +
-             " " + train_cmd() + " --steps 2 --batch-size 4 --log-every 1 --collective-timeout 120 --out " + out.string() +
+      cmd += "(env RANK=" + std::to_string(r) +
+             " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + train_cmd() +
+             " --steps 2 --batch-size 4 --log-every 1 --collective-timeout 120 --out " + out.string() +
              " >/dev/null 2>" + (dir.path() / ("err" + std::to_string(r))).string() + "; echo $? >" +
              (dir.path() / ("rc" + std::to_string(r))).string() + ") & ";
     cmd += "wait'";
@@ -234,7 +240,8 @@ TEST(Trainer, InitFromStartsFromSavedWeights) {
   const std::string base = train_cmd() + " --nproc-per-node 2 --steps 1 --optimizer.name sgd ";
   const auto d = dir.path();
   ASSERT_EQ(run_command(base + "--seed 0 --save-init " + (d / "seed0").string()).exit_code, 0);
-  auto r = run_command(base + "--seed 5 --init-from " + (d / "seed0").string() + " --save-init " + (d / "from0").string());
+  auto r =
+      run_command(base + "--seed 5 --init-from " + (d / "seed0").string() + " --save-init " + (d / "from0").string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("initial weights from " + (d / "seed0").string()), std::string::npos) << r.out;
   ASSERT_EQ(run_command(base + "--seed 5 --save-init " + (d / "seed5").string()).exit_code, 0);
@@ -246,8 +253,9 @@ TEST(Trainer, InitFromStartsFromSavedWeights) {
 
   const std::string from = " --init-from " + (d / "seed0").string();
   const std::map<std::string, std::string> refused = {
-      {"--model.layers 1", "the file holds tensor 'layers.1.attention.wk', which is not a parameter of this model; did you "
-                           "mean 'layers.0.attention.wk'?"},
+      {"--model.layers 1",
+       "the file holds tensor 'layers.1.attention.wk', which is not a parameter of this model; did you "
+       "mean 'layers.0.attention.wk'?"},
       {"--model.layers 3", "model.safetensors has no tensor 'layers.2.attention_norm.weight'"},
       {"--model.dim 32", "tensor 'tok_embeddings' has shape [256, 64], the run's is [256, 32]"},
       {"--seed 1", "--init-from /nonexistent/w does not exist"},

@@ -81,7 +81,8 @@ void collectives(Communicator& c) {
         at::Tensor want = at::zeros({n}, at::kFloat);
         for (int k = 0; k < w; ++k) want += values(k, n, at::kFloat, r * n);
         if (op == ReduceOp::Avg) want /= w;
-        expect_equal(shard, want.to(dtype), std::string(op == ReduceOp::Sum ? "reduce_scatter sum" : "reduce_scatter avg") + at_);
+        expect_equal(shard, want.to(dtype),
+                     std::string(op == ReduceOp::Sum ? "reduce_scatter sum" : "reduce_scatter avg") + at_);
       }
       // all_reduce: sum, average, max.
       for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
@@ -123,7 +124,8 @@ int run_scenario(const std::string& scenario, const RuntimeOptions& ro, const po
     collectives(*groups->world());
     at::Tensor meta = at::full({1}, static_cast<double>(rank));  // metadata: on the CPU, over the control group
     groups->control()->all_reduce(meta, ReduceOp::Sum).wait();
-    expect_equal(meta, at::full({1}, ro.topology.world_size * (ro.topology.world_size - 1) / 2.0), "control all_reduce");
+    expect_equal(meta, at::full({1}, ro.topology.world_size * (ro.topology.world_size - 1) / 2.0),
+                 "control all_reduce");
     std::printf("collectives ok on %s\n", g_device.str().c_str());
   } else if (scenario == "hybrid") {
     auto h = groups->hybrid(ro.topology.local_world_size);
@@ -196,8 +198,10 @@ int main(int argc, char** argv) {
   return tool::main(argc, argv, "comm_worker", desc, [](const po::variables_map& vm) {
     RuntimeOptions ro;
     ro.topology = resolve_topology({}, process_environment()).topology;
-    ro.rendezvous_timeout = std::chrono::milliseconds(static_cast<int64_t>(vm["rendezvous-timeout"].as<double>() * 1000));
-    ro.collective_timeout = std::chrono::milliseconds(static_cast<int64_t>(vm["collective-timeout"].as<double>() * 1000));
+    ro.rendezvous_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(vm["rendezvous-timeout"].as<double>() * 1000));
+    ro.collective_timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(vm["collective-timeout"].as<double>() * 1000));
     ro.check_collectives = vm.count("check-collectives") > 0;
     ro.watch_peers = vm.count("watch-peers") > 0;
     ro.exit_on_peer_failure = ro.watch_peers;

@@ -166,10 +166,28 @@ void sim_boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack)
 // PrivateUse1 kernels of our own (sim_ops.cpp), and ops that must keep LibTorch's device-generic
 // kernels: not routed to the CPU's.
 bool keeps_its_kernel(const std::string& op) {
-  static const char* const own[] = {"empty", "empty_strided", "_copy_from", "_copy_from_and_resize", "_local_scalar_dense",
-                                    "fill_", "zero_", "resize_", "set_", "as_strided", "view", "_reshape_alias", "unfold",
-                                    "view_as_real", "view_as_complex", "record_stream", "native_dropout",
-                                    "_fused_sdp_choice", "copy_", "_to_copy", "to", "clone"};
+  static const char* const own[] = {"empty",
+                                    "empty_strided",
+                                    "_copy_from",
+                                    "_copy_from_and_resize",
+                                    "_local_scalar_dense",
+                                    "fill_",
+                                    "zero_",
+                                    "resize_",
+                                    "set_",
+                                    "as_strided",
+                                    "view",
+                                    "_reshape_alias",
+                                    "unfold",
+                                    "view_as_real",
+                                    "view_as_complex",
+                                    "record_stream",
+                                    "native_dropout",
+                                    "_fused_sdp_choice",
+                                    "copy_",
+                                    "_to_copy",
+                                    "to",
+                                    "clone"};
   for (const char* name : own)
     if (op == name) return true;
   return false;
@@ -199,7 +217,8 @@ void route_composites_to_cpu_kernels() {
         !op->hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd))
       continue;
     const std::string op_name = name.name.substr(6);
-    if (keeps_its_kernel(op_name) || returns_a_view(op->schema()) || op->hasKernelForDispatchKey(DispatchKey::PrivateUse1))
+    if (keeps_its_kernel(op_name) || returns_a_view(op->schema()) ||
+        op->hasKernelForDispatchKey(DispatchKey::PrivateUse1))
       continue;
     const std::string full = name.overload_name.empty() ? op_name : op_name + "." + name.overload_name;
     lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&sim_boxed_fallback>());

@@ -21,7 +21,8 @@ namespace fsdpx {
 
 using namespace ckpt;
 
-void save_consolidated(const std::string& dir, const CheckpointState& st, const CheckpointContext& ctx, bool with_optimizer) {
+void save_consolidated(const std::string& dir, const CheckpointState& st, const CheckpointContext& ctx,
+                       bool with_optimizer) {
   const fs::path final_dir(dir), root = final_dir.parent_path();
   const fs::path tmp = root / (".tmp-" + final_dir.filename().string());
   agree(ctx, "preparing checkpoint " + dir, [&] {
@@ -42,11 +43,12 @@ void save_consolidated(const std::string& dir, const CheckpointState& st, const 
   std::string error;
   if (ctx.rank == 0) {
     try {
-      w = std::make_unique<SafetensorsWriter>((tmp / "model.safetensors").string(), specs,
-                                              std::map<std::string, std::string>{{"format", "fsdpx-consolidated"},
-                                                                                 {"step", std::to_string(st.step)},
-                                                                                 {"trainer_state", st.trainer_state_json},
-                                                                                 {"config", st.config_ini}});
+      w = std::make_unique<SafetensorsWriter>(
+          (tmp / "model.safetensors").string(), specs,
+          std::map<std::string, std::string>{{"format", "fsdpx-consolidated"},
+                                             {"step", std::to_string(st.step)},
+                                             {"trainer_state", st.trainer_state_json},
+                                             {"config", st.config_ini}});
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -58,7 +60,8 @@ void save_consolidated(const std::string& dir, const CheckpointState& st, const 
       try {
         at::Tensor c = full.contiguous();
         RowDigest d;
-        d.add_rows(static_cast<const char*>(c.data_ptr()), 0, rows_of(t->global_shape), row_bytes_of(t->global_shape, c.scalar_type()));
+        d.add_rows(static_cast<const char*>(c.data_ptr()), 0, rows_of(t->global_shape),
+                   row_bytes_of(t->global_shape, c.scalar_type()));
         digests[t->name] = d.hex();
         w->write(c);
       } catch (const std::exception& e) {
@@ -106,9 +109,11 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
         throw Error(p.string() + " has no tensor '" + t.name + "'; was it saved from another model?");
       }
       const SafetensorsEntry& e = r.entry(t.name);
-      if (want.contains(t.name) && want[t.name].is_string()) digests[i].kind = RowDigest::kind_of(want[t.name].get<std::string>());
+      if (want.contains(t.name) && want[t.name].is_string())
+        digests[i].kind = RowDigest::kind_of(want[t.name].get<std::string>());
       if (e.shape != t.global_shape)
-        throw Error(p.string() + ": tensor '" + t.name + "' has shape " + shape_text(e.shape) + ", the run's is " + shape_text(t.global_shape));
+        throw Error(p.string() + ": tensor '" + t.name + "' has shape " + shape_text(e.shape) + ", the run's is " +
+                    shape_text(t.global_shape));
       const int64_t n = rows_of(t.local);
       if (n == 0) continue;
       at::Tensor into = receiving_tensor(t.local, e.scalar_type);
@@ -131,15 +136,18 @@ void load_initial_weights(const std::string& path, CheckpointState& st, const Ch
   std::string error;
   try {
     if (!fs::is_regular_file(p))
-      throw Error("--init-from " + path + ": no such file; give a safetensors file, or a directory holding model.safetensors "
+      throw Error("--init-from " + path +
+                  ": no such file; give a safetensors file, or a directory holding model.safetensors "
                   "(a consolidated checkpoint, or what --save-init wrote)");
     std::set<std::string> wanted;
     for (const TensorShard& t : st.tensors) wanted.insert(t.name);
     const SafetensorsReader file(p.string());
     for (const auto& [name, entry] : file.entries())
       if (name.rfind(kOptimPrefix, 0) != 0 && !wanted.count(name))
-        throw Error("--init-from " + p.string() + ": the file holds tensor '" + name + "', which is not a parameter of this "
-                    "model" + did_you_mean(name, std::vector<std::string>(wanted.begin(), wanted.end())) +
+        throw Error("--init-from " + p.string() + ": the file holds tensor '" + name +
+                    "', which is not a parameter of this "
+                    "model" +
+                    did_you_mean(name, std::vector<std::string>(wanted.begin(), wanted.end())) +
                     " (was it saved from another model or size?)");
   } catch (const std::exception& e) {
     error = e.what();

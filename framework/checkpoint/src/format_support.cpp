@@ -91,7 +91,8 @@ void agree(const CheckpointContext& ctx, const std::string& what, const std::fun
   if (ctx.all_sum) ctx.all_sum(sums);
   if (!error.empty()) throw Error(error);
   for (int r = 0; r < ctx.world_size; ++r)
-    if (sums[static_cast<size_t>(r)]) throw Error(what + " failed on rank " + std::to_string(r) + " (its log says why)");
+    if (sums[static_cast<size_t>(r)])
+      throw Error(what + " failed on rank " + std::to_string(r) + " (its log says why)");
   if (digests)
     for (size_t i = 0; i < digests->size(); ++i) {
       const size_t at = static_cast<size_t>(ctx.world_size) + 2 * i;
@@ -103,19 +104,21 @@ void agree(const CheckpointContext& ctx, const std::string& what, const std::fun
 // After a load: every tensor's digest, summed over the ranks, against the one the checkpoint
 // recorded (`recorded` gives it, "" when it has none).
 void check_digests(const std::string& dir, const CheckpointState& st, const std::vector<RowDigest>& digests,
-                   const std::function<std::string(const std::string&)>& recorded, const char* source, const char* damage) {
+                   const std::function<std::string(const std::string&)>& recorded, const char* source,
+                   const char* damage) {
   for (size_t i = 0; i < st.tensors.size(); ++i) {
     const std::string& name = st.tensors[i].name;
     const std::string want = recorded(name);
     if (want.empty()) continue;
     const std::string got = digests[i].hex();
     if (got != want)
-      throw Error("checkpoint " + dir + ": tensor '" + name + "' does not match its digest (" + got + ", " + source + " says " +
-                  want + "): " + damage);
+      throw Error("checkpoint " + dir + ": tensor '" + name + "' does not match its digest (" + got + ", " + source +
+                  " says " + want + "): " + damage);
   }
 }
 
-at::Tensor bytes_to_tensor(std::vector<char>& bytes, const std::vector<int64_t>& shape, int64_t rows, c10::ScalarType t) {
+at::Tensor bytes_to_tensor(std::vector<char>& bytes, const std::vector<int64_t>& shape, int64_t rows,
+                           c10::ScalarType t) {
   std::vector<int64_t> s = shape.empty() ? std::vector<int64_t>{} : shape;
   if (!s.empty()) s[0] = rows;
   return at::from_blob(bytes.data(), s, at::TensorOptions().dtype(t)).clone();
@@ -142,7 +145,8 @@ void check_index_fields(const json& j, const std::string& where) {
     if (!has && required) throw Error(where + ": " + in + "has no \"" + key + "\"");
     const bool ok = !has || obj[key].type() == type ||
                     (type == json::value_t::number_integer && obj[key].is_number_integer());
-    if (!ok) throw Error(where + ": " + in + "\"" + key + "\" is " + obj[key].type_name() + ", not " + json(type).type_name());
+    if (!ok)
+      throw Error(where + ": " + in + "\"" + key + "\" is " + obj[key].type_name() + ", not " + json(type).type_name());
   };
   if (!j.is_object()) throw Error(where + ": not an fsdpx sharded checkpoint index (not a JSON object)");
   field(j, "format", json::value_t::string, "", true);
@@ -171,7 +175,8 @@ Index read_index(const std::string& dir) {
   const fs::path p = fs::path(dir) / "index.json";
   if (!fs::exists(p)) {
     if (fs::exists(fs::path(dir) / "model.safetensors"))
-      throw Error(dir + " is a consolidated checkpoint (model.safetensors), not a sharded one (fsdpx-train loads it with "
+      throw Error(dir +
+                  " is a consolidated checkpoint (model.safetensors), not a sharded one (fsdpx-train loads it with "
                   "--checkpoint.name consolidated; it is already one file, nothing to consolidate)");
     throw Error(dir + " is not a checkpoint: it has no index.json (an interrupted save leaves only a .tmp- directory)");
   }
@@ -184,7 +189,8 @@ Index read_index(const std::string& dir) {
   check_index_fields(ix.j, p.string());
   if (ix.j["format"] != "fsdpx-sharded") throw Error(p.string() + ": not an fsdpx sharded checkpoint index");
   if (ix.j.value("version", 0) != 1)
-    throw Error(p.string() + ": format version " + std::to_string(ix.j.value("version", 0)) + ", this fsdpx reads version 1");
+    throw Error(p.string() + ": format version " + std::to_string(ix.j.value("version", 0)) +
+                ", this fsdpx reads version 1");
   return ix;
 }
 
@@ -195,7 +201,8 @@ std::vector<int64_t> json_shape(const json& j, const std::string& where) {
   constexpr int64_t kMaxElements = int64_t{1} << 59;
   int64_t elements = 1;
   for (const auto& d : j) {
-    if (!d.is_number_integer() || d.get<int64_t>() < 0) throw Error(where + ": shape " + j.dump() + " is not a list of sizes");
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      throw Error(where + ": shape " + j.dump() + " is not a list of sizes");
     const int64_t n = d.get<int64_t>();
     if (n > 0 && elements > kMaxElements / n)
       throw Error(where + ": shape " + j.dump() + " holds more than 2^59 elements (the index is damaged)");
@@ -214,7 +221,8 @@ SafetensorsReader& Files::get(const std::string& file) {
   std::error_code ec;
   const auto size = fs::file_size(p, ec);
   if (ec) throw Error(p.string() + ": missing (" + ec.message() + ")");
-  if (sizes_.contains(file) && sizes_[file].is_number_integer() && static_cast<int64_t>(size) != sizes_[file].get<int64_t>())
+  if (sizes_.contains(file) && sizes_[file].is_number_integer() &&
+      static_cast<int64_t>(size) != sizes_[file].get<int64_t>())
     throw Error(p.string() + ": " + std::to_string(size) + " bytes, the index records " +
                 std::to_string(sizes_[file].get<int64_t>()) + " (truncated or replaced)");
   return *open_.emplace(file, std::make_unique<SafetensorsReader>(p.string())).first->second;
@@ -223,8 +231,8 @@ std::vector<Piece> pieces_of(const json& entry, const std::string& where) {
   std::vector<Piece> out;
   if (!entry.contains("pieces") || !entry["pieces"].is_array()) throw Error(where + ": no pieces");
   for (const auto& p : entry["pieces"]) {
-    if (!p.is_object() || !p.contains("file") || !p.contains("row_offset") || !p.contains("rows") || !p["file"].is_string() ||
-        !p["row_offset"].is_number_integer() || !p["rows"].is_number_integer())
+    if (!p.is_object() || !p.contains("file") || !p.contains("row_offset") || !p.contains("rows") ||
+        !p["file"].is_string() || !p["row_offset"].is_number_integer() || !p["rows"].is_number_integer())
       throw Error(where + ": a piece lacks file, row_offset or rows");
     out.push_back({p["file"].get<std::string>(), p["row_offset"].get<int64_t>(), p["rows"].get<int64_t>()});
   }
@@ -233,8 +241,9 @@ std::vector<Piece> pieces_of(const json& entry, const std::string& where) {
 
 // Reads rows [first, first + count) of tensor `name` from its pieces, checking each piece's
 // header against the index. Adds the bytes to `digest` when `count_digest`.
-std::vector<char> read_tensor_rows(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
-                                   c10::ScalarType dtype, int64_t first, int64_t count, RowDigest* digest) {
+std::vector<char> read_tensor_rows(Files& files, const std::string& name, const json& entry,
+                                   const std::vector<int64_t>& shape, c10::ScalarType dtype, int64_t first,
+                                   int64_t count, RowDigest* digest) {
   // The pieces first: each matches its file, which bounds the bytes (an index may claim any shape).
   for_each_piece(files, name, entry, shape, dtype, first, count, nullptr);
   std::vector<char> out(static_cast<size_t>(count * row_bytes_of(shape, dtype)));
@@ -242,8 +251,8 @@ std::vector<char> read_tensor_rows(Files& files, const std::string& name, const 
   return out;
 }
 
-at::Tensor read_whole_tensor(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
-                             c10::ScalarType dtype, const std::string& where) {
+at::Tensor read_whole_tensor(Files& files, const std::string& name, const json& entry,
+                             const std::vector<int64_t>& shape, c10::ScalarType dtype, const std::string& where) {
   RowDigest d;
   d.kind = RowDigest::kind_of(entry.value("digest", ""));
   const int64_t rows = rows_of(shape);
@@ -271,8 +280,8 @@ void for_each_piece(Files& files, const std::string& name, const json& entry, co
     covered += hi - lo;
   }
   if (covered != count)
-    throw Error(where + ": the checkpoint's pieces cover " + std::to_string(covered) + " of rows " + std::to_string(first) + ".." +
-                std::to_string(first + count) + " (the index is damaged)");
+    throw Error(where + ": the checkpoint's pieces cover " + std::to_string(covered) + " of rows " +
+                std::to_string(first) + ".." + std::to_string(first + count) + " (the index is damaged)");
 }
 
 void read_tensor_rows_into(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,

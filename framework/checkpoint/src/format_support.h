@@ -50,9 +50,11 @@ void agree(const CheckpointContext& ctx, const std::string& what, const std::fun
 // After a load: every tensor's digest, summed over the ranks, against the one the checkpoint
 // recorded (`recorded` gives it, "" when it has none).
 void check_digests(const std::string& dir, const CheckpointState& st, const std::vector<RowDigest>& digests,
-                   const std::function<std::string(const std::string&)>& recorded, const char* source, const char* damage);
+                   const std::function<std::string(const std::string&)>& recorded, const char* source,
+                   const char* damage);
 
-at::Tensor bytes_to_tensor(std::vector<char>& bytes, const std::vector<int64_t>& shape, int64_t rows, c10::ScalarType t);
+at::Tensor bytes_to_tensor(std::vector<char>& bytes, const std::vector<int64_t>& shape, int64_t rows,
+                           c10::ScalarType t);
 // Where a load reads `local`'s rows saved as `saved`: `local` itself when it is contiguous and of
 // that dtype (no copy), else a new tensor that finish_load then casts into `local`.
 at::Tensor receiving_tensor(const at::Tensor& local, c10::ScalarType saved);
@@ -87,8 +89,9 @@ std::vector<Piece> pieces_of(const json& entry, const std::string& where);
 
 // Reads rows [first, first + count) of tensor `name` from its pieces, checking each piece's
 // header against the index. Adds the bytes to `digest` when given.
-std::vector<char> read_tensor_rows(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
-                                   c10::ScalarType dtype, int64_t first, int64_t count, RowDigest* digest);
+std::vector<char> read_tensor_rows(Files& files, const std::string& name, const json& entry,
+                                   const std::vector<int64_t>& shape, c10::ScalarType dtype, int64_t first,
+                                   int64_t count, RowDigest* digest);
 // Checks every piece overlapping rows [first, first + count) against its file (dtype, shape) and
 // that they cover the rows; calls `f` (when set) with each piece's reader and the rows [lo, hi)
 // it holds, starting at row piece_offset. Throws fsdpx::Error naming the tensor or file.
@@ -97,8 +100,8 @@ void for_each_piece(Files& files, const std::string& name, const json& entry, co
                     const std::function<void(SafetensorsReader&, int64_t lo, int64_t hi, int64_t piece_offset)>& f);
 // The whole tensor `name` (`entry` of the index, stored as `dtype` in `shape`), checked against
 // the entry's digest; a mismatch is fsdpx::Error "<where>: tensor 'NAME' does not match its digest".
-at::Tensor read_whole_tensor(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
-                             c10::ScalarType dtype, const std::string& where);
+at::Tensor read_whole_tensor(Files& files, const std::string& name, const json& entry,
+                             const std::vector<int64_t>& shape, c10::ScalarType dtype, const std::string& where);
 // The same into `out` (count rows of `shape` in `dtype`).
 void read_tensor_rows_into(Files& files, const std::string& name, const json& entry, const std::vector<int64_t>& shape,
                            c10::ScalarType dtype, int64_t first, int64_t count, char* out, RowDigest* digest);

@@ -44,7 +44,8 @@ std::map<std::string, fs::path> hf_files(const std::string& dir, const std::stri
     return out;
   }
   if (!fs::exists(single))
-    throw Error(what + ": neither model.safetensors nor " + kIndexFile + " there; give the directory save_pretrained wrote");
+    throw Error(what + ": neither model.safetensors nor " + kIndexFile +
+                " there; give the directory save_pretrained wrote");
   const SafetensorsReader file(single.string());
   for (const auto& [name, entry] : file.entries()) out[name] = single;
   return out;
@@ -58,13 +59,16 @@ void check_names(const std::string& what, const CheckpointState& st, const std::
   for (const TensorShard& t : st.tensors) {
     const std::string hf = hf_name(t.name);
     if (!files.count(hf))
-      throw Error(what + " has no tensor '" + hf + "' (the model's '" + t.name + "'); is it a checkpoint of this architecture?");
+      throw Error(what + " has no tensor '" + hf + "' (the model's '" + t.name +
+                  "'); is it a checkpoint of this architecture?");
     wanted.insert(hf);
   }
   for (const auto& [name, file] : files)
     if (!wanted.count(name) && !ignorable(name))
-      throw Error(what + ": " + file.filename().string() + " holds tensor '" + name + "', which no parameter of this model "
-                  "takes" + did_you_mean(name, std::vector<std::string>(wanted.begin(), wanted.end())) +
+      throw Error(what + ": " + file.filename().string() + " holds tensor '" + name +
+                  "', which no parameter of this model "
+                  "takes" +
+                  did_you_mean(name, std::vector<std::string>(wanted.begin(), wanted.end())) +
                   " (is config.json the one of these weights?)");
 }
 
@@ -95,8 +99,8 @@ void load_hf_weights(const std::string& dir, CheckpointState& st, const Checkpoi
       if (!reader) reader = std::make_unique<SafetensorsReader>(path.string());
       const SafetensorsEntry& e = reader->entry(hf);
       if (e.shape != t.global_shape)
-        throw Error(path.string() + ": tensor '" + hf + "' has shape " + shape_text(e.shape) + ", the model's '" + t.name +
-                    "' is " + shape_text(t.global_shape));
+        throw Error(path.string() + ": tensor '" + hf + "' has shape " + shape_text(e.shape) + ", the model's '" +
+                    t.name + "' is " + shape_text(t.global_shape));
       const int64_t n = rows_of(t.local);
       if (n == 0) continue;
       at::Tensor into = receiving_tensor(t.local, e.scalar_type);

@@ -45,7 +45,8 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
     return info;
   }
   if (fs::is_directory(p)) p /= "model.safetensors";
-  if (!fs::exists(p)) throw Error(path + " is not a checkpoint: no index.json (sharded) or model.safetensors (consolidated)");
+  if (!fs::exists(p))
+    throw Error(path + " is not a checkpoint: no index.json (sharded) or model.safetensors (consolidated)");
   SafetensorsReader r(p.string());
   info.format = "safetensors";
   info.bytes = r.file_size();
@@ -61,7 +62,9 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
     t.name = name;
     t.dtype = e.dtype;
     t.shape = e.shape;
-    t.digest = digests.is_object() && digests.contains(name) && digests[name].is_string() ? digests[name].get<std::string>() : "";
+    t.digest = digests.is_object() && digests.contains(name) && digests[name].is_string()
+                   ? digests[name].get<std::string>()
+                   : "";
     t.pieces.push_back({p.filename().string(), {0, e.rows()}});
     info.tensors.push_back(std::move(t));
   }
@@ -88,8 +91,8 @@ int64_t verify_checkpoint(const std::string& path) {
       for (int64_t first = 0; first < rows; first += step)
         read_tensor_rows(files, t.name, e, t.shape, dt, first, std::min(step, rows - first), &d);
       if (d.hex() != t.digest)
-        throw Error(path + ": tensor '" + t.name + "' does not match its digest (" + d.hex() + ", the index says " + t.digest +
-                    "): a shard file is corrupted");
+        throw Error(path + ": tensor '" + t.name + "' does not match its digest (" + d.hex() + ", the index says " +
+                    t.digest + "): a shard file is corrupted");
       ++checked;
     }
     const json file_sizes = ix.j.value("files", json::object());
@@ -111,7 +114,8 @@ int64_t verify_checkpoint(const std::string& path) {
       d.add_rows(bytes.data(), first, n, rb);
     }
     if (!t.digest.empty() && d.hex() != t.digest)
-      throw Error(p.string() + ": tensor '" + t.name + "' does not match its digest (" + d.hex() + ", digests.json says " + t.digest + ")");
+      throw Error(p.string() + ": tensor '" + t.name + "' does not match its digest (" + d.hex() +
+                  ", digests.json says " + t.digest + ")");
     ++checked;
   }
   return checked;
@@ -124,10 +128,13 @@ void consolidate_checkpoint(const std::string& dir, const std::string& out, bool
   std::vector<SafetensorsWriter::Spec> specs;
   for (auto it = ix.j["tensors"].begin(); it != ix.j["tensors"].end(); ++it) {
     if (!with_optimizer && it.key().rfind(kOptimPrefix, 0) == 0) continue;
-    specs.push_back({it.key(), dtype_from_safetensors(it.value().value("dtype", "")), json_shape(it.value()["shape"], it.key())});
+    specs.push_back(
+        {it.key(), dtype_from_safetensors(it.value().value("dtype", "")), json_shape(it.value()["shape"], it.key())});
   }
-  std::map<std::string, std::string> meta{{"format", "fsdpx-consolidated"}, {"step", std::to_string(ix.j.value("step", 0))}};
-  if (fs::exists(fs::path(dir) / "trainer_state.json")) meta["trainer_state"] = read_text(fs::path(dir) / "trainer_state.json");
+  std::map<std::string, std::string> meta{{"format", "fsdpx-consolidated"},
+                                          {"step", std::to_string(ix.j.value("step", 0))}};
+  if (fs::exists(fs::path(dir) / "trainer_state.json"))
+    meta["trainer_state"] = read_text(fs::path(dir) / "trainer_state.json");
   if (fs::exists(fs::path(dir) / "config.ini")) meta["config"] = read_text(fs::path(dir) / "config.ini");
   TempOutput tmp(out);  // removed on any failure: no partial file is left behind
   SafetensorsWriter w(tmp.path(), specs, meta);

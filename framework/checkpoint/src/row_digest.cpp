@@ -31,7 +31,8 @@ uint64_t splitmix(uint64_t x) {
 void RowDigest::add_rows(const char* bytes, int64_t first, int64_t count, int64_t row_bytes) {
   for (int64_t r = 0; r < count; ++r) {
     const char* row = bytes + r * row_bytes;
-    const uint64_t content = kind == DigestKind::Xxh3 ? XXH3_64bits(row, static_cast<size_t>(row_bytes)) : fnv1a(row, row_bytes);
+    const uint64_t content =
+        kind == DigestKind::Xxh3 ? XXH3_64bits(row, static_cast<size_t>(row_bytes)) : fnv1a(row, row_bytes);
     const uint64_t h = splitmix(content ^ splitmix(static_cast<uint64_t>(first + r)));
     lo += static_cast<int64_t>(h & 0xffffffffULL);
     hi += static_cast<int64_t>(h >> 32);

@@ -57,7 +57,8 @@ void write_rank_piece(const fs::path& tmp, const CheckpointState& st, const Chec
     }
     w.close();
   }
-  write_text(tmp / rank_file("rank-%05d.json", ctx.rank), json{{"file", mine.empty() ? "" : file}, {"pieces", pieces}}.dump());
+  write_text(tmp / rank_file("rank-%05d.json", ctx.rank),
+             json{{"file", mine.empty() ? "" : file}, {"pieces", pieces}}.dump());
 }
 
 // Rank 0: the index's tensors and files from every rank's piece list (which it removes), each
@@ -87,7 +88,8 @@ json assemble_index(const std::string& dir, const fs::path& tmp, const Checkpoin
     std::sort(ps.begin(), ps.end(), [](const Piece& a, const Piece& b) { return a.offset < b.offset; });
     int64_t next = 0;
     for (const Piece& p : ps) {
-      if (p.offset != next) throw Error("checkpoint " + dir + ": the ranks' rows of '" + it.key() + "' leave a gap or overlap (a bug)");
+      if (p.offset != next)
+        throw Error("checkpoint " + dir + ": the ranks' rows of '" + it.key() + "' leave a gap or overlap (a bug)");
       next += p.rows;
     }
     const std::vector<int64_t> shape = json_shape(e["shape"], it.key());
@@ -135,21 +137,24 @@ void load_sharded(const std::string& dir, CheckpointState& st, const CheckpointC
     if (const std::string why = checkpoint_problem(dir); !why.empty())
       throw Error("checkpoint " + dir + " is not complete: " + why);
     st.step = ix.j.value("step", int64_t{0});
-    st.trainer_state_json = fs::exists(fs::path(dir) / "trainer_state.json") ? read_text(fs::path(dir) / "trainer_state.json") : "";
+    st.trainer_state_json =
+        fs::exists(fs::path(dir) / "trainer_state.json") ? read_text(fs::path(dir) / "trainer_state.json") : "";
     st.config_ini = fs::exists(fs::path(dir) / "config.ini") ? read_text(fs::path(dir) / "config.ini") : "";
     Files files(dir, ix.j.value("files", json::object()));
     for (size_t i = 0; i < st.tensors.size(); ++i) {
       TensorShard& t = st.tensors[i];
       const json& tensors = ix.j["tensors"];
       if (!tensors.contains(t.name))
-        throw Error("checkpoint " + dir + " has no tensor '" + t.name +
-                    "'; was it saved from another model, optimizer or precision? (fsdpx-ckpt inspect lists what it holds)");
+        throw Error(
+            "checkpoint " + dir + " has no tensor '" + t.name +
+            "'; was it saved from another model, optimizer or precision? (fsdpx-ckpt inspect lists what it holds)");
       const json& e = tensors[t.name];
       digests[i].kind = RowDigest::kind_of(e.value("digest", ""));
       const std::string where = "checkpoint " + dir + ": tensor '" + t.name + "'";
       const std::vector<int64_t> shape = json_shape(e.value("shape", json()), where);
       if (shape != t.global_shape)
-        throw Error(where + " has shape " + shape_text(shape) + " in the checkpoint, the run's is " + shape_text(t.global_shape));
+        throw Error(where + " has shape " + shape_text(shape) + " in the checkpoint, the run's is " +
+                    shape_text(t.global_shape));
       c10::ScalarType saved;
       try {
         saved = dtype_from_safetensors(e.value("dtype", ""));

@@ -262,7 +262,8 @@ std::shared_ptr<PluginRecord> plugin_record(const std::string& where, const fsdp
   }
   if (info->struct_size < kInfoSizeV1_0) {
     throw Error(where + ": its plugin information block is " + std::to_string(info->struct_size) +
-                " bytes, smaller than ABI 1.0's " + std::to_string(kInfoSizeV1_0) + "; it was not made by FSDPX_PLUGIN");
+                " bytes, smaller than ABI 1.0's " + std::to_string(kInfoSizeV1_0) +
+                "; it was not made by FSDPX_PLUGIN");
   }
   auto record = std::make_shared<PluginRecord>();
   record->name = str(info->plugin_name);

@@ -25,8 +25,9 @@ void add_common_options(po::options_description& desc, const std::set<Kind>& opt
   desc.add_options()("config", po::value<std::string>()->value_name("FILE"),
                      "INI file with the run's configuration; the command line wins over it");
   for (Kind k : all_kinds()) {
-    desc.add_options()(name_key(k).c_str(), po::value<std::string>()->value_name("NAME"),
-                       (std::string("the ") + kind_title(k) + " to use" + (optional.count(k) ? ", or none" : "")).c_str());
+    desc.add_options()(
+        name_key(k).c_str(), po::value<std::string>()->value_name("NAME"),
+        (std::string("the ") + kind_title(k) + " to use" + (optional.count(k) ? ", or none" : "")).c_str());
   }
 }
 

@@ -104,11 +104,12 @@ Work BackendCommunicator::reduce_scatter_by_all_to_all(uint64_t id, at::Tensor o
   c10d::AllToAllOptions opts;
   opts.timeout = timeout_;
   const int64_t n = size();
-  return issue("reduce_scatter", id, [&] { return C10dWorks{backend_->alltoall_base(received, input, even, even, opts)}; },
-               [received, output, op, n]() mutable {
-                 reduce_slices(received, output, op, n);
-                 free_now(received);  // now: Gloo's bookkeeping of the finished work may hold it a while
-               });
+  return issue(
+      "reduce_scatter", id, [&] { return C10dWorks{backend_->alltoall_base(received, input, even, even, opts)}; },
+      [received, output, op, n]() mutable {
+        reduce_slices(received, output, op, n);
+        free_now(received);  // now: Gloo's bookkeeping of the finished work may hold it a while
+      });
 }
 
 Work BackendCommunicator::all_to_all(at::Tensor output, at::Tensor input) {
@@ -135,8 +136,8 @@ Work BackendCommunicator::all_reduce(at::Tensor tensor, ReduceOp op) {
 Work BackendCommunicator::broadcast(at::Tensor tensor, int root) {
   check_one("broadcast", tensor);
   if (root < 0 || root >= size())
-    throw Error("broadcast on group '" + name_ + "': root " + std::to_string(root) + " is not a rank of this group of " +
-                std::to_string(size()));
+    throw Error("broadcast on group '" + name_ + "': root " + std::to_string(root) +
+                " is not a rank of this group of " + std::to_string(size()));
   std::vector<at::Tensor> ts{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;

@@ -66,7 +66,8 @@ class BackendCommunicator final : public Communicator, public std::enable_shared
   // so its backend and monitor) alive, waits for each in order with the timeout, then runs
   // `finish`.
   using C10dWorks = std::vector<c10::intrusive_ptr<c10d::Work>>;
-  Work issue(const char* what, uint64_t id, const std::function<C10dWorks()>& start, std::function<void()> finish = nullptr);
+  Work issue(const char* what, uint64_t id, const std::function<C10dWorks()>& start,
+             std::function<void()> finish = nullptr);
   Error failure(const char* what, const std::exception& e, bool diagnose) const;
 
   std::string name_;

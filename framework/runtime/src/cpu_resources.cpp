@@ -15,7 +15,8 @@ ThreadChoice choose_threads(const Environment& env, int local_ranks, int affinit
     if (*n < 1) throw Error("OMP_NUM_THREADS=0: a rank needs at least 1 thread; unset it to let fsdpx choose");
     return {*n, "OMP_NUM_THREADS"};
   }
-  if (auto n = env_int(env, "SLURM_CPUS_PER_TASK"); n && *n > 0) return {*n, "SLURM_CPUS_PER_TASK; OMP_NUM_THREADS overrides"};
+  if (auto n = env_int(env, "SLURM_CPUS_PER_TASK"); n && *n > 0)
+    return {*n, "SLURM_CPUS_PER_TASK; OMP_NUM_THREADS overrides"};
   const int ranks = std::max(1, local_ranks), cpus = std::max(1, affinity);
   return {std::max(1, cpus / ranks), std::to_string(cpus) + " CPU(s) in the affinity mask / " + std::to_string(ranks) +
                                          " local rank(s); OMP_NUM_THREADS overrides"};

@@ -64,7 +64,9 @@ class CpuRuntime final : public DeviceRuntime {
   int64_t free_memory() const override {
     return static_cast<int64_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
   }
-  void resize_storage(const c10::Storage& storage, size_t bytes) const override { resize_storage_bytes(storage, bytes); }
+  void resize_storage(const c10::Storage& storage, size_t bytes) const override {
+    resize_storage_bytes(storage, bytes);
+  }
   at::TensorOptions host_options() const override { return at::TensorOptions(); }
   at::Tensor rng_state() const override { return state_of(at::detail::getDefaultCPUGenerator()); }
   void set_rng_state(const at::Tensor& state) const override { restore(at::detail::getDefaultCPUGenerator(), state); }
@@ -81,7 +83,8 @@ class AcceleratorRuntime final : public DeviceRuntime {
   explicit AcceleratorRuntime(c10::Device device) : device_(device), guard_(device.type()) {
     guard_.setDevice(device_);
     streams_.push_back(guard_.getStream(device_));  // StreamRole::Compute
-    for (int r = 1; r < kStreamRoles; ++r) streams_.push_back(guard_.getStreamFromGlobalPool(device_, /*isHighPriority=*/false));
+    for (int r = 1; r < kStreamRoles; ++r)
+      streams_.push_back(guard_.getStreamFromGlobalPool(device_, /*isHighPriority=*/false));
   }
   c10::Device device() const override { return device_; }
   c10::Stream stream(StreamRole role) const override { return streams_[static_cast<size_t>(role)]; }
@@ -110,7 +113,9 @@ class AcceleratorRuntime final : public DeviceRuntime {
     return static_cast<int64_t>(info.first) + std::max<int64_t>(0, m.reserved - m.allocated);
   }
 
-  void resize_storage(const c10::Storage& storage, size_t bytes) const override { resize_storage_bytes(storage, bytes); }
+  void resize_storage(const c10::Storage& storage, size_t bytes) const override {
+    resize_storage_bytes(storage, bytes);
+  }
 
   at::TensorOptions host_options() const override { return at::TensorOptions().pinned_memory(true); }
   at::Tensor rng_state() const override { return state_of(generator()); }
@@ -178,7 +183,8 @@ void check_device(const std::string& spec, int local_ranks, bool one_device_per_
       found += visible ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")" : std::string(" to this process");
       found += at::hasCUDA() ? "" : ": LibTorch found no CUDA device or driver";
     }
-    throw Error("--device " + spec + ": " + found + "; train with --device cpu (or --device sim, the simulated accelerator)");
+    throw Error("--device " + spec + ": " + found +
+                "; train with --device cpu (or --device sim, the simulated accelerator)");
   }
   if (one_device_per_rank && local_ranks > count)
     throw Error("--device " + spec + ": " + std::to_string(local_ranks) + " ranks on this node but " +

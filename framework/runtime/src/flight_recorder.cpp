@@ -123,8 +123,8 @@ const FlightEntry* at_seq(const std::vector<FlightEntry>& v, int64_t seq) {
 
 // Ranks grouped by what `pick` gives them (same call and state), in order of the first rank.
 template <class Pick>
-std::vector<std::pair<const FlightEntry*, std::vector<int>>> clusters(const std::map<int, std::vector<FlightEntry>>& by_rank,
-                                                                    Pick pick) {
+std::vector<std::pair<const FlightEntry*, std::vector<int>>> clusters(
+    const std::map<int, std::vector<FlightEntry>>& by_rank, Pick pick) {
   std::vector<std::pair<const FlightEntry*, std::vector<int>>> out;
   for (const auto& [rank, entries] : by_rank) {
     const FlightEntry* e = pick(entries);
@@ -157,7 +157,8 @@ std::string disagreement(const std::map<int, FlightEntry>& calls) {
   for (const auto& [r, e] : calls) by_rank[r] = {e};
   auto cs = clusters(by_rank, [](const std::vector<FlightEntry>& v) { return &v.front(); });
   bool differ = false;
-  for (const auto& c : cs) differ = differ || !c.first->same_call(*cs.front().first) || c.first->seq != cs.front().first->seq;
+  for (const auto& c : cs)
+    differ = differ || !c.first->same_call(*cs.front().first) || c.first->seq != cs.front().first->seq;
   return differ ? join_clusters(cs) : "";
 }
 
@@ -171,7 +172,8 @@ std::string compare_flights(const std::string& group, const std::vector<int>& ra
     if (it != records.end())
       for (const FlightEntry& e : it->second)
         if (e.group == group) mine.push_back(e);
-    std::stable_sort(mine.begin(), mine.end(), [](const FlightEntry& a, const FlightEntry& b) { return a.seq < b.seq; });
+    std::stable_sort(mine.begin(), mine.end(),
+                     [](const FlightEntry& a, const FlightEntry& b) { return a.seq < b.seq; });
     if (mine.empty()) missing.push_back(r);
     else by_rank[r] = std::move(mine);
   }
@@ -206,8 +208,8 @@ std::string compare_flights(const std::string& group, const std::vector<int>& ra
       if (e->seq < furthest)
         behind += (behind.empty() ? "" : "; ") + ranks_text(rs) + " never reached #" + std::to_string(furthest) +
                   " (last recorded: " + e->describe() + ", " + e->state +
-                  (e->seq < completed ? "; a record from its last heartbeat: it took part in #" + std::to_string(completed) +
-                                            ", which the others completed"
+                  (e->seq < completed ? "; a record from its last heartbeat: it took part in #" +
+                                            std::to_string(completed) + ", which the others completed"
                                       : "") +
                   ")";
     std::string ahead;

@@ -82,7 +82,8 @@ std::vector<std::string> expand_hostlist(const std::string& hostlist) {
       }
       // Several bracket groups multiply: "a[0-99999]b[0-99999]" would be 10^10 names.
       if (hosts.size() > kMaxHosts)
-        throw Error("malformed hostlist '" + hostlist.substr(0, 200) + "': more than " + std::to_string(kMaxHosts) + " hosts");
+        throw Error("malformed hostlist '" + hostlist.substr(0, 200) + "': more than " + std::to_string(kMaxHosts) +
+                    " hosts");
     }
   }
   return hosts;

@@ -84,7 +84,8 @@ std::string how(int status, const std::string& note = "") {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status))
     return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")" +
-           (WTERMSIG(status) == SIGKILL && !note.empty() ? ", probably by the kernel's out-of-memory killer: " + note : "");
+           (WTERMSIG(status) == SIGKILL && !note.empty() ? ", probably by the kernel's out-of-memory killer: " + note
+                                                         : "");
   return "stopped";
 }
 
@@ -139,8 +140,9 @@ std::optional<int> launch_if_requested(int argc, char** argv, const std::string&
   // A plain bound, whatever memory says: far more processes than CPUs only thrash.
   const int cpus = std::max(1, affinity_cpus()), most = 32 * cpus;
   if (la.nproc_per_node > most)
-    throw Error("--nproc-per-node " + std::to_string(la.nproc_per_node) + " starts more workers than this machine can run: " +
-                std::to_string(cpus) + " CPU(s) in this process's affinity mask allow at most " + std::to_string(most) +
+    throw Error("--nproc-per-node " + std::to_string(la.nproc_per_node) +
+                " starts more workers than this machine can run: " + std::to_string(cpus) +
+                " CPU(s) in this process's affinity mask allow at most " + std::to_string(most) +
                 " (32 per CPU); use more nodes (torchrun, Slurm) for more ranks");
   LaunchOptions lo;
   lo.nproc = la.nproc_per_node;

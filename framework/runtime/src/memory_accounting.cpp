@@ -90,13 +90,15 @@ int64_t cgroup_left(std::string& where) {
       limit_file = dir + "/memory.max", usage_file = dir + "/memory.current", cache_key = "file";
     } else if (("," + controllers + ",").find(",memory,") != std::string::npos) {
       dir = "/sys/fs/cgroup/memory" + path;
-      limit_file = dir + "/memory.limit_in_bytes", usage_file = dir + "/memory.usage_in_bytes", cache_key = "total_cache";
+      limit_file = dir + "/memory.limit_in_bytes", usage_file = dir + "/memory.usage_in_bytes",
+      cache_key = "total_cache";
     } else {
       continue;
     }
     const int64_t limit = number_in(limit_file);
     if (limit < 0 || limit >= (int64_t{1} << 60)) continue;  // no limit ("max", or v1's huge number)
-    const int64_t usage = number_in(usage_file), cache = std::max<int64_t>(0, field_of(dir + "/memory.stat", cache_key));
+    const int64_t usage = number_in(usage_file),
+                  cache = std::max<int64_t>(0, field_of(dir + "/memory.stat", cache_key));
     where = dir;
     return std::max<int64_t>(0, limit - std::max<int64_t>(0, usage - cache));
   }

@@ -20,7 +20,10 @@ std::string flight_key(int r) { return "fsdpx/flight/" + std::to_string(r); }
 
 PeerMonitor::PeerMonitor(const Topology& t, std::chrono::milliseconds timeout, bool exit_on_peer_failure,
                          std::shared_ptr<const FlightRecorder> recorder, bool watch)
-    : rank_(t.rank), world_(t.world_size), exit_on_peer_failure_(exit_on_peer_failure), watch_(watch && t.world_size > 1),
+    : rank_(t.rank),
+      world_(t.world_size),
+      exit_on_peer_failure_(exit_on_peer_failure),
+      watch_(watch && t.world_size > 1),
       watching_(watch_),
       recorder_(std::move(recorder)) {
   c10d::TCPStoreOptions o;
@@ -91,7 +94,8 @@ std::string PeerMonitor::diagnose(const std::vector<int>& ranks, const std::stri
   } else {
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.1f", watched);
-    clause = std::string(lost.size() == 1 ? "rank " : "ranks ") + join_ints(lost) + (lost.size() == 1 ? " is" : " are") +
+    clause = std::string(lost.size() == 1 ? "rank " : "ranks ") + join_ints(lost) +
+             (lost.size() == 1 ? " is" : " are") +
              (timed_out ? " hung (no heartbeat in " + std::string(secs) + " s, its connections still open)"
                         : " gone (no heartbeat in " + std::string(secs) + " s)");
     if (!store_lost) clause += whereabouts(lost);
@@ -128,7 +132,8 @@ std::string PeerMonitor::whereabouts(const std::vector<int>& ranks) const {
   }
   std::string out;
   for (const auto& [where, rs] : by_node) {
-    out += std::string(out.empty() ? " (" : "; ") + "node " + std::to_string(where.first) + ", host " + where.second + ": rank";
+    out += std::string(out.empty() ? " (" : "; ") + "node " + std::to_string(where.first) + ", host " + where.second +
+           ": rank";
     out += rs.size() == 1 ? " " : "s ";
     for (size_t i = 0; i < rs.size(); ++i) out += (i ? ", " : "") + rs[i];
   }

@@ -120,7 +120,8 @@ std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& optio
   for (int r = 0; r < t.world_size; ++r) keys.push_back("fsdpx/join/" + std::to_string(r));
   try {
     // "host pid node": where a rank lived, for the message that names it lost (PeerMonitor).
-    impl->store->set(keys[t.rank], std::string(host) + " " + std::to_string(::getpid()) + " " + std::to_string(t.node_rank));
+    impl->store->set(keys[t.rank],
+                     std::string(host) + " " + std::to_string(::getpid()) + " " + std::to_string(t.node_rank));
     impl->store->wait(keys, timeout);
   } catch (const std::exception& e) {
     std::vector<int> missing;

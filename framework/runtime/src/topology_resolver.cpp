@@ -66,7 +66,8 @@ void resolve_rank(const TopologyFlags& flags, const Environment& env, ResolvedTo
                                  : r.source == "torchrun" ? "RANK/WORLD_SIZE"
                                  : r.source == "slurm"    ? "SLURM_PROCID/SLURM_NTASKS"
                                                           : "defaults";
-  if (t.world_size < 1) throw Error("world size " + std::to_string(t.world_size) + " (" + rank_names + ") must be at least 1");
+  if (t.world_size < 1)
+    throw Error("world size " + std::to_string(t.world_size) + " (" + rank_names + ") must be at least 1");
   if (t.rank < 0 || t.rank >= t.world_size)
     throw Error("rank " + std::to_string(t.rank) + " is outside world size " + std::to_string(t.world_size) + " (" +
                 rank_names + "); ranks run 0.." + std::to_string(t.world_size - 1));
@@ -129,14 +130,14 @@ void resolve_node(const TopologyFlags& flags, const Environment& env, const Slur
   std::string lr_from, lws_from, node_from, nodes_from;
   t.local_world_size = pick(flags.local_world_size, "LOCAL_WORLD_SIZE", slurm.local_size, t.world_size, lws_from,
                             "--local-world-size");
-  t.local_rank = pick(flags.local_rank, "LOCAL_RANK", slurm.local, t.local_world_size > 0 ? t.rank % t.local_world_size : 0,
-                      lr_from, "--local-rank");
+  t.local_rank = pick(flags.local_rank, "LOCAL_RANK", slurm.local,
+                      t.local_world_size > 0 ? t.rank % t.local_world_size : 0, lr_from, "--local-rank");
   if (t.local_world_size < 1 || t.local_world_size > t.world_size)
     throw Error("local world size " + std::to_string(t.local_world_size) + " (" + lws_from +
                 ") must be between 1 and the world size " + std::to_string(t.world_size));
   if (t.local_rank >= t.local_world_size)
-    throw Error("local rank " + std::to_string(t.local_rank) + " (" + lr_from + ") must be below the local world size " +
-                std::to_string(t.local_world_size) + " (" + lws_from + ")");
+    throw Error("local rank " + std::to_string(t.local_rank) + " (" + lr_from +
+                ") must be below the local world size " + std::to_string(t.local_world_size) + " (" + lws_from + ")");
   const int default_nodes = (t.world_size + t.local_world_size - 1) / t.local_world_size;
   t.num_nodes = pick(flags.num_nodes, "GROUP_WORLD_SIZE", slurm.nodes, default_nodes, nodes_from, "--num-nodes");
   t.node_rank = pick(flags.node_rank, "GROUP_RANK", slurm.node, t.rank / t.local_world_size, node_from, "--node-rank");
@@ -191,8 +192,8 @@ std::string describe(const ResolvedTopology& r) {
   const Topology& t = r.topology;
   return "rank " + std::to_string(t.rank) + "/" + std::to_string(t.world_size) + " local " +
          std::to_string(t.local_rank) + "/" + std::to_string(t.local_world_size) + " node " +
-         std::to_string(t.node_rank) + "/" + std::to_string(t.num_nodes) + " master " +
-         t.master_addr + ":" + (t.master_port ? std::to_string(t.master_port) : "any free port") + " (" + r.source + ")";
+         std::to_string(t.node_rank) + "/" + std::to_string(t.num_nodes) + " master " + t.master_addr + ":" +
+         (t.master_port ? std::to_string(t.master_port) : "any free port") + " (" + r.source + ")";
 }
 
 }  // namespace fsdpx

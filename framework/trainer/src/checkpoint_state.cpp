@@ -33,11 +33,13 @@ TensorShard param_rows(const ParamShard& p, const std::vector<int64_t>& shape, c
   const int shard_rank = engine.shard_rank();
   const int64_t offset = geo.first_row(shard_rank), valid = geo.valid_rows(shard_rank);
   at::Tensor param = p.param.detach();
-  at::Tensor local = shape.empty() ? (shard_rank == 0 ? param.reshape({}) : param.narrow(0, 0, 0)) : param.narrow(0, 0, valid);
+  at::Tensor local =
+      shape.empty() ? (shard_rank == 0 ? param.reshape({}) : param.narrow(0, 0, 0)) : param.narrow(0, 0, valid);
   return {p.name, local, shape, offset};
 }
 
-const std::vector<int64_t>& shape_of(const std::map<std::string, std::vector<int64_t>>& shapes, const std::string& name) {
+const std::vector<int64_t>& shape_of(const std::map<std::string, std::vector<int64_t>>& shapes,
+                                     const std::string& name) {
   auto it = shapes.find(name);
   if (it == shapes.end()) throw Error("checkpoint: parameter '" + name + "' is not in the engine's plan (a bug)");
   return it->second;
@@ -129,7 +131,8 @@ CheckpointContext checkpoint_context(const ProcessGroups& groups, const Sharding
     bool in_rank_order = true;
     for (int r = 0; r < W; ++r) {
       const int64_t off = metas[r][0], n = metas[r][1];
-      in_rank_order = in_rank_order && (n == 0 || off == r * most) && (n == most || off + n == rows_of(shape) || n == 0);
+      in_rank_order =
+          in_rank_order && (n == 0 || off == r * most) && (n == most || off + n == rows_of(shape) || n == 0);
     }
     if (in_rank_order && rows_of(shape) <= W * most) return all.narrow(0, 0, rows_of(shape) * row).reshape(shape);
     at::Tensor full = at::empty({rows_of(shape) * row}, local.options());

@@ -75,7 +75,8 @@ int64_t Checkpointer::restore() {
       if (writer_) std::fprintf(stderr, "fsdpx: warning: --resume auto skips %s\n", skipped.c_str());
   }
   if (dir.empty()) {
-    if (writer_) std::printf("no complete checkpoint under %s yet: starting from step 0\n", run_dir_.checkpoints().c_str());
+    if (writer_)
+      std::printf("no complete checkpoint under %s yet: starting from step 0\n", run_dir_.checkpoints().c_str());
     return 0;
   }
   CheckpointState st = checkpoint_state(parts_.engine, parts_.optimizer, /*for_load=*/true);

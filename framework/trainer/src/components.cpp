@@ -10,7 +10,9 @@ namespace fsdpx {
 
 const ComponentChoice& chosen(const RunConfig& config, Kind kind) {
   const ComponentChoice* c = config.choice(kind);
-  if (!c) throw Error(std::string("no ") + section_name(kind) + " component chosen; give --" + section_name(kind) + ".name NAME");
+  if (!c)
+    throw Error(std::string("no ") + section_name(kind) + " component chosen; give --" + section_name(kind) +
+                ".name NAME");
   return *c;
 }
 
@@ -21,7 +23,8 @@ Batch on_device(Batch b, const c10::Device& device) {
   return b;
 }
 
-EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bool deterministic, CommCounters& counters) {
+EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bool deterministic,
+                         CommCounters& counters) {
   EngineComms comms;
   comms.world = groups.world();
   comms.control = groups.control();
@@ -60,8 +63,8 @@ std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, co
   for (const auto& u : sel) unit_types.push_back(type_of[u.fqn]);
   for (const auto& t : s.checkpoint_layer_types) {
     if (std::find(types.begin(), types.end(), t) == types.end())
-      throw Error("--activation-checkpointing " + t + ": the model has no layer type '" + t + "'; its layer types are: " +
-                  join_names(types));
+      throw Error("--activation-checkpointing " + t + ": the model has no layer type '" + t +
+                  "'; its layer types are: " + join_names(types));
     bool any = false;
     for (auto& u : sel)
       if (type_of[u.fqn] == t) any = u.activation_checkpoint = true;

@@ -37,7 +37,8 @@ std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, co
 // `b` with its tensors on `device` (the CPU: as it is).
 Batch on_device(Batch b, const c10::Device& device);
 
-EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bool deterministic, CommCounters& counters);
+EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bool deterministic,
+                         CommCounters& counters);
 
 // Whether `opt` can step on the CPU (fsdpx/capabilities.h; yes unless it says otherwise).
 bool runs_on_cpu(const Optimizer& opt);

@@ -61,8 +61,8 @@ json Evaluator::in_chunks(int64_t step) {
     const int64_t last = std::min({n, rank * per_rank + per_rank, rank * per_rank + off + chunk});
     // A rank whose share is used up runs one sample and does not count it.
     const bool empty = last <= first;
-    EvalSums r =
-        forward(engine_, *evaluable_, on_device(heldout_->heldout(empty ? 0 : first, empty ? 1 : last - first), device_));
+    EvalSums r = forward(engine_, *evaluable_,
+                         on_device(heldout_->heldout(empty ? 0 : first, empty ? 1 : last - first), device_));
     if (empty) r = EvalSums{0, r.correct >= 0 ? 0.0 : -1.0, 0};
     sums[0] += r.loss_sum;
     sums[1] += std::max(0.0, r.correct);

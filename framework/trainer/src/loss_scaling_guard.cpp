@@ -41,7 +41,8 @@ bool LossScalingGuard::unscale_and_check(const std::vector<ParamShard>& shards, 
   ++skipped_;
   if (world_.rank() == 0) {
     char l[200];
-    std::snprintf(l, sizeof l, "step %ld: inf/NaN in the gradients of rank(s) %s: skipped on every rank; loss scale %g -> %g",
+    std::snprintf(l, sizeof l,
+                  "step %ld: inf/NaN in the gradients of rank(s) %s: skipped on every rank; loss scale %g -> %g",
                   static_cast<long>(step + 1), ranks.c_str(), step_scale_, scaler_->scale());
     report_(l);
   }

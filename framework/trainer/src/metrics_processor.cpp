@@ -47,7 +47,13 @@ std::string eval_line(const json& e) {
 MetricsProcessor::MetricsProcessor(const TrainSettings& settings, const RunPlan& plan, RunDirectory& run_dir,
                                    Reporter& out, Communicator& world, const DeviceRuntime& device,
                                    Clock::time_point wall_start)
-    : s_(settings), plan_(plan), run_dir_(run_dir), out_(out), world_(world), device_(device), wall_start_(wall_start) {}
+    : s_(settings),
+      plan_(plan),
+      run_dir_(run_dir),
+      out_(out),
+      world_(world),
+      device_(device),
+      wall_start_(wall_start) {}
 
 void MetricsProcessor::open(int64_t start_step) {
   start_step_ = start_step;
@@ -148,10 +154,10 @@ WorldStep MetricsProcessor::end_step(int64_t step, RankStep& mine, double ordere
 
 void MetricsProcessor::check_step(int64_t step, const WorldStep& w) const {
   if (s_.max_memory_mib > 0 && w.max_allocated_peak > s_.max_memory_mib * (int64_t{1} << 20))
-    throw Error("step " + std::to_string(step + 1) + " reached a peak of " + std::to_string(w.max_allocated_peak >> 20) +
-                " MiB allocated on a rank (the plan's measure), over --max-memory-mib " +
-                std::to_string(s_.max_memory_mib) +
-                "; lower --batch-size, or recompute activations (--activation-checkpointing)");
+    throw Error(
+        "step " + std::to_string(step + 1) + " reached a peak of " + std::to_string(w.max_allocated_peak >> 20) +
+        " MiB allocated on a rank (the plan's measure), over --max-memory-mib " + std::to_string(s_.max_memory_mib) +
+        "; lower --batch-size, or recompute activations (--activation-checkpointing)");
   // The losses read at this step are those of the steps since the last read, this one last.
   const int64_t first = step + 1 - static_cast<int64_t>(w.losses.size()) + 1;
   for (size_t i = 0; i < w.losses.size(); ++i)

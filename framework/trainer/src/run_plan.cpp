@@ -66,7 +66,8 @@ void plan_components(const PluginHost& host, const RunConfig& config, const Trai
   if (L.shard_group_size < 1 || L.replicate_group_size < 1 ||
       static_cast<int64_t>(L.shard_group_size) * L.replicate_group_size != topo.world_size)
     throw Error("sharding '" + plan.strategy + "' gives " + std::to_string(L.shard_group_size) + " x " +
-                std::to_string(L.replicate_group_size) + " ranks, but the world has " + std::to_string(topo.world_size));
+                std::to_string(L.replicate_group_size) + " ranks, but the world has " +
+                std::to_string(topo.world_size));
   if (config.choice(Kind::Checkpoint) && s.out_dir.empty())
     throw Error("checkpoint '" + config.choice(Kind::Checkpoint)->name +
                 "' writes under --out DIR (DIR/checkpoints); give --out, or drop the [checkpoint] component");
@@ -201,8 +202,11 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   auto opt_probe = make<Optimizer>(host, config);
   plan.optimizer_runs_on_cpu = runs_on_cpu(*opt_probe);
   if (plan.layout.offload_to_cpu && !plan.optimizer_runs_on_cpu)
-    throw Error("sharding '" + plan.strategy + "' offloads the optimizer state to host memory and steps on the CPU, but "
-                "optimizer '" + plan.optimizer + "' cannot run on the CPU; choose one that can (adamw, "
+    throw Error("sharding '" + plan.strategy +
+                "' offloads the optimizer state to host memory and steps on the CPU, but "
+                "optimizer '" +
+                plan.optimizer +
+                "' cannot run on the CPU; choose one that can (adamw, "
                 "anyprecision_adamw, sgd) or a strategy without offload");
   plan_data(host, config, s, plan);
   plan.flops_per_token = model->flops_per_token();
@@ -214,7 +218,8 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
     UnitBytes b = unit_bytes(up.units[i], i == 0, plan, unit_precision(*precision, up.units[i].fqn, plan.dtypes));
     plan.param_bytes += b.shard_numel * elt(plan.dtypes.storage);
     plan.grad_bytes += b.shard_numel * elt(plan.dtypes.gradient);
-    if (opt_per_elt >= 0) plan.optimizer_bytes += static_cast<int64_t>(std::llround(opt_per_elt * static_cast<double>(b.shard_numel)));
+    if (opt_per_elt >= 0)
+      plan.optimizer_bytes += static_cast<int64_t>(std::llround(opt_per_elt * static_cast<double>(b.shard_numel)));
     else plan.optimizer_bytes = -1;
     if (b.unsharded_bytes > plan.peak_unit_bytes) {
       plan.peak_unit_bytes = b.unsharded_bytes;
@@ -236,26 +241,12 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   return plan;
 }
 
-std::string RunPlan::text() const {
-  std::ostringstream o;
+namespace {
+
+// The plan's table of units: name, parameters, shard per rank, gathered bytes, recompute, and
+// each unit's compute/reduce dtypes when units have their own (`mixed`).
+void write_units(std::ostringstream& o, const std::vector<UnitBytes>& units, bool mixed) {
   char line[256];
-  const auto& t = topology;
-  o << "plan (dry run: nothing allocated, no process group)\n";
-  std::snprintf(line, sizeof line, "  topology   %d rank(s): %d node(s) x %d; shard groups of %d, replicated %d time(s)\n",
-                t.world_size, t.num_nodes, t.local_world_size, layout.shard_group_size, layout.replicate_group_size);
-  o << line;
-  o << "  threads    " << threads.threads << " per rank (" << threads.why << ")\n";
-  o << "  components model=" << model << " data=" << data << " sharding=" << strategy << " wrap=" << wrap
-    << " precision=" << precision << " optimizer=" << optimizer << "\n";
-  bool mixed = false;  // units with dtypes of their own: a column for them
-  for (const auto& u : units) mixed = mixed || u.dtypes.compute != dtypes.compute || u.dtypes.reduce != dtypes.reduce;
-  if (mixed)
-    o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", gradient " << dtype_name(dtypes.gradient)
-      << "; compute (and all-gather) and reduce per unit (below)\n";
-  else
-    o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", compute (and all-gather) " << dtype_name(dtypes.compute)
-      << ", reduce " << dtype_name(dtypes.reduce) << ", gradient " << dtype_name(dtypes.gradient) << "\n";
-  o << "  units      " << units.size() << " (reshard after forward: " << (layout.reshard_after_forward ? "yes" : "no") << ")\n";
   size_t w = 6;
   for (const auto& u : units) w = std::max(w, u.fqn.size());
   // The last column, with the dtypes after it when units have their own.
@@ -267,21 +258,54 @@ std::string RunPlan::text() const {
   o << line;
   for (const auto& u : units) {
     const std::string own = dtype_name(u.dtypes.compute) + "/" + dtype_name(u.dtypes.reduce);
-    std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w), u.fqn.empty() ? "(root)" : u.fqn.c_str(),
-                  human_count(static_cast<double>(u.params)).c_str(), human_count(static_cast<double>(u.shard_numel)).c_str(),
-                  human_bytes(static_cast<double>(u.unsharded_bytes)).c_str(), last(u.recompute ? "yes" : "no", own).c_str());
+    std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w),
+                  u.fqn.empty() ? "(root)" : u.fqn.c_str(), human_count(static_cast<double>(u.params)).c_str(),
+                  human_count(static_cast<double>(u.shard_numel)).c_str(),
+                  human_bytes(static_cast<double>(u.unsharded_bytes)).c_str(),
+                  last(u.recompute ? "yes" : "no", own).c_str());
     o << line;
   }
+}
+
+}  // namespace
+
+std::string RunPlan::text() const {
+  std::ostringstream o;
+  char line[256];
+  const auto& t = topology;
+  o << "plan (dry run: nothing allocated, no process group)\n";
+  std::snprintf(line, sizeof line,
+                "  topology   %d rank(s): %d node(s) x %d; shard groups of %d, replicated %d time(s)\n", t.world_size,
+                t.num_nodes, t.local_world_size, layout.shard_group_size, layout.replicate_group_size);
+  o << line;
+  o << "  threads    " << threads.threads << " per rank (" << threads.why << ")\n";
+  o << "  components model=" << model << " data=" << data << " sharding=" << strategy << " wrap=" << wrap
+    << " precision=" << precision << " optimizer=" << optimizer << "\n";
+  bool mixed = false;  // units with dtypes of their own: a column for them
+  for (const auto& u : units) mixed = mixed || u.dtypes.compute != dtypes.compute || u.dtypes.reduce != dtypes.reduce;
+  if (mixed)
+    o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", gradient " << dtype_name(dtypes.gradient)
+      << "; compute (and all-gather) and reduce per unit (below)\n";
+  else
+    o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", compute (and all-gather) "
+      << dtype_name(dtypes.compute) << ", reduce " << dtype_name(dtypes.reduce) << ", gradient "
+      << dtype_name(dtypes.gradient) << "\n";
+  o << "  units      " << units.size() << " (reshard after forward: " << (layout.reshard_after_forward ? "yes" : "no")
+    << ")\n";
+  write_units(o, units, mixed);
   o << "  parameters " << human_count(static_cast<double>(total_params)) << " (" << total_params << ")\n";
-  o << "  per rank   parameters " << human_bytes(static_cast<double>(param_bytes)) << " (" << param_bytes << " B), gradients "
-    << human_bytes(static_cast<double>(grad_bytes)) << " (" << grad_bytes << " B), optimizer state ";
-  if (optimizer_bytes >= 0) o << human_bytes(static_cast<double>(optimizer_bytes)) << " (" << optimizer_bytes << " B)\n";
+  o << "  per rank   parameters " << human_bytes(static_cast<double>(param_bytes)) << " (" << param_bytes
+    << " B), gradients " << human_bytes(static_cast<double>(grad_bytes)) << " (" << grad_bytes
+    << " B), optimizer state ";
+  if (optimizer_bytes >= 0)
+    o << human_bytes(static_cast<double>(optimizer_bytes)) << " (" << optimizer_bytes << " B)\n";
   else o << "unknown (the optimizer cannot run on this CPU to be measured)\n";
   o << "  peak unit  " << (peak_unit.empty() ? "none gathered (parameters used in place)" : peak_unit + ", " +
                            human_bytes(static_cast<double>(peak_unit_bytes)) + " gathered")
     << "\n";
-  o << "  peak       " << human_bytes(static_cast<double>(memory.peak)) << " (" << memory.peak << " B) per rank, allocated"
-    << (device == "cpu" ? "" : " on " + device) << ", at " << memory.peak_where << "; forward " << human_bytes(static_cast<double>(memory.forward_peak)) << ", backward "
+  o << "  peak       " << human_bytes(static_cast<double>(memory.peak)) << " (" << memory.peak
+    << " B) per rank, allocated" << (device == "cpu" ? "" : " on " + device) << ", at " << memory.peak_where
+    << "; forward " << human_bytes(static_cast<double>(memory.forward_peak)) << ", backward "
     << human_bytes(static_cast<double>(memory.backward_peak)) << ", optimizer "
     << human_bytes(static_cast<double>(memory.optimizer_peak)) << "; activations "
     << (activations_stated ? human_bytes(static_cast<double>(memory.activation_bytes)) + " per forward"
@@ -291,8 +315,9 @@ std::string RunPlan::text() const {
     o << "  host       " << human_bytes(static_cast<double>(memory.host_bytes)) << " (" << memory.host_bytes
       << " B) per rank in pinned host memory: shards, gradient shards and optimizer state (cpu_offload)\n";
   o << "  per step   all-gather " << human_bytes(static_cast<double>(allgather_bytes)) << ", reduce-scatter "
-    << human_bytes(static_cast<double>(reduce_scatter_bytes)) << ", all-reduce " << human_bytes(static_cast<double>(all_reduce_bytes))
-    << "; this rank sends " << human_bytes(static_cast<double>(sent_bytes)) << " (" << sent_bytes << " B)\n";
+    << human_bytes(static_cast<double>(reduce_scatter_bytes)) << ", all-reduce "
+    << human_bytes(static_cast<double>(all_reduce_bytes)) << "; this rank sends "
+    << human_bytes(static_cast<double>(sent_bytes)) << " (" << sent_bytes << " B)\n";
   if (deterministic)
     o << "  deterministic one sample per forward, one thread per rank; per sample, every rank's rows of each "
          "shard sent by one all-to-all over the world and added in global-sample order: "
@@ -301,7 +326,8 @@ std::string RunPlan::text() const {
   if (tokens_per_step != samples_per_step) o << ", " << tokens_per_step << " tokens";
   o << " per step";
   if (flops_per_token > 0) {
-    std::snprintf(line, sizeof line, "; %.3g GFLOP per step", flops_per_token * static_cast<double>(tokens_per_step) / 1e9);
+    std::snprintf(line, sizeof line, "; %.3g GFLOP per step",
+                  flops_per_token * static_cast<double>(tokens_per_step) / 1e9);
     o << line;
   }
   o << "\n";
@@ -316,14 +342,15 @@ void write_plan_json(const RunPlan& plan, const std::string& path) {
 void check_memory_fits(const RunPlan& plan, int local_ranks, int64_t process_bytes) {
   const AvailableMemory avail = available_memory();
   if (avail.bytes < 0) return;
-  const int64_t need =
-      static_cast<int64_t>(local_ranks) * (plan.memory.peak + plan.memory.host_bytes + std::max<int64_t>(0, process_bytes));
+  const int64_t need = static_cast<int64_t>(local_ranks) *
+                       (plan.memory.peak + plan.memory.host_bytes + std::max<int64_t>(0, process_bytes));
   if (need <= avail.bytes) return;
   throw Error("the plan does not fit this node: " + std::to_string(local_ranks) + " rank(s) x (" +
-              human_bytes(static_cast<double>(plan.memory.peak)) + " planned peak per rank, at " + plan.memory.peak_where +
-              ", + " + human_bytes(static_cast<double>(process_bytes)) + " per process besides) = " +
-              human_bytes(static_cast<double>(need)) + ", but " + human_bytes(static_cast<double>(avail.bytes)) +
-              " is available (" + avail.source + "); spread the model over more ranks or nodes, recompute activations "
+              human_bytes(static_cast<double>(plan.memory.peak)) + " planned peak per rank, at " +
+              plan.memory.peak_where + ", + " + human_bytes(static_cast<double>(process_bytes)) +
+              " per process besides) = " + human_bytes(static_cast<double>(need)) + ", but " +
+              human_bytes(static_cast<double>(avail.bytes)) + " is available (" + avail.source +
+              "); spread the model over more ranks or nodes, recompute activations "
               "(--activation-checkpointing Block), lower --batch-size, or start anyway with --skip-memory-check");
 }
 

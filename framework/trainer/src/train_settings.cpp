@@ -24,55 +24,66 @@ void check_save_init(const std::string& save_init, const std::string& out_dir) {
   const fs::path dir = fs::absolute(save_init).lexically_normal();
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
-    throw Error("--save-init " + save_init + " is a file; give a directory (it receives model.safetensors and digests.json)");
+    throw Error("--save-init " + save_init +
+                " is a file; give a directory (it receives model.safetensors and digests.json)");
   if (fs::is_directory(dir, ec))
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
       if (name != "model.safetensors" && name != "digests.json")
-        throw Error("--save-init " + save_init + " holds '" + name + "', and the save replaces the whole directory; give a new "
+        throw Error("--save-init " + save_init + " holds '" + name +
+                    "', and the save replaces the whole directory; give a new "
                     "or empty directory");
     }
   if (out_dir.empty()) return;
   const std::string out = fs::absolute(out_dir).lexically_normal().string() + "/", d = dir.string() + "/";
   if (out.rfind(d, 0) == 0)
-    throw Error("--out " + out_dir + " is inside --save-init " + save_init + ", which the save replaces as a whole; put them side by side");
+    throw Error("--out " + out_dir + " is inside --save-init " + save_init +
+                ", which the save replaces as a whole; put them side by side");
 }
 
 }  // namespace
 
 po::options_description TrainSettings::options() {
   po::options_description d("Training (fsdpx-train's own options; also top-level keys of --config)");
-  d.add_options()
-    ("steps", int_value<int64_t>({1})->default_value(100),
-     "optimizer steps to train (a resumed run counts from its checkpoint)")
-    ("batch-size", int_value<int64_t>({1, 1 << 24})->default_value(8), "samples per rank per micro-batch")
-    ("grad-accum", int_value<int64_t>({1, 1 << 20})->default_value(1), "micro-batches per optimizer step")
-    ("seed", int_value<int64_t>({0})->default_value(0), "seed of the parameters and the data order")
-    ("out", po::value<std::string>()->default_value(""), "run directory: metrics.jsonl, config.ini, summary.json, checkpoints")
-    ("log-every", int_value<int64_t>({1})->default_value(10), "steps between metric lines")
-    ("lr-schedule", po::value<std::string>()->default_value("constant"), "constant or cosine (the optimizer's lr is the peak)")
-    ("warmup-steps", int_value<int64_t>({0})->default_value(0), "linear warm-up steps")
-    ("min-lr-ratio", float_value(FloatRange::closed(0, 1))->default_value(0.1, "0.1"),
-     "cosine floor as a fraction of the peak lr")
-    ("clip-grad-norm", float_value(FloatRange::at_least(0))->default_value(0.0),
-     "clip the global gradient norm to this (0: off)")
-    ("eval-every", int_value<int64_t>({0})->default_value(0), "held-out evaluation every N steps (0: at the end only)")
-    ("peak-tflops", float_value(FloatRange::at_least(0))->default_value(0.0),
-     "per-rank peak for MFU (0: measured by a short matmul probe in the compute dtype)")
-    ("overlap", int_value<int>({0, 1})->default_value(1),
-     "1: gather the next unit while this one computes; 0: no overlap")
-    ("deterministic", po::bool_switch(), "bitwise-identical losses and weights at every world size and strategy for a "
-     "given seed and global batch: one sample per forward, one thread per rank, gradients summed in global-sample order "
-     "(slower; --dry-run shows the cost in bytes)")
-    ("activation-checkpointing", po::value<std::string>()->default_value(""), "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")
-    ("max-memory-mib", int_value<int64_t>({0, int64_t{1} << 30})->default_value(0),
-     "stop with an error when a rank's allocated peak in a step (the plan's measure) exceeds this many MiB (0: no limit)")
-    ("save-every", int_value<int64_t>({0})->default_value(0),
-     "checkpoint every N steps (0: at the end only); needs [checkpoint]")
-    ("keep-last", int_value<int64_t>({0})->default_value(0), "keep the newest K checkpoints (0: all)")
-    ("resume", po::value<std::string>()->default_value(""), "auto (newest complete checkpoint under OUT/checkpoints) or a checkpoint directory")
-    ("init-from", po::value<std::string>()->default_value(""), "initial weights from a safetensors file of whole tensors under the model's names, or a directory holding model.safetensors (a consolidated checkpoint, or --save-init's)")
-    ("save-init", po::value<std::string>()->default_value(""), "write the initial weights, whole, to DIR/model.safetensors (with digests.json) before the first step");
+  d.add_options()("steps", int_value<int64_t>({1})->default_value(100),
+                  "optimizer steps to train (a resumed run counts from its checkpoint)")(
+      "batch-size", int_value<int64_t>({1, 1 << 24})->default_value(8), "samples per rank per micro-batch")(
+      "grad-accum", int_value<int64_t>({1, 1 << 20})->default_value(1), "micro-batches per optimizer step")(
+      "seed", int_value<int64_t>({0})->default_value(0), "seed of the parameters and the data order")(
+      "out", po::value<std::string>()->default_value(""),
+      "run directory: metrics.jsonl, config.ini, summary.json, checkpoints")(
+      "log-every", int_value<int64_t>({1})->default_value(10), "steps between metric lines")(
+      "lr-schedule", po::value<std::string>()->default_value("constant"),
+      "constant or cosine (the optimizer's lr is the peak)")("warmup-steps", int_value<int64_t>({0})->default_value(0),
+                                                             "linear warm-up steps")(
+      "min-lr-ratio", float_value(FloatRange::closed(0, 1))->default_value(0.1, "0.1"),
+      "cosine floor as a fraction of the peak lr")(
+      "clip-grad-norm", float_value(FloatRange::at_least(0))->default_value(0.0),
+      "clip the global gradient norm to this (0: off)")("eval-every", int_value<int64_t>({0})->default_value(0),
+                                                        "held-out evaluation every N steps (0: at the end only)")(
+      "peak-tflops", float_value(FloatRange::at_least(0))->default_value(0.0),
+      "per-rank peak for MFU (0: measured by a short matmul probe in the compute dtype)")(
+      "overlap", int_value<int>({0, 1})->default_value(1),
+      "1: gather the next unit while this one computes; 0: no overlap")(
+      "deterministic", po::bool_switch(),
+      "bitwise-identical losses and weights at every world size and strategy for a "
+      "given seed and global batch: one sample per forward, one thread per rank, gradients summed in global-sample "
+      "order "
+      "(slower; --dry-run shows the cost in bytes)")(
+      "activation-checkpointing", po::value<std::string>()->default_value(""),
+      "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")(
+      "max-memory-mib", int_value<int64_t>({0, int64_t{1} << 30})->default_value(0),
+      "stop with an error when a rank's allocated peak in a step (the plan's measure) exceeds this many MiB (0: no "
+      "limit)")("save-every", int_value<int64_t>({0})->default_value(0),
+                "checkpoint every N steps (0: at the end only); needs [checkpoint]")(
+      "keep-last", int_value<int64_t>({0})->default_value(0), "keep the newest K checkpoints (0: all)")(
+      "resume", po::value<std::string>()->default_value(""),
+      "auto (newest complete checkpoint under OUT/checkpoints) or a checkpoint directory")(
+      "init-from", po::value<std::string>()->default_value(""),
+      "initial weights from a safetensors file of whole tensors under the model's names, or a directory holding "
+      "model.safetensors (a consolidated checkpoint, or --save-init's)")(
+      "save-init", po::value<std::string>()->default_value(""),
+      "write the initial weights, whole, to DIR/model.safetensors (with digests.json) before the first step");
   return d;
 }
 
@@ -113,7 +124,8 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
   check_save_init(s.save_init, s.out_dir);
   check_run_paths(s);
   if (s.resume == "auto" && s.out_dir.empty())
-    throw Error("--resume auto looks for checkpoints under --out DIR, and no --out was given; give --out or a checkpoint path");
+    throw Error(
+        "--resume auto looks for checkpoints under --out DIR, and no --out was given; give --out or a checkpoint path");
   return s;
 }
 

@@ -151,7 +151,8 @@ class Trainer {
     std::unique_ptr<LossScaler> scaler;
     if (auto* scaling = dynamic_cast<const LossScalingPolicy*>(&precision)) scaler = scaling->make_scaler();
     if (plan_.dtypes.loss_scaling && !scaler)
-      throw Error("precision '" + plan_.precision + "' asks for loss scaling but offers no scaler (fsdpx/loss_scaling.h)");
+      throw Error("precision '" + plan_.precision +
+                  "' asks for loss scaling but offers no scaler (fsdpx/loss_scaling.h)");
     scaling_ = std::make_unique<LossScalingGuard>(std::move(scaler), control(), [this](const std::string& line) {
       out_.line(line);
     });
@@ -291,7 +292,8 @@ class Trainer {
 
 }  // namespace
 
-int train(const PluginHost& host, const RunConfig& config, const TrainSettings& settings, const RuntimeOptions& runtime) {
+int train(const PluginHost& host, const RunConfig& config, const TrainSettings& settings,
+          const RuntimeOptions& runtime) {
   return Trainer(host, config, settings, runtime).run();
 }
 

@@ -12,7 +12,8 @@ namespace fsdpx {
 std::string TrainerState::to_json() const {
   json j{{"data", json::parse(data)}, {"seed", seed}, {"step", step}};
   if (hf_config) j["hf_config"] = json::parse(*hf_config);
-  if (loss_scaler) j["loss_scaler"] = {{"state", json::parse(loss_scaler->state)}, {"skipped_steps", loss_scaler->skipped_steps}};
+  if (loss_scaler)
+    j["loss_scaler"] = {{"state", json::parse(loss_scaler->state)}, {"skipped_steps", loss_scaler->skipped_steps}};
   return j.dump();
 }
 

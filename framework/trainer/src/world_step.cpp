@@ -15,7 +15,8 @@ WorldStep gather_step(Communicator& world, const RankStep& mine) {
                            static_cast<double>(mine.run_peak),
                            static_cast<double>(mine.allocated.step_peak()),
                            static_cast<double>(mine.allocated_run_peak)};
-  for (int k = 0; k < kStepPhases; ++k) f.push_back(static_cast<double>(mine.allocated.peak(static_cast<StepPhase>(k))));
+  for (int k = 0; k < kStepPhases; ++k)
+    f.push_back(static_cast<double>(mine.allocated.peak(static_cast<StepPhase>(k))));
   const size_t fixed = f.size();
   f.insert(f.end(), mine.losses.begin(), mine.losses.end());
   WorldStep w;
@@ -29,7 +30,8 @@ WorldStep gather_step(Communicator& world, const RankStep& mine) {
     w.run_peaks.push_back(static_cast<int64_t>(a[4]));
     w.max_allocated_peak = std::max(w.max_allocated_peak, static_cast<int64_t>(a[5]));
     w.allocated_run_peaks.push_back(static_cast<int64_t>(a[6]));
-    for (int k = 0; k < kStepPhases; ++k) w.max_phase_peaks[k] = std::max(w.max_phase_peaks[k], static_cast<int64_t>(a[7 + k]));
+    for (int k = 0; k < kStepPhases; ++k)
+      w.max_phase_peaks[k] = std::max(w.max_phase_peaks[k], static_cast<int64_t>(a[7 + k]));
     for (size_t i = 0; i < w.losses.size() && fixed + i < a.size(); ++i) w.losses[i] += a[fixed + i];
   }
   for (double& l : w.losses) l /= world.size();

@@ -27,7 +27,9 @@ void register_components(fsdpx::Registrar& r) {
       "consolidated", "one safetensors file of whole tensors (model.safetensors), written by rank 0 tensor by tensor",
       {fsdpx::flag_option("optimizer", true,
                           "also store the optimizer state (as optim/<param>/<key>), so the file can resume training")},
-      [](const fsdpx::ComponentContext& ctx) { return std::make_shared<Consolidated>(ctx.options.get_bool("optimizer")); });
+      [](const fsdpx::ComponentContext& ctx) {
+        return std::make_shared<Consolidated>(ctx.options.get_bool("optimizer"));
+      });
 }
 
 }  // namespace

@@ -73,7 +73,8 @@ class Text final : public fsdpx::DataSource, public fsdpx::HeldOutData {
     train_ = samples - heldout_;
     if (train_ < 1)
       throw fsdpx::Error("text data " + path + " holds " + std::to_string(bytes_.size()) +
-                         " bytes, not one training sample of " + std::to_string(seq_ + 1) + " bytes (data.seq, data.holdout)");
+                         " bytes, not one training sample of " + std::to_string(seq_ + 1) +
+                         " bytes (data.seq, data.holdout)");
   }
 
   void open(const fsdpx::DataContext& ctx) override {
@@ -116,16 +117,17 @@ class Text final : public fsdpx::DataSource, public fsdpx::HeldOutData {
 };
 
 void register_components(fsdpx::Registrar& r) {
-  r.add<fsdpx::DataSource>(
-      "text", "byte-level tokens (vocabulary 256) from a text file or a directory of them",
-      {fsdpx::string_option("path", "/usr/share/games/fortunes", "a text file, or a directory whose text files are read"),
-       fsdpx::int_option("seq", 64, {1, 1 << 20}, "tokens per sequence"),
-       fsdpx::float_option("holdout", 0.02, fsdpx::FloatRange::closed(0, 0.5),
-                           "fraction of the samples set aside for evaluation")},
-      [](const fsdpx::ComponentContext& ctx) {
-        const auto& o = ctx.options;  // seq and holdout within their declared ranges
-        return std::make_shared<Text>(o.get_string("path"), o.get_int("seq"), o.get_float("holdout"));
-      });
+  r.add<fsdpx::DataSource>("text", "byte-level tokens (vocabulary 256) from a text file or a directory of them",
+                           {fsdpx::string_option("path", "/usr/share/games/fortunes",
+                                                 "a text file, or a directory whose text files are read"),
+                            fsdpx::int_option("seq", 64, {1, 1 << 20}, "tokens per sequence"),
+                            fsdpx::float_option("holdout", 0.02, fsdpx::FloatRange::closed(0, 0.5),
+                                                "fraction of the samples set aside for evaluation")},
+                           [](const fsdpx::ComponentContext& ctx) {
+                             const auto& o = ctx.options;  // seq and holdout within their declared ranges
+                             return std::make_shared<Text>(o.get_string("path"), o.get_int("seq"),
+                                                           o.get_float("holdout"));
+                           });
 }
 
 }  // namespace

@@ -29,8 +29,8 @@ class Tokens final : public fsdpx::DataSource {
                          std::to_string(width_) + "-byte tokens; is data.dtype right?");
     count_ = bytes / width_;
     if (count_ < seq_ + 1)
-      throw fsdpx::Error("token file " + path_ + " holds " + std::to_string(count_) + " tokens, fewer than one sample of " +
-                         std::to_string(seq_ + 1));
+      throw fsdpx::Error("token file " + path_ + " holds " + std::to_string(count_) +
+                         " tokens, fewer than one sample of " + std::to_string(seq_ + 1));
   }
 
   void open(const fsdpx::DataContext& ctx) override {
@@ -91,8 +91,10 @@ void register_components(fsdpx::Registrar& r) {
        fsdpx::int_option("seq", 64, {1, 1 << 20}, "tokens per sequence")},
       [](const fsdpx::ComponentContext& ctx) {
         const auto& o = ctx.options;
-        if (o.get_string("path").empty()) throw fsdpx::Error("path is empty; give the token file with --data.path FILE");
-        return std::make_shared<Tokens>(o.get_string("path"), o.get_string("dtype") == "uint16" ? 2 : 4, o.get_int("seq"));
+        if (o.get_string("path").empty())
+          throw fsdpx::Error("path is empty; give the token file with --data.path FILE");
+        return std::make_shared<Tokens>(o.get_string("path"), o.get_string("dtype") == "uint16" ? 2 : 4,
+                                        o.get_int("seq"));
       });
 }
 

@@ -105,7 +105,8 @@ class Mlp final : public fsdpx::Model, public fsdpx::Evaluable, public fsdpx::Ac
       out.push_back({"layers." + std::to_string(i), kept, input, B * h * e, kept + 3 * B * h * e});
       width = h;
     }
-    out.push_back({"head_weight", 4 * B * classes_, B * width * e, 4 * B * classes_, 12 * B * classes_ + B * width * e});
+    out.push_back(
+        {"head_weight", 4 * B * classes_, B * width * e, 4 * B * classes_, 12 * B * classes_ + B * width * e});
     return out;
   }
 

@@ -129,7 +129,8 @@ FSDPX_INLINE void update_block(const Operands& ops, int64_t first, int64_t n, co
   const Acc decay = static_cast<Acc>(k.decay), b1 = static_cast<Acc>(k.b1), b2 = static_cast<Acc>(k.b2);
   const Acc one_b1 = static_cast<Acc>(1.0 - k.b1), one_b2 = static_cast<Acc>(1.0 - k.b2);
   // 1 / sqrt(1 - b2^t) as a factor: one division per element (the update's) instead of two.
-  const Acc eps = static_cast<Acc>(k.eps), step_size = static_cast<Acc>(k.step_size), inv_bc2 = static_cast<Acc>(1.0 / k.bc2_sqrt);
+  const Acc eps = static_cast<Acc>(k.eps), step_size = static_cast<Acc>(k.step_size),
+            inv_bc2 = static_cast<Acc>(1.0 / k.bc2_sqrt);
   for (int64_t i = 0; i < n; ++i) {
     const Acc pi = p[i] * decay, gi = g[i];
     const Acc mi = b1 * m[i] + one_b1 * gi;
@@ -196,7 +197,8 @@ void update_in_place(const at::Tensor& param, const at::Tensor& grad, const at::
                      const at::Tensor& exp_avg_sq, const at::Tensor& compensation, const StepConstants& k) {
   using kernel::Operand;
   auto operand = [](const at::Tensor& t) { return t.defined() ? Operand{t.data_ptr(), t.scalar_type()} : Operand{}; };
-  const kernel::Operands ops{operand(param), operand(grad), operand(exp_avg), operand(exp_avg_sq), operand(compensation)};
+  const kernel::Operands ops{operand(param), operand(grad), operand(exp_avg), operand(exp_avg_sq),
+                             operand(compensation)};
   const bool kahan = compensation.defined();
   bool wide = false;
   for (const at::Tensor* t : {&param, &exp_avg, &exp_avg_sq, &compensation})

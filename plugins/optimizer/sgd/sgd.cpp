@@ -25,7 +25,8 @@ class Sgd final : public fsdpx::Optimizer {
     params_ = std::move(params);
     if (mu_ != 0)
       for (const auto& p : params_)
-        if (p.param.requires_grad()) buffers_[p.name] = Buffer{at::zeros_like(p.param, at::MemoryFormat::Contiguous), false};
+        if (p.param.requires_grad())
+          buffers_[p.name] = Buffer{at::zeros_like(p.param, at::MemoryFormat::Contiguous), false};
   }
 
   void step(double lr) override {

@@ -20,7 +20,8 @@ c10::ScalarType dtype_of(const std::string& n) {
 // are kept in full precision; the others as configured.
 class Bf16Mixed final : public fsdpx::PrecisionPolicy {
  public:
-  Bf16Mixed(fsdpx::PrecisionSpec s, std::vector<std::regex> fp32_units) : spec_(s), fp32_units_(std::move(fp32_units)) {}
+  Bf16Mixed(fsdpx::PrecisionSpec s, std::vector<std::regex> fp32_units)
+      : spec_(s), fp32_units_(std::move(fp32_units)) {}
   fsdpx::PrecisionSpec spec(const std::string& unit) const override {
     const std::string name = unit.empty() ? "root" : unit;
     for (const auto& re : fp32_units_)
@@ -62,7 +63,8 @@ void register_components(fsdpx::Registrar& r) {
         s.output = dtype_of(o.get_string("output_dtype"));
         s.cast_forward_inputs = o.get_bool("cast_forward_inputs");
         if (s.compute == c10::kHalf || s.reduce == c10::kHalf)
-          throw fsdpx::Error("fp16 needs loss scaling, which bf16_mixed does not do; use bf16, or --precision.name fp16_mixed");
+          throw fsdpx::Error(
+              "fp16 needs loss scaling, which bf16_mixed does not do; use bf16, or --precision.name fp16_mixed");
         std::vector<std::regex> fp32;
         for (const auto& u : o.get_list("fp32_units")) {
           try {

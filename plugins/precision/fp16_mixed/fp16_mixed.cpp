@@ -45,9 +45,11 @@ class DynamicScaler final : public fsdpx::LossScaler {
     const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (!j.is_object() || !j.contains("scale") || !j["scale"].is_number() || !j.contains("good_steps") ||
         !j["good_steps"].is_number_integer())
-      throw fsdpx::Error("the checkpoint's loss scaler state " + text + " is not {\"scale\": number, \"good_steps\": integer}");
+      throw fsdpx::Error("the checkpoint's loss scaler state " + text +
+                         " is not {\"scale\": number, \"good_steps\": integer}");
     const double s = j["scale"].get<double>();
-    if (!(s > 0) || !std::isfinite(s)) throw fsdpx::Error("the checkpoint's loss scale " + std::to_string(s) + " is not positive");
+    if (!(s > 0) || !std::isfinite(s))
+      throw fsdpx::Error("the checkpoint's loss scale " + std::to_string(s) + " is not positive");
     scale_ = s;
     good_steps_ = j["good_steps"].get<int64_t>();
   }

@@ -36,7 +36,8 @@ class CpuOffload final : public fsdpx::ShardingStrategy {
 void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::ShardingStrategy>(
       "cpu_offload", "a base strategy with sharded parameters, gradients and optimizer state in host memory",
-      {fsdpx::choice_option("base", "full_shard", {"full_shard", "shard_grad_op", "hybrid_shard"}, "the strategy to offload"),
+      {fsdpx::choice_option("base", "full_shard", {"full_shard", "shard_grad_op", "hybrid_shard"},
+                            "the strategy to offload"),
        fsdpx::int_option("shard_size", 0, {0, 1 << 20},
                          "hybrid_shard only: ranks per shard group; 0: the ranks per node")},
       [](const fsdpx::ComponentContext& ctx) {

@@ -14,8 +14,9 @@ class FullShard final : public fsdpx::ShardingStrategy {
   }
 };
 void register_components(fsdpx::Registrar& r) {
-  r.add<fsdpx::ShardingStrategy>("full_shard", "shard parameters, gradients and optimizer state over all ranks (ZeRO-3)",
-                                 {}, [](const fsdpx::ComponentContext&) { return std::make_shared<FullShard>(); });
+  r.add<fsdpx::ShardingStrategy>("full_shard",
+                                 "shard parameters, gradients and optimizer state over all ranks (ZeRO-3)", {},
+                                 [](const fsdpx::ComponentContext&) { return std::make_shared<FullShard>(); });
 }
 }  // namespace
 

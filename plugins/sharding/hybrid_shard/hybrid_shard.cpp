@@ -23,10 +23,10 @@ class HybridShard final : public fsdpx::ShardingStrategy {
   fsdpx::ShardingLayout layout(const fsdpx::Topology& t) const override {
     const int s = shard_size_ > 0 ? shard_size_ : t.local_world_size;
     if (s < 1 || t.world_size % s != 0)
-      throw fsdpx::Error("hybrid_shard: shard_size " + std::to_string(s) + (shard_size_ > 0 ? "" : " (the ranks per node)") +
-                         " does not divide the world size " + std::to_string(t.world_size) +
-                         "; set --sharding.shard_size to a divisor of " + std::to_string(t.world_size) + ": " +
-                         divisors(t.world_size));
+      throw fsdpx::Error("hybrid_shard: shard_size " + std::to_string(s) +
+                         (shard_size_ > 0 ? "" : " (the ranks per node)") + " does not divide the world size " +
+                         std::to_string(t.world_size) + "; set --sharding.shard_size to a divisor of " +
+                         std::to_string(t.world_size) + ": " + divisors(t.world_size));
     return fsdpx::ShardingLayout{s, t.world_size / s, reshard_, /*offload_to_cpu=*/false};
   }
 
@@ -40,7 +40,8 @@ void register_components(fsdpx::Registrar& r) {
       "hybrid_shard", "shard within groups of shard_size ranks (default: a node), replicate across groups (HSDP)",
       {fsdpx::int_option("shard_size", 0, {0, 1 << 20},
                          "ranks per shard group; 0: the ranks per node (local world size)"),
-       fsdpx::flag_option("reshard_after_forward", true, "free gathered parameters after forward (false: ZeRO-2 flavour)")},
+       fsdpx::flag_option("reshard_after_forward", true,
+                          "free gathered parameters after forward (false: ZeRO-2 flavour)")},
       [](const fsdpx::ComponentContext& ctx) {
         const int64_t s = ctx.options.get_int("shard_size");  // within its declared range
         return std::make_shared<HybridShard>(static_cast<int>(s), ctx.options.get_bool("reshard_after_forward"));

@@ -12,8 +12,9 @@ class ShardGradOp final : public fsdpx::ShardingStrategy {
   }
 };
 void register_components(fsdpx::Registrar& r) {
-  r.add<fsdpx::ShardingStrategy>("shard_grad_op", "shard gradients and optimizer state; keep parameters gathered through the step (ZeRO-2)",
-                                 {}, [](const fsdpx::ComponentContext&) { return std::make_shared<ShardGradOp>(); });
+  r.add<fsdpx::ShardingStrategy>(
+      "shard_grad_op", "shard gradients and optimizer state; keep parameters gathered through the step (ZeRO-2)", {},
+      [](const fsdpx::ComponentContext&) { return std::make_shared<ShardGradOp>(); });
 }
 }  // namespace
 

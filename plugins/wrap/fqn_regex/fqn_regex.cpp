@@ -42,7 +42,8 @@ class FqnRegexWrap final : public fsdpx::WrapPolicy {
 void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::WrapPolicy>(
       "fqn_regex", "every submodule whose full name matches a regular expression is a unit",
-      {fsdpx::string_option("pattern", "", "ECMAScript regular expression matched against the whole name, e.g. layers\\.[0-9]+")},
+      {fsdpx::string_option("pattern", "",
+                            "ECMAScript regular expression matched against the whole name, e.g. layers\\.[0-9]+")},
       [](const fsdpx::ComponentContext& ctx) {
         const std::string text = ctx.options.get_string("pattern");
         if (text.empty()) throw fsdpx::Error("pattern is empty; give one, e.g. --wrap.pattern 'layers\\.[0-9]+'");

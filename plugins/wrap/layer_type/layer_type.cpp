@@ -13,7 +13,8 @@ namespace {
 
 class LayerTypeWrap final : public fsdpx::WrapPolicy {
  public:
-  LayerTypeWrap(std::vector<std::string> types, bool recompute) : types_(types.begin(), types.end()), recompute_(recompute) {}
+  LayerTypeWrap(std::vector<std::string> types, bool recompute)
+      : types_(types.begin(), types.end()), recompute_(recompute) {}
 
   std::vector<fsdpx::UnitSelection> select(const torch::nn::Module& root) const override {
     std::vector<fsdpx::UnitSelection> units;
@@ -49,7 +50,8 @@ void register_components(fsdpx::Registrar& r) {
   r.add<fsdpx::WrapPolicy>(
       "layer_type", "every submodule of the given layer types is a unit (PyTorch's transformer_auto_wrap_policy)",
       {fsdpx::list_option("layer_types", "Block", "layer class names, comma-separated, e.g. Block"),
-       fsdpx::flag_option("activation_checkpointing", false, "recompute every unit's activations in backward instead of storing them")},
+       fsdpx::flag_option("activation_checkpointing", false,
+                          "recompute every unit's activations in backward instead of storing them")},
       [](const fsdpx::ComponentContext& ctx) {
         auto types = ctx.options.get_list("layer_types");
         if (types.empty()) throw fsdpx::Error("layer_types is empty; name at least one layer class, e.g. Block");

@@ -152,8 +152,9 @@ class UnitHolder : public torch::nn::ModuleHolder<Impl> {
             [&](auto&... a) -> at::Tensor {
               size_t next = 0;
               std::tuple<detail::passed_t<decltype(a)&>...> passed{detail::pick_copy(tensors, next, a)...};
-              return std::apply([impl](auto&&... b) -> at::Tensor { return impl->forward(std::forward<decltype(b)>(b)...); },
-                                std::move(passed));
+              return std::apply(
+                  [impl](auto&&... b) -> at::Tensor { return impl->forward(std::forward<decltype(b)>(b)...); },
+                  std::move(passed));
             },
             *kept);
       };

@@ -36,9 +36,9 @@ FSDPX_API Environment process_environment();
 // ranks each). Slurm's variables are ignored when torchrun's are set: torchrun started inside
 // an allocation has SLURM_PROCID of its node, not of its worker. MASTER_ADDR/MASTER_PORT apply
 // under Slurm too; without them Slurm's master is the first host of the step's nodes
-// (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST) and the port derives from the job and step ids. Throws fsdpx::Error naming the variables involved when
-// settings are partial (RANK without WORLD_SIZE), malformed, or contradict each other
-// (LOCAL_RANK >= LOCAL_WORLD_SIZE).
+// (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST) and the port derives from the job and step ids. Throws fsdpx::Error
+// naming the variables involved when settings are partial (RANK without WORLD_SIZE), malformed, or contradict each
+// other (LOCAL_RANK >= LOCAL_WORLD_SIZE).
 FSDPX_API ResolvedTopology resolve_topology(const TopologyFlags& flags, const Environment& env);
 
 // Expands a Slurm hostlist: "gpu[01-04,07],login2" -> gpu01 gpu02 gpu03 gpu04 gpu07 login2.
