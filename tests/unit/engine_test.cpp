@@ -541,16 +541,6 @@ TEST(EngineErrors, ClearMessages) {
 
 // ---- Lifetimes and failures (review findings) ---------------------------------------------------
 
-// The message of the c10::Error (LibTorch's) that `f` throws, without its backtrace.
-std::string torch_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
-
 // Two ranks in this process: two threads, each with its own model and engine, over real Gloo
 // process groups (ProcessGroups over a TCPStore on loopback).
 void on_two_ranks(const std::function<void(ProcessGroups& groups)>& body) {
@@ -658,13 +648,13 @@ TEST(EngineLifetime, ReadingAParameterOutsideItsUnitNamesIt) {
     c.forward();  // no backward follows: every unit is resharded
   }
   at::Tensor w = c.model->module()->named_parameters()["one.w"];
-  EXPECT_EQ(torch_error_of([&] { (void)w.sum(); }),
+  EXPECT_EQ(test::torch_error_of([&] { (void)w.sum(); }),
             "parameter 'one.w' is sharded: unit 'one' gathers it only for its forward and backward; outside them, "
             "read the engine's shards()");
   EXPECT_EQ(w.sizes(), at::IntArrayRef({4, 4}));  // its metadata stays
   c.engine->backward(c.forward());                // and the engine gathers it again
   EXPECT_TRUE(c.grad_of("one.w").defined());
-  EXPECT_EQ(torch_error_of([] { (void)deferred_tensor({4, 4}).sum(); }),
+  EXPECT_EQ(test::torch_error_of([] { (void)deferred_tensor({4, 4}).sum(); }),
             "a parameter of shape [4, 4] made by fsdpx::deferred_tensor has no memory until a ShardingEngine takes "
             "its model (which fills it through Model::init_parameter); read it only inside the engine's forward");
 }

@@ -82,16 +82,6 @@ TEST(Sim, RegisteredAsPrivateUse1WithStreamsAndEvents) {
   EXPECT_THROW((void)ev.elapsedTime(t1), c10::Error);  // no timing asked, as on CUDA
 }
 
-// The message of the c10::Error `fn` throws ("" when none).
-std::string error_message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // The stream-order check: a kernel that would race on a GPU is an error on sim, naming the
 // streams; the same kernel after the event a GPU needs, or after the host read the result back,
 // passes.
@@ -102,7 +92,7 @@ TEST(Sim, StreamOrderCheckFindsKernelsThatWouldRace) {
   const auto opts = at::TensorOptions().device(kSim1);
   const size_t before = sim::stream_hazards();
   at::Tensor a = at::ones({64}, opts);  // written on the default stream, read on another unordered
-  const std::string race = error_message_of([&] {
+  const std::string race = fsdpx::test::torch_error_of([&] {
     c10::StreamGuard g(side);
     (void)(a * 2);
   });
@@ -115,18 +105,19 @@ TEST(Sim, StreamOrderCheckFindsKernelsThatWouldRace) {
   written.block(side);
   {
     c10::StreamGuard g(side);
-    EXPECT_EQ(error_message_of([&] { doubled = b * 2; }), "");
+    EXPECT_EQ(fsdpx::test::torch_error_of([&] { doubled = b * 2; }), "(no error)");
     d = doubled * 3;
   }
-  EXPECT_NE(error_message_of([&] { (void)(d + 1); }), "");  // the side stream's result, not waited for
+  EXPECT_NE(fsdpx::test::torch_error_of([&] { (void)(d + 1); }),
+            "(no error)");  // the side stream's result, not waited for
   {
     c10::StreamGuard g(side);
     e = doubled * 3;
     EXPECT_EQ(e.cpu()[0].item<float>(), 6.0f);  // a blocking copy: the host waited for the stream
   }
-  EXPECT_EQ(error_message_of([&] { (void)(e + 1); }), "");
+  EXPECT_EQ(fsdpx::test::torch_error_of([&] { (void)(e + 1); }), "(no error)");
   EXPECT_EQ(sim::stream_hazards(), before + 2);
-  EXPECT_NE(sim::first_stream_hazard(), "");
+  EXPECT_NE(sim::first_stream_hazard(), "(no error)");
   vg.synchronizeDevice(kSim1.index());  // the host waits for everything: what is freed next is safe
 }
 
@@ -157,13 +148,13 @@ TEST(Sim, StreamOrderCheckFindsFreesThatWouldRace) {
       c.record_stream(side);
     }
     c = at::Tensor();
-    const std::string freed = error_message_of([&] { (void)at::empty({8}, opts); });
+    const std::string freed = fsdpx::test::torch_error_of([&] { (void)at::empty({8}, opts); });
     if (way == 0)
       EXPECT_NE(freed.find("are freed while stream " + std::to_string(side.id()) + " may still use them"),
                 std::string::npos)
           << freed;
     else
-      EXPECT_EQ(freed, "") << "way " << way;
+      EXPECT_EQ(freed, "(no error)") << "way " << way;
     vg.synchronizeDevice(kSim1.index());
   }
 }

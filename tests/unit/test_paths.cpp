@@ -4,6 +4,7 @@
 
 #include "test_config.h"
 #include "fsdpx/error.h"
+#include <c10/util/Exception.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -52,6 +53,15 @@ std::string error_of(const std::function<void()>& f) {
     f();
   } catch (const fsdpx::Error& e) {
     return e.what();
+  }
+  return "(no error)";
+}
+
+std::string torch_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
   }
   return "(no error)";
 }

@@ -37,6 +37,8 @@ std::string read_file(const std::filesystem::path& p);
 
 // The message of the fsdpx::Error that `f` throws, or "(no error)".
 std::string error_of(const std::function<void()>& f);
+// The message of the c10::Error (LibTorch's) that `f` throws, without its backtrace, or "(no error)".
+std::string torch_error_of(const std::function<void()>& f);
 
 // JSON files a run writes: one document; one document per line (metrics.jsonl); the lines of a
 // run directory's metrics.jsonl that report a step (they have a loss; evaluations are left out);
