@@ -48,22 +48,25 @@ TempDir::~TempDir() {
   fs::remove_all(path_, ec);
 }
 
-std::string error_of(const std::function<void()>& f) {
+namespace {
+// `message` of the E that `f` throws, or "(no error)".
+template <class E, class Message>
+std::string message_of(const std::function<void()>& f, Message message) {
   try {
     f();
-  } catch (const fsdpx::Error& e) {
-    return e.what();
+  } catch (const E& e) {
+    return message(e);
   }
   return "(no error)";
 }
+}  // namespace
+
+std::string error_of(const std::function<void()>& f) {
+  return message_of<fsdpx::Error>(f, [](const fsdpx::Error& e) { return std::string(e.what()); });
+}
 
 std::string torch_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
+  return message_of<c10::Error>(f, [](const c10::Error& e) { return std::string(e.what_without_backtrace()); });
 }
 
 void write_file(const fs::path& p, const std::string& text) {
