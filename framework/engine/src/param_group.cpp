@@ -130,10 +130,8 @@ void ParamGroup::unshard() {
     src = at::Tensor();
     if (sharded_layout()) {
       // The all-gather's buffers belong to the copy-in stream, whose next allocations may reuse
-      // them: it waits for the copy-out first (and the all-gather stream, for its next use).
-      const DeviceRuntime& dev = *config->device;
-      dev.wait_stream(StreamRole::AllGatherCopyIn, StreamRole::Compute);
-      dev.wait_stream(StreamRole::AllGather, StreamRole::Compute);
+      // them: it waits for the copy-out first (the all-gather stream's next work waits for it).
+      config->device->wait_stream(StreamRole::AllGatherCopyIn, StreamRole::Compute);
     }
     free_now(gather_out);  // now, not when the collective's bookkeeping lets it go
     gather_in = at::Tensor();  // the shard itself, or its cast
@@ -240,8 +238,7 @@ void ParamGroup::finish_reduce() {
       flat_grad.copy_(reduce_out);
     }
   }
-  dev.wait_stream(StreamRole::Compute, finish);
-  if (finish != StreamRole::ReduceScatter) dev.wait_stream(StreamRole::Compute, StreamRole::ReduceScatter);
+  dev.wait_stream(StreamRole::Compute, finish);  // and so for the reduce-scatter stream too
   free_now(reduce_in);  // packed by reduce_grads: ours alone
   if (reduce_out.defined() && !reduce_out.is_same(flat_grad)) free_now(reduce_out);
   reduce_out = at::Tensor();

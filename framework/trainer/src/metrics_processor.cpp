@@ -74,9 +74,9 @@ void MetricsProcessor::measure_peak_flops() {
   const auto unmeasured = static_cast<int>(p.data_ptr<double>()[1]);
   peak_ = unmeasured > 0 ? 0.0 : p.data_ptr<double>()[0] / world_.size();
   if (unmeasured > 0)
-    peak_source_ = "not measured: " + std::to_string(unmeasured) + " rank(s) had too little device memory free" +
-                   (probe.n == 0 ? " (" + probe.text().substr(std::string("not measured: ").size()) + ")" : "") +
-                   "; no MFU is reported; --peak-tflops sets it";
+    peak_source_ = "not measured: " + std::to_string(unmeasured) +
+                   " rank(s) had too little device memory free for 256^3 matmuls; no MFU is reported; "
+                   "--peak-tflops sets it";
   else
     peak_source_ = "measured in " + dtype_name(plan_.dtypes.compute) + " on every rank at once: " + probe.text() +
                    "; --peak-tflops sets it";

@@ -13,7 +13,6 @@ struct PeakProbe {
   double tflops = 0;  // the best rate seen
   int64_t n = 0;      // of n x n x n matmuls
   double seconds = 0; // the probe's whole time
-  int64_t free_bytes = 0;  // what the device had free: the matrices take at most half of it
   std::string text() const;  // "best 1024^3 bf16 matmul in 0.12 s"
 };
 
