@@ -13,13 +13,18 @@
 //                --fail-rank (run it with --check-collectives, which must refuse it)
 //   lost         a barrier, then rank --fail-rank kills itself with SIGKILL while the others
 //                compute (no collective): with --watch-peers they must end naming it
-// --device sim|cuda runs the collectives on that device's tensors (staged through host memory
-// and Gloo for sim), and checks that the control group is Gloo on the CPU.
+//   nccl-rules   (--device sim, the NCCL twin) breaks each of NCCL's rules on purpose and prints
+//                "rule NAME fired: MESSAGE" for each that was refused, then checks the same
+//                collectives pass when the rules are kept
+// --device sim|cuda runs the collectives on that device's tensors (sim: on its NCCL twin, or with
+// --backend gloo staged through host memory and Gloo), and checks that the control group is Gloo
+// on the CPU.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include <ATen/ops/arange.h>
@@ -31,7 +36,12 @@
 #include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/memory_accounting.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
@@ -111,6 +121,77 @@ void collectives(Communicator& c) {
   c.barrier().wait();
 }
 
+// `fn` must throw an error whose text has `needle`: NCCL's rule `rule` fired.
+void expect_refused(const std::string& rule, const std::string& needle, const std::function<void()>& fn) {
+  std::string text;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    text = e.what();
+  }
+  if (text.empty()) throw Error("rule " + rule + ": nothing refused it");
+  if (text.find(needle) == std::string::npos)
+    throw Error("rule " + rule + ": refused, but the error does not say '" + needle + "': " + text);
+  std::printf("rule %s fired: %s\n", rule.c_str(), text.substr(0, text.find('\n')).c_str());
+}
+
+// The rules of NCCL that sim's twin keeps, each broken on purpose (every rank breaks it alike, so
+// the group stays in step), then kept.
+void nccl_rules(Communicator& c) {
+  const int w = c.size(), r = c.rank();
+  const c10::Device other(g_device.type(), static_cast<c10::DeviceIndex>((g_device.index() + 1) % 8));
+  expect_refused("host-tensor", "is a cpu tensor", [&] { c.all_reduce(at::ones({4}), ReduceOp::Sum).wait(); });
+  expect_refused("other-device", "but this communicator's device is " + g_device.str(),
+                 [&] { c.all_reduce(at::ones({4}).to(other), ReduceOp::Sum).wait(); });
+  expect_refused("count-mismatch", "called different collectives", [&] {
+    const int64_t n = r == 1 ? 999 : 1000;
+    c.all_gather(dev(at::empty({n * w})), dev(at::ones({n}))).wait();
+  });
+  expect_refused("dtype-mismatch", "called different collectives", [&] {
+    at::Tensor t = dev(at::ones({16}, r == 1 ? at::kBFloat16 : at::kFloat));
+    c.all_reduce(t, ReduceOp::Sum).wait();
+  });
+  // A kernel on the output before the wait: the collective's stream may still be writing it.
+  at::Tensor out = dev(at::empty({4 * w}));
+  Work gather = c.all_gather(out, dev(at::ones({4})));
+  expect_refused("touch-before-wait", "sim stream-order hazard", [&] { out.fill_(0); });
+  gather.wait();
+  // The output's bytes freed before the wait: the collective's stream may still be writing them.
+  at::Tensor gathered = dev(at::empty({256 * w}));
+  Work pending = c.all_gather(gathered, dev(at::ones({256})));
+  free_now(gathered);
+  pending.wait();
+  expect_refused("free-before-wait", "may still use them", [&] { dev(at::ones({4})); });
+  // The wait orders only the stream that waited: another stream must wait for that one after it.
+  c10::impl::VirtualGuardImpl guard(g_device.type());
+  const c10::Stream main = guard.getStream(g_device);
+  const c10::Stream side = guard.getStreamFromGlobalPool(g_device, /*isHighPriority=*/false);
+  at::Tensor t = dev(at::ones({8}));
+  c10::Event before(g_device.type()), after(g_device.type());
+  before.record(main);
+  c.all_reduce(t, ReduceOp::Sum).wait();
+  before.block(side);  // knows the ones() above, not the collective
+  expect_refused("wait-orders-the-waiter-only", "sim stream-order hazard", [&] {
+    c10::StreamGuard on(side);
+    t.add_(1);
+  });
+  after.record(main);
+  after.block(side);
+  {
+    c10::StreamGuard on(side);
+    t.add_(1);  // now ordered after the collective
+  }
+  // Kept: the same collectives, waited for before the buffers are touched or freed.
+  at::Tensor u = dev(at::ones({1024}));
+  c.all_reduce(u, ReduceOp::Sum).wait();
+  expect_equal(u, at::full({1024}, static_cast<double>(w)), "all_reduce after the rules were kept");
+  free_now(u);
+  at::Tensor g = dev(at::empty({4 * w}));
+  c.all_gather(g, dev(at::full({4}, static_cast<double>(r)))).wait();
+  g.add_(0);
+  std::printf("rules kept: no error\n");
+}
+
 // Runs `scenario` on this rank; returns the exit status.
 int run_scenario(const std::string& scenario, const RuntimeOptions& ro, const po::variables_map& vm) {
   const int rank = ro.topology.rank;
@@ -127,6 +208,8 @@ int run_scenario(const std::string& scenario, const RuntimeOptions& ro, const po
     expect_equal(meta, at::full({1}, ro.topology.world_size * (ro.topology.world_size - 1) / 2.0),
                  "control all_reduce");
     std::printf("collectives ok on %s\n", g_device.str().c_str());
+  } else if (scenario == "nccl-rules") {
+    nccl_rules(*groups->world());
   } else if (scenario == "hybrid") {
     auto h = groups->hybrid(ro.topology.local_world_size);
     collectives(*h.shard);
@@ -193,6 +276,7 @@ int main(int argc, char** argv) {
       ("code", po::value<int>()->default_value(3), "")
       ("dir", po::value<std::string>(), "")
       ("device", po::value<std::string>()->default_value("cpu"), "")
+      ("backend", po::value<std::string>()->default_value("default"), "")
       ("watch-peers", "")
       ("check-collectives", "");
   return tool::main(argc, argv, "comm_worker", desc, [](const po::variables_map& vm) {
@@ -210,6 +294,7 @@ int main(int argc, char** argv) {
       g_device = open_device(device, ro.topology.local_rank)->device();
       ro.device = device == "cuda" ? DeviceKind::Cuda : DeviceKind::Sim;
     }
+    ro.backend = vm["backend"].as<std::string>() == "gloo" ? Backend::Gloo : Backend::Default;
     return run_scenario(vm["scenario"].as<std::string>(), ro, vm);
   });
 }

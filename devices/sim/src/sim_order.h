@@ -45,4 +45,14 @@ void order_release(OrderClock* clock) noexcept;
 // Throws the first hazard seen, if any.
 void order_throw_pending();
 
+// While one lives on a thread, that thread's device accesses are not uses: the NCCL twin writes a
+// collective's result when it is waited for, a use it recorded on its own stream when issued.
+class OrderQuiet {
+ public:
+  OrderQuiet();
+  ~OrderQuiet();
+  OrderQuiet(const OrderQuiet&) = delete;
+  OrderQuiet& operator=(const OrderQuiet&) = delete;
+};
+
 }  // namespace fsdpx::sim

@@ -46,7 +46,8 @@ void reduce_slices(const at::Tensor& received, at::Tensor& output, ReduceOp op, 
 BackendCommunicator::BackendCommunicator(std::string name, c10::intrusive_ptr<c10d::Backend> backend,
                                          std::vector<int> global_ranks, int global_rank,
                                          std::shared_ptr<const PeerMonitor> monitor, std::chrono::milliseconds timeout,
-                                         std::shared_ptr<FlightRecorder> recorder, bool check_collectives)
+                                         std::shared_ptr<FlightRecorder> recorder, bool check_collectives,
+                                         c10::Device device)
     : name_(std::move(name)),
       backend_(std::move(backend)),
       global_ranks_(std::move(global_ranks)),
@@ -55,6 +56,7 @@ BackendCommunicator::BackendCommunicator(std::string name, c10::intrusive_ptr<c1
       timeout_(timeout),
       recorder_(std::move(recorder)),
       check_collectives_(check_collectives),
+      device_(device),
       gloo_(backend_->getBackendName() == "gloo") {}
 
 Work BackendCommunicator::all_gather(at::Tensor output, at::Tensor input) {
@@ -150,7 +152,7 @@ Work BackendCommunicator::barrier() {
   c10d::BarrierOptions opts;
   opts.timeout = timeout_;
   // NCCL's check would need a device buffer; a barrier carries no data to disagree on anyway.
-  const uint64_t id = begin("barrier", at::kByte, 0, gloo_ ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA));
+  const uint64_t id = begin("barrier", at::kByte, 0, device_);
   return issue("barrier", id, [&] { return C10dWorks{backend_->barrier(opts)}; });
 }
 
@@ -186,7 +188,7 @@ void BackendCommunicator::check_pair(const char* what, const at::Tensor& out, co
 uint64_t BackendCommunicator::begin(const char* what, c10::ScalarType dtype, int64_t count, c10::Device device) {
   const int64_t seq = ++seq_;
   const FlightEntry call = recorder_->record(name_, seq, what, dtype, count);
-  if (check_collectives_ && (gloo_ || device.is_cuda())) {
+  if (check_collectives_ && (gloo_ || !device.is_cpu())) {
     try {
       check_across_ranks(call, device);
     } catch (...) {
@@ -240,7 +242,8 @@ Work BackendCommunicator::issue(const char* what, uint64_t id, const std::functi
     try {
       // Gloo: the host waits, up to the collective timeout. NCCL: wait() without a timeout makes
       // the current stream wait for the collective and returns at once; the host never blocks
-      // (a lost peer is caught by the peer monitor's watch and NCCL's own timeout).
+      // (a lost peer is caught by the peer monitor's watch and NCCL's own timeout). sim's twin
+      // does the same to its streams, its host waiting for the bytes, up to its Gloo's timeout.
       for (const auto& work : works) {
         if (self->gloo_) work->wait(self->timeout_);
         else work->wait();

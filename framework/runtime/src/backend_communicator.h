@@ -25,7 +25,7 @@ class BackendCommunicator final : public Communicator, public std::enable_shared
  public:
   BackendCommunicator(std::string name, c10::intrusive_ptr<c10d::Backend> backend, std::vector<int> global_ranks,
                       int global_rank, std::shared_ptr<const PeerMonitor> monitor, std::chrono::milliseconds timeout,
-                      std::shared_ptr<FlightRecorder> recorder, bool check_collectives);
+                      std::shared_ptr<FlightRecorder> recorder, bool check_collectives, c10::Device device);
 
   int rank() const override { return backend_->getRank(); }
   int size() const override { return backend_->getSize(); }
@@ -78,6 +78,7 @@ class BackendCommunicator final : public Communicator, public std::enable_shared
   std::chrono::milliseconds timeout_;
   std::shared_ptr<FlightRecorder> recorder_;
   bool check_collectives_;
+  c10::Device device_;  // of the group's tensors: the CPU under Gloo, the rank's device under NCCL or its twin
   bool gloo_;
   std::atomic<int64_t> seq_{0};
 };

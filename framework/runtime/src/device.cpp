@@ -16,6 +16,7 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "fsdpx/error.h"
+#include "sim_library.h"
 
 namespace fsdpx {
 
@@ -130,7 +131,8 @@ class AcceleratorRuntime final : public DeviceRuntime {
   std::vector<c10::Stream> streams_;  // by StreamRole
 };
 
-// libfsdpx_sim.so, loaded once: from FSDPX_SIM_LIBRARY, else beside libfsdpx.
+}  // namespace
+
 void load_sim() {
   static std::once_flag once;
   static std::string failure;
@@ -153,6 +155,8 @@ void load_sim() {
   });
   if (!failure.empty()) throw Error(failure);
 }
+
+namespace {
 
 // How many devices of `type` this process sees (0 when the type has no runtime here).
 int visible_devices(c10::DeviceType type) {
@@ -192,15 +196,20 @@ void check_device(const std::string& spec, int local_ranks, bool one_device_per_
                 "devices with --backend gloo (collectives staged through host memory)");
 }
 
-std::shared_ptr<DeviceRuntime> open_device(const std::string& spec, int local_rank) {
+c10::Device device_for_rank(const std::string& spec, int local_rank) {
   const c10::DeviceType type = device_type_of(spec);
-  if (type == c10::kCPU) return std::make_shared<CpuRuntime>();
+  if (type == c10::kCPU) return c10::Device(c10::kCPU);
   const int count = visible_devices(type);
   check_device(spec, 1, true);
   // Device local_rank; ranks share devices round-robin when there are more (check_device decides
   // whether they may); a rank that sees one device (srun --gpus-per-task=1) uses it.
-  const int index = local_rank % count;
-  return std::make_shared<AcceleratorRuntime>(c10::Device(type, static_cast<c10::DeviceIndex>(index)));
+  return c10::Device(type, static_cast<c10::DeviceIndex>(local_rank % count));
+}
+
+std::shared_ptr<DeviceRuntime> open_device(const std::string& spec, int local_rank) {
+  const c10::Device device = device_for_rank(spec, local_rank);
+  if (device.is_cpu()) return std::make_shared<CpuRuntime>();
+  return std::make_shared<AcceleratorRuntime>(device);
 }
 
 }  // namespace fsdpx

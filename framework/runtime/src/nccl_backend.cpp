@@ -1,6 +1,11 @@
-// ProcessGroupNCCL, compiled into CUDA builds (FSDPX_WITH_CUDA); elsewhere a clear refusal.
+// ProcessGroupNCCL, compiled into CUDA builds (FSDPX_WITH_CUDA); elsewhere a clear refusal. And
+// sim's NCCL twin, in every build.
+#include <dlfcn.h>
+
 #include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/c10d_backends.h"
+#include "fsdpx/framework/runtime/device.h"
+#include "sim_library.h"
 
 #ifdef FSDPX_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -32,5 +37,17 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
   throw Error("this fsdpx was built without CUDA, so NCCL is not available; train with --device cpu");
 }
 #endif
+
+c10::intrusive_ptr<c10d::Backend> make_sim_nccl_twin(c10::intrusive_ptr<c10d::Backend> host, int local_rank) {
+  load_sim();
+  using MakeTwin = void* (*)(void*, int);
+  static const auto make = reinterpret_cast<MakeTwin>(::dlsym(RTLD_DEFAULT, "fsdpx_sim_make_nccl_twin"));
+  if (!make)
+    throw Error("libfsdpx_sim.so has no NCCL twin (fsdpx_sim_make_nccl_twin): it is older than this libfsdpx; "
+                "rebuild both (make build), or train with --backend gloo");
+  const c10::Device device = device_for_rank("sim", local_rank);
+  return c10::intrusive_ptr<c10d::Backend>::reclaim(
+      static_cast<c10d::Backend*>(make(host.release(), static_cast<int>(device.index()))));
+}
 
 }  // namespace fsdpx

@@ -14,6 +14,7 @@
 #include "diagnostics.h"
 #include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/c10d_backends.h"
+#include "fsdpx/framework/runtime/device.h"
 #include "peer_monitor.h"
 #include "staged_communicator.h"
 
@@ -32,6 +33,10 @@ void quiet_c10d_logging() {
 
 }  // namespace
 
+bool nccl_collectives(DeviceKind device, Backend backend) {
+  return device != DeviceKind::Cpu && backend != Backend::Gloo;
+}
+
 struct ProcessGroups::Impl {
   RuntimeOptions options;
   c10::intrusive_ptr<c10d::Store> store;
@@ -40,12 +45,18 @@ struct ProcessGroups::Impl {
   std::shared_ptr<Communicator> world, control;
   std::map<std::string, int> groups_created;  // per (name, members): agreed by the members alone
 
-  bool nccl() const {
-    return options.device == DeviceKind::Cuda && options.backend != Backend::Gloo;
+  bool nccl() const { return nccl_collectives(options.device, options.backend); }
+
+  // Where a group's tensors live: the rank's device under NCCL (or sim's twin), else the CPU.
+  c10::Device group_device(bool on_nccl) const {
+    if (!on_nccl) return c10::Device(c10::kCPU);
+    if (options.device == DeviceKind::Cuda) return c10::Device(c10::kCUDA);  // the current GPU
+    return device_for_rank("sim", options.topology.local_rank);
   }
 
-  // A device group: NCCL, or Gloo staged through (pinned) host memory when the device is not the
-  // CPU. `host_only`: Gloo on CPU tensors whatever the device (the control group).
+  // A device group: NCCL (sim: its twin), or Gloo staged through (pinned) host memory when the
+  // device is not the CPU. `host_only`: Gloo on CPU tensors whatever the device (the control group).
+
   std::shared_ptr<Communicator> make(const std::string& name, const std::vector<int>& ranks, bool host_only = false) {
     const int me = options.topology.rank;
     auto it = std::find(ranks.begin(), ranks.end(), me);
@@ -60,7 +71,10 @@ struct ProcessGroups::Impl {
     c10::intrusive_ptr<c10d::Backend> backend;
     const bool on_nccl = nccl() && !host_only;
     try {
-      if (on_nccl) {
+      if (on_nccl && options.device == DeviceKind::Sim) {
+        backend = make_sim_nccl_twin(make_gloo_backend(prefix, group_rank, size, options.collective_timeout),
+                                     options.topology.local_rank);
+      } else if (on_nccl) {
         backend = make_nccl_backend(prefix, group_rank, size, options.collective_timeout,
                                     options.topology.local_rank);
       } else {
@@ -74,7 +88,7 @@ struct ProcessGroups::Impl {
     }
     if (on_nccl) monitor->add_abort_hook([backend] { backend->abort(); });  // a lost peer: fail now
     auto c = std::make_shared<BackendCommunicator>(name, backend, ranks, me, monitor, options.collective_timeout,
-                                                   recorder, options.check_collectives);
+                                                   recorder, options.check_collectives, group_device(on_nccl));
     if (on_nccl || host_only || options.device == DeviceKind::Cpu) return c;
     return std::make_shared<StagedCommunicator>(c, at::TensorOptions().pinned_memory(true));
   }

@@ -37,4 +37,10 @@ FSDPX_API c10::intrusive_ptr<c10d::Backend> make_nccl_backend(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, int device);
 
+// sim's NCCL twin (devices/sim, fsdpx/sim/sim_nccl.h) over `host`, a Gloo backend of the same
+// ranks, for the sim device of local rank `local_rank` (device_for_rank's rule). Loads
+// libfsdpx_sim.so; throws fsdpx::Error when it does not load or has no twin.
+FSDPX_API c10::intrusive_ptr<c10d::Backend> make_sim_nccl_twin(c10::intrusive_ptr<c10d::Backend> host,
+                                                               int local_rank);
+
 }  // namespace fsdpx

@@ -83,6 +83,8 @@ class FSDPX_API OnStream {
 // libfsdpx_sim.so from beside libfsdpx (or from FSDPX_SIM_LIBRARY). Throws fsdpx::Error naming
 // what is missing: an unknown name, no device visible, a library that does not load.
 FSDPX_API std::shared_ptr<DeviceRuntime> open_device(const std::string& spec, int local_rank);
+// The device open_device(spec, local_rank) opens, without opening it.
+FSDPX_API c10::Device device_for_rank(const std::string& spec, int local_rank);
 
 // Checks that `spec` can be opened for `local_ranks` ranks on this node, without opening it
 // (the launcher, before any worker starts): open_device's errors, and, when each rank needs a

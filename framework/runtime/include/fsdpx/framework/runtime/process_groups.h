@@ -13,9 +13,14 @@
 namespace fsdpx {
 
 enum class DeviceKind { Cpu, Cuda, Sim };
-// Which library carries the device groups' collectives: NCCL (CUDA, a GPU per rank), or Gloo,
-// staging device tensors through host memory (the CPU, sim, several ranks sharing a GPU).
-enum class Backend { Default, Gloo, Nccl };  // Default: NCCL on CUDA, Gloo elsewhere
+// Which library carries the device groups' collectives: NCCL (CUDA, a GPU per rank; on sim, its
+// NCCL twin, devices/sim's fsdpx/sim/sim_nccl.h), or Gloo, staging device tensors through host
+// memory (the CPU, several ranks sharing a device).
+enum class Backend { Default, Gloo, Nccl };  // Default: NCCL (or its twin) on a device, Gloo on the CPU
+
+// Whether the device groups of a run on `device` with `backend` use NCCL, or sim's NCCL twin: then
+// each rank needs a device of its own, and its collectives take device tensors only.
+FSDPX_API bool nccl_collectives(DeviceKind device, Backend backend);
 
 struct RuntimeOptions {
   Topology topology;
