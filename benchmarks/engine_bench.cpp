@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
       arm.engine->backward(loss);
       at::NoGradGuard no_grad;
       for (auto& p : arm.engine->shards()) p.param.sub_(p.param.grad() * 1e-3);
+      arm.engine->release_gradients();  // the next backward writes the gradients afresh
     };
     for (auto& arm : arms) step(arm), step(arm);  // warm-up: allocation, connections, forward order
     for (int r = 0; r < vm["rounds"].as<int>(); ++r)

@@ -202,6 +202,23 @@ TEST(Engine, AccumulationEqualsOneLargerBatch) {
   expect_same(run(std::string("--strategy shard_grad_op --accum 2") + kSteps, 3), ref, "2 micro-batches of 2 per rank");
 }
 
+// FSDP2 adds a synchronised backward's reduced gradients to a gradient shard already there: two
+// synchronised backwards per step, over the two halves of the global batch and without a release
+// between, give the sum of two single-process backwards over those halves. Sharded, unsharded
+// (all-reduce across replicas) and hybrid; on sim with the shards in host memory, sharded and
+// unsharded (hybrid_shard's layout at shard_size 1: the all-reduce on a device buffer, added on
+// the host). A global batch of 16, so that each of 4 ranks has a sample in each half.
+TEST(Engine, SecondSynchronisedBackwardAddsToTheGradient) {
+  const char* steps = " --steps 4 --global-batch 16 --lr 0.1";
+  const WorkerRun ref = run(std::string("--reference --accum 2") + steps, 0);
+  const std::string twice = std::string(" --accum 2 --sync-every-micro-batch") + steps;
+  expect_same(run("--strategy full_shard" + twice, 2), ref, "full_shard at 2 ranks");
+  expect_same(run("--strategy no_shard" + twice, 2), ref, "no_shard at 2 ranks");
+  expect_same(run("--strategy full_shard --hybrid-shard 2" + twice, 4), ref, "hybrid 2 x 2");
+  expect_same(run("--strategy full_shard --device sim --offload" + twice, 2), ref, "full_shard offloaded on sim");
+  expect_same(run("--strategy no_shard --device sim --offload" + twice, 2), ref, "no_shard offloaded on sim");
+}
+
 TEST(Engine, OverlapDoesNotChangeResults) {
   const WorkerRun on = run(std::string("--strategy full_shard --overlap 1") + kSteps, 2);
   const WorkerRun off = run(std::string("--strategy full_shard --overlap 0") + kSteps, 2);

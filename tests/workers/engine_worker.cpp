@@ -4,6 +4,7 @@
 //
 //   engine_worker [--nproc-per-node N] --strategy full_shard --wrap layer_type --out PREFIX
 //                 [--steps 4] [--global-batch 12] [--accum 1] [--clip 0] [--overlap 1]
+//                 [--sync-every-micro-batch]  (each micro-batch's backward reduces, adding to the last)
 //                 [--reference]      (one process, plain LibTorch, no engine)
 //                 [--device sim|cuda] [--backend gloo] [--offload]   (the engine on that device; Gloo
 //                 staged through host memory, e.g. ranks sharing a GPU; shards in host memory)
@@ -79,6 +80,7 @@ struct Run {
   std::shared_ptr<Model> model;
   std::string out;
   int steps, accum;
+  bool sync_every;  // every micro-batch's backward reduces (FSDP2 adds the reduced gradients)
   int64_t global;
   double lr, clip;
   uint64_t seed;
@@ -227,7 +229,7 @@ double sharded_step(Run& r, Sharded& sh, Optimizer* opt, int s) {
   at::Tensor tokens = global_tokens(r.seed, s, r.global);
   double step_loss = 0;
   for (int m = 0; m < r.accum; ++m) {
-    engine.set_requires_gradient_sync(m == r.accum - 1);
+    engine.set_requires_gradient_sync(r.sync_every || m == r.accum - 1);
     // Micro-batch m of this rank: the rank's share of the global batch's m-th slice.
     Batch b = slice(tokens, m * (r.global / r.accum) + rank * local, local);
     b.inputs = b.inputs.to(r.device->device());
@@ -243,6 +245,7 @@ double sharded_step(Run& r, Sharded& sh, Optimizer* opt, int s) {
     at::NoGradGuard no_grad;
     for (auto& p : engine.shards()) p.param.sub_(p.param.grad() * r.lr);
   }
+  engine.release_gradients();  // the next step's reduction writes the gradient shards afresh
   return step_loss;
 }
 
@@ -325,6 +328,7 @@ int main(int argc, char** argv) {
       ("lr", po::value<double>()->default_value(0.1), "")
       ("seed", po::value<uint64_t>()->default_value(7), "")
       ("overlap", po::value<int>()->default_value(1), "")
+      ("sync-every-micro-batch", "every micro-batch's backward reduces its gradients (added to the last)")
       ("reference", "")
       ("device", po::value<std::string>()->default_value("cpu"), "cpu, sim or cuda")
       ("backend", po::value<std::string>()->default_value("default"), "gloo: device tensors staged through host memory")
@@ -350,6 +354,7 @@ int main(int argc, char** argv) {
           vm["out"].as<std::string>(),
           vm["steps"].as<int>(),
           vm["accum"].as<int>(),
+          vm.count("sync-every-micro-batch") > 0,
           vm["global-batch"].as<int64_t>(),
           vm["lr"].as<double>(),
           vm["clip"].as<double>(),

@@ -56,6 +56,12 @@ struct UnitBuffers {
   bool recompute = false;
 };
 
+// Unsharded and replicated with the gradient shards in host memory: the all-reduce across the
+// replicas runs on a device buffer, in flight until the next unit's reduction (ParamGroup).
+bool averages_on_device(const StepMemoryInput& in) {
+  return in.layout.shard_group_size == 1 && in.layout.replicate_group_size > 1 && in.offload && !in.deterministic;
+}
+
 UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in) {
   const int64_t S = in.layout.shard_group_size, total = u.shard_numel, W = in.world_size;
   const PrecisionSpec& d = u.dtypes;
@@ -74,6 +80,8 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
   } else if (S > 1) {
     b.received = in.staged_reduce ? b.packed : 0;
     b.reduce_out = d.reduce != d.gradient || in.offload ? total * elt(d.reduce) : 0;
+  } else if (averages_on_device(in)) {  // the packing, cast to the gradient dtype when it differs
+    b.reduce_out = d.reduce != d.gradient ? total * elt(d.gradient) : 0;
   }
   b.reshard_after_forward = reshards_after_forward(in.layout, root);
   b.recompute = u.recompute;
@@ -297,7 +305,7 @@ void Replay::reduce(int u) {
   }
   ledger_.add(b.received + b.reduce_out);
   ledger_.moment("the reduction of " + b.name);
-  if (in_.layout.shard_group_size == 1 && !in_.deterministic) {
+  if (in_.layout.shard_group_size == 1 && !in_.deterministic && !averages_on_device(in_)) {
     ledger_.sub(b.packed);  // copied into the gradient shard at once; averaged there in place
     ledger_.sub(b.received + b.reduce_out);
     return;

@@ -35,6 +35,13 @@ bool fault_skips_gather(const EngineConfig& config, const std::string& unit) {
   return true;
 }
 
+// Makes the reduce-scatter stream current while the result lives, after it waited for the work
+// issued so far on the compute stream (the packing): a reduction's collective runs there.
+std::unique_ptr<OnStream> on_reduce_stream(const DeviceRuntime& dev) {
+  dev.wait_stream(StreamRole::ReduceScatter, StreamRole::Compute);
+  return std::make_unique<OnStream>(dev, StreamRole::ReduceScatter);
+}
+
 }  // namespace
 
 bool ParamGroup::separate() const {
@@ -168,16 +175,12 @@ void ParamGroup::reduce_grads() {
   at::NoGradGuard no_grad;
   CollectiveUnit scope(label);
   const auto& comms = config->comms;
-  const DeviceRuntime& dev = *config->device;
   // Packed on the compute stream, where the gradients are (FSDP2's copy-in), so that they go at
   // once; offloading, the reduced shard alone goes to host memory. The collective runs on the
   // reduce-scatter stream, after what the compute stream did; every buffer it uses is allocated
   // here, on the compute stream, which waits for the collective before they go (finish_reduce).
   reduce_in = pack_gradients(params, config->shard_size, total, config->on_device(precision.reduce));
-  auto on_reduce_stream = [&dev] {
-    dev.wait_stream(StreamRole::ReduceScatter, StreamRole::Compute);
-    return std::make_unique<OnStream>(dev, StreamRole::ReduceScatter);
-  };
+  accumulating = grads_held;
   if (config->options.deterministic) {
     // Every world rank gets every rank's gradient rows of its own shard, for this rank's one
     // sample (finish_reduce adds them in order). World rank r holds shard r % S (shard groups
@@ -190,57 +193,99 @@ void ParamGroup::reduce_grads() {
       reduce_in = reduce_in.view({S, total})
                       .index_select(0, at::arange(W, at::kLong).remainder(S).to(reduce_in.device()))
                       .reshape({-1});
-    const auto on = on_reduce_stream();
+    const auto on = on_reduce_stream(*config->device);
     if (S == 1) {
       reduce_work = comms.world->all_gather(reduce_out, reduce_in);
     } else {
       reduce_work = comms.world->all_to_all(reduce_out, reduce_in);
     }
   } else if (sharded_layout()) {
-    // Straight into the gradient shard when the dtypes agree; else through a reduce-dtype buffer.
+    // Straight into the gradient shard when it holds nothing yet and the dtypes and devices
+    // agree; else through a reduce-dtype buffer on the device, stored or added by finish_reduce.
     hold_gradients(/*zero=*/false);
-    const bool direct = reduce_in.scalar_type() == flat_grad.scalar_type() && flat_grad.device() == reduce_in.device();
+    const bool direct =
+        !accumulating && reduce_in.scalar_type() == flat_grad.scalar_type() && flat_grad.device() == reduce_in.device();
     reduce_out = direct ? flat_grad : at::empty({total}, reduce_in.options());
-    const auto on = on_reduce_stream();
+    const auto on = on_reduce_stream(*config->device);
     reduce_work = comms.shard->reduce_scatter(reduce_out, reduce_in, ReduceOp::Avg);
   } else {
-    hold_gradients(/*zero=*/false);
-    flat_grad.copy_(reduce_in);
-    free_now(reduce_in);
-    if (comms.replicate) {
-      const auto on = on_reduce_stream();
-      reduce_work = comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
-    }
+    reduce_unsharded();
   }
   reduced = true;
+}
+
+void ParamGroup::reduce_unsharded() {
+  const auto& comms = config->comms;
+  hold_gradients(/*zero=*/false);
+  if (!comms.replicate) {  // one replica: the packing is the gradient shard
+    store_reduced(reduce_in);
+    free_now(reduce_in);
+    return;
+  }
+  if (!accumulating && !config->offloads()) {  // averaged in place on the gradient shard, on the device
+    flat_grad.copy_(reduce_in);
+    free_now(reduce_in);
+    const auto on = on_reduce_stream(*config->device);
+    reduce_work = comms.replicate->all_reduce(flat_grad, ReduceOp::Avg);
+    return;
+  }
+  // On a device buffer in the gradient dtype, as the in-place average has it (the packing itself
+  // when the dtypes agree); finish_reduce stores or adds it.
+  reduce_out = reduce_in.to(flat_grad.scalar_type());
+  if (reduce_out.is_same(reduce_in)) reduce_in = at::Tensor();
+  const auto on = on_reduce_stream(*config->device);
+  reduce_work = comms.replicate->all_reduce(reduce_out, ReduceOp::Avg);
+}
+
+void ParamGroup::store_reduced(const at::Tensor& result) {
+  at::NoGradGuard no_grad;
+  if (!accumulating) {
+    flat_grad.copy_(result);
+  } else if (result.device() == flat_grad.device()) {
+    flat_grad.add_(result);
+  } else {  // offloading: through host memory, in the gradient dtype (exact for a wider one)
+    flat_grad.add_(result.to(flat_grad.device(), flat_grad.scalar_type()));
+  }
 }
 
 void ParamGroup::finish_reduce() {
   if (!reduced) return;
   reduced = false;
   const DeviceRuntime& dev = *config->device;
-  // The reduced shard is finished on the reduce-scatter stream, or, offloading, copied to host
-  // memory on the offload stream after it; the compute stream waits for it before anything reads
-  // it or a buffer goes.
-  const StreamRole finish = config->offloads() ? StreamRole::Offload : StreamRole::ReduceScatter;
   {
     OnStream on(dev, StreamRole::ReduceScatter);
     reduce_work.wait();
     reduce_work = Work();
   }
+  if (replicates_on_device()) {
+    // The reduced shard stays on the device for the all-reduce across replicas. The compute
+    // stream, which allocated the buffers, waits for the reduce-scatter before the cast and the
+    // frees.
+    dev.wait_stream(StreamRole::Compute, StreamRole::ReduceScatter);
+    free_now(reduce_in);
+    at::NoGradGuard no_grad;
+    replicate_on_device = reduce_out.to(flat_grad.scalar_type());
+    if (!replicate_on_device.is_same(reduce_out)) free_now(reduce_out);
+    reduce_out = at::Tensor();
+    return;
+  }
+  // The reduced shard is finished on the reduce-scatter stream, or, offloading, copied to host
+  // memory on the offload stream after it; the compute stream waits for it before anything reads
+  // it or a buffer goes.
+  const StreamRole finish = config->offloads() ? StreamRole::Offload : StreamRole::ReduceScatter;
+  const bool separate_out = reduce_out.defined() && !reduce_out.is_same(flat_grad);
   dev.wait_stream(finish, StreamRole::ReduceScatter);
   {
     OnStream on(dev, finish);
     if (config->options.deterministic) {
       add_in_rank_order();
-    } else if (reduce_out.defined() && !reduce_out.is_same(flat_grad)) {
-      at::NoGradGuard no_grad;
-      flat_grad.copy_(reduce_out);
+    } else if (separate_out) {
+      store_reduced(reduce_out);
     }
   }
   dev.wait_stream(StreamRole::Compute, finish);  // and so for the reduce-scatter stream too
   free_now(reduce_in);  // packed by reduce_grads: ours alone
-  if (reduce_out.defined() && !reduce_out.is_same(flat_grad)) free_now(reduce_out);
+  if (separate_out) free_now(reduce_out);
   reduce_out = at::Tensor();
 }
 
@@ -249,17 +294,16 @@ bool ParamGroup::needs_replicate() const {
   return sharded_layout() && config->comms.replicate != nullptr && !config->options.deterministic;
 }
 
+bool ParamGroup::replicates_on_device() const { return needs_replicate() && (config->offloads() || accumulating); }
+
 void ParamGroup::start_replicate() {
   CollectiveUnit scope(label);
   const DeviceRuntime& dev = *config->device;
   // On the all-reduce stream, after the reduced shard (finish_reduce: the compute stream has it).
   dev.wait_stream(StreamRole::AllReduce, StreamRole::Compute);
   OnStream on(dev, StreamRole::AllReduce);
-  // Offloading: the host's gradient shard goes to the device for the all-reduce (NCCL reads device
-  // memory only) and comes back when it is waited for.
-  if (config->offloads()) replicate_on_device = flat_grad.to(dev.device());
-  replicate_work =
-      config->comms.replicate->all_reduce(config->offloads() ? replicate_on_device : flat_grad, ReduceOp::Avg);
+  const at::Tensor& shard = replicate_on_device.defined() ? replicate_on_device : flat_grad;
+  replicate_work = config->comms.replicate->all_reduce(shard, ReduceOp::Avg);
   replicating = true;
 }
 
@@ -281,14 +325,21 @@ void ParamGroup::finish_replicate() {
     OnStream on(dev, StreamRole::AllReduce);
     replicate_work.wait();
     replicate_work = Work();
-    if (replicate_on_device.defined()) {
-      at::NoGradGuard no_grad;
-      flat_grad.copy_(replicate_on_device);
-      free_now(replicate_on_device);  // the all-reduce stream's own, used there alone
-      replicate_on_device = at::Tensor();
-    }
   }
-  dev.wait_stream(StreamRole::Compute, StreamRole::AllReduce);
+  if (!replicate_on_device.defined()) {  // averaged in place
+    dev.wait_stream(StreamRole::Compute, StreamRole::AllReduce);
+    return;
+  }
+  // Stored after the all-reduce (offloading: copied to host memory on the offload stream); the
+  // compute stream, which allocated the buffer, then knows every use of it and frees it.
+  const StreamRole finish = config->offloads() ? StreamRole::Offload : StreamRole::AllReduce;
+  dev.wait_stream(finish, StreamRole::AllReduce);
+  {
+    OnStream on(dev, finish);
+    store_reduced(replicate_on_device);
+  }
+  dev.wait_stream(StreamRole::Compute, finish);
+  free_now(replicate_on_device);
 }
 
 namespace {
@@ -307,7 +358,8 @@ void ParamGroup::abandon(bool drop_grads) {
   if (state == State::Gathering) wait_quietly(gather_work);
   if (reduced) wait_quietly(reduce_work);
   if (replicating) wait_quietly(replicate_work);
-  if (state == State::Gathering || reduced || replicating) config->device->join_streams();
+  if (state == State::Gathering || reduced || replicating || replicate_on_device.defined())
+    config->device->join_streams();
   if (state == State::Gathering) {
     gather_out = at::Tensor();
     gather_in = at::Tensor();
@@ -321,8 +373,8 @@ void ParamGroup::abandon(bool drop_grads) {
   if (replicating) {
     replicating = false;
     replicate_work = Work();
-    replicate_on_device = at::Tensor();
   }
+  replicate_on_device = at::Tensor();
   reshard();
   if (drop_grads)
     for (auto& p : params) p.param.mutable_grad() = at::Tensor();

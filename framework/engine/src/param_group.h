@@ -33,8 +33,14 @@ struct ParamGroup {
   Work replicate_work;  // hybrid: the all-reduce across replicas, in flight after finish_reduce
   bool reduced = false, replicating = false;
   bool grads_held = false;  // flat_grad has its bytes and the shards their gradient views
+  // The reduction in flight adds to flat_grad (it was held when the reduction began) instead of
+  // writing it.
+  bool accumulating = false;
   at::Tensor reduce_in, reduce_out;
-  at::Tensor replicate_on_device;  // offloading: the gradient shard's device copy, all-reduced there
+  // Hybrid, when flat_grad cannot take the all-reduce in place (offloading: it is in host memory,
+  // and collectives take device tensors only; accumulating: it holds an earlier gradient): the
+  // reduced shard on the device in the gradient dtype, all-reduced there, then stored or added.
+  at::Tensor replicate_on_device;
 
   bool sharded_layout() const { return config->shard_size > 1; }
   // fsdpx/framework/engine/unit_buffers.h's rules for this unit: whether the gathered parameters
@@ -57,17 +63,23 @@ struct ParamGroup {
   // Gradient shards are held from a step's first reduction until release_gradients (FSDP2's
   // zero_grad(set_to_none=True)): between, flat_grad has no bytes and the shards no gradient.
   // hold_gradients gives flat_grad its bytes (zeroed when `zero`) and each trainable shard its
-  // gradient view; a no-op while held.
+  // gradient view; a no-op while held. While held, a reduction adds to flat_grad.
   void hold_gradients(bool zero);
   void release_gradients();
   // Packs the parameters' unsharded gradients (then drops them) and issues the reduce-scatter
-  // (or, unsharded, the all-reduce across replicas) into flat_grad; async.
+  // (or, unsharded, the all-reduce across replicas); async. Every collective is handed device
+  // tensors only. The result is this rank's reduced shard: written into flat_grad when the
+  // gradients were not held, added to it when they were (an earlier synchronised backward or
+  // zero_grad since release_gradients), as FSDP2 adds to a sharded .grad already there.
   void reduce_grads();
-  // Waits for reduce_grads' collective and frees everything it used (the packed gradients, the
-  // collective's buffers); flat_grad then holds this rank's reduced shard. A no-op if none.
+  // Waits for reduce_grads' collective, stores or adds its result into flat_grad (offloading: on
+  // the offload stream) and frees everything it used (the packed gradients, the collective's
+  // buffers). A no-op if none. Hybrid: flat_grad then holds the shard before the average across
+  // replicas, or, through replicate_on_device, nothing of it yet.
   void finish_reduce();
   // Hybrid: whether the reduced shard still needs the average across replicas, which
-  // start_replicate issues (async, in place on flat_grad) and finish_replicate waits for.
+  // start_replicate issues (async: in place on flat_grad, or on replicate_on_device) and
+  // finish_replicate waits for, storing or adding replicate_on_device into flat_grad.
   bool needs_replicate() const;
   void start_replicate();
   void finish_replicate();
@@ -75,6 +87,15 @@ struct ParamGroup {
   void add_in_rank_order();
   // After a failed or abandoned step: waits for and drops whatever is in flight, reshards.
   void abandon(bool drop_grads);
+
+ private:
+  // The unsharded layout's reduction: the all-reduce across replicas (if any) of the packing.
+  void reduce_unsharded();
+  // Hybrid: whether the all-reduce across replicas runs on replicate_on_device.
+  bool replicates_on_device() const;
+  // flat_grad := result, or += result when accumulating; `result` may be on the device while
+  // flat_grad is in host memory. On the current stream.
+  void store_reduced(const at::Tensor& result);
 };
 
 }  // namespace fsdpx

@@ -83,7 +83,10 @@ class FSDPX_API ShardingEngine {
   // lifecycle around it. Returns its result.
   at::Tensor forward(const std::function<at::Tensor()>& forward);
   // loss.backward(), then the end of the step: every unit's gradients reduced into its sharded
-  // .grad (unless gradient sync is off), gathered parameters freed.
+  // .grad (unless gradient sync is off), gathered parameters freed. As in FSDP2, a reduction adds
+  // to a gradient shard that is held (an earlier synchronised backward, or zero_grad, since the
+  // last release_gradients) and writes one that is not: two synchronised backwards without a
+  // release between leave the sum of their reduced gradients, in every layout.
   void backward(const at::Tensor& loss);
 
   // Off: backward accumulates unsharded gradients locally (micro-batches of gradient
@@ -96,8 +99,8 @@ class FSDPX_API ShardingEngine {
   // Frees the gradient shards until the next reduction writes them (FSDP2's
   // zero_grad(set_to_none=True)): the shards have no gradient between, and the memory of every
   // unit's gradient shard is free during the next forward and the backward until that unit
-  // reduces. Call it after the optimizer step. (A synchronised backward writes the gradient
-  // shards whether or not they were released; the deterministic mode adds to them from zero_grad.)
+  // reduces. Call it after the optimizer step: until then, every synchronised backward adds to
+  // the gradient shards (backward). The deterministic mode adds to them from zero_grad.
   void release_gradients();
 
   // Clips the sharded gradients so that their global L2 norm is at most max_norm, exactly as
