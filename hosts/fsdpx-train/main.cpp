@@ -62,7 +62,10 @@ int check_comm(const fsdpx::RuntimeOptions& ro) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (r == 0)
     std::printf("fsdpx-train: communication check passed on %d ranks (%s) in %.2f s\n", w,
-                dev.is_cpu() ? "gloo" : ro.backend == fsdpx::Backend::Gloo || !dev.is_cuda() ? "gloo, staged" : "nccl",
+                dev.is_cpu()                                     ? "gloo"
+                : !fsdpx::nccl_collectives(ro.device, ro.backend) ? "gloo, staged"
+                : dev.is_cuda()                                  ? "nccl"
+                                                                 : "sim's nccl twin",
                 secs);
   return 0;
 }
@@ -110,9 +113,11 @@ bool has(const std::vector<std::string>& args, const char* flag) {
   return std::find(args.begin(), args.end(), flag) != args.end();
 }
 
-// --dry-run: the plan's text, and plan.json under --out when given (unless a run holds --out).
+// --dry-run: the plan's text with the memory check's sides (as before a launch: the device's when
+// it can be read without a GPU), and plan.json under --out when given (unless a run holds --out).
 void print_plan(const fsdpx::RunPlan& plan, const fsdpx::TrainSettings& settings) {
-  std::cout << plan.text();
+  std::cout << plan.text()
+            << fsdpx::memory_fit_before_launch(plan, plan.topology.local_world_size, fsdpx::resident_bytes()).text();
   if (settings.out_dir.empty()) return;
   fsdpx::RunDirectory::check_not_in_use(settings.out_dir);
   std::filesystem::create_directories(settings.out_dir);
@@ -142,10 +147,10 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
   }
   fsdpx::check_optimizer_runs_here(plan);
   fsdpx::RunDirectory::check_not_in_use(settings.out_dir);  // a run holds it: refused before any worker starts
-  // The plan's bytes are the device's; host memory holds them on the CPU and on sim (whose device
-  // memory is the host's), not on a GPU.
-  if (!has(plain, "--skip-memory-check") && fsdpx::device_of(vm) != fsdpx::DeviceKind::Cuda)
-    fsdpx::check_memory_fits(plan, nproc, fsdpx::resident_bytes());
+  // The node's host memory for every rank, and sim's budget; a GPU's free memory is each rank's
+  // to read (this process must not initialise CUDA before it forks the workers).
+  if (!has(plain, "--skip-memory-check"))
+    fsdpx::check_memory_fits(plan, fsdpx::memory_fit_before_launch(plan, nproc, fsdpx::resident_bytes()));
   kill_note = "the plan's peak per rank is " + std::to_string(plan.memory.peak >> 20) + " MiB allocated (at " +
               plan.memory.peak_where + "), and each process holds more besides";
   if (isatty(STDOUT_FILENO) || isatty(STDERR_FILENO)) ::setenv("FSDPX_PROGRESS", "1", 1);
@@ -200,11 +205,9 @@ int main(int argc, char** argv) {
       if (ro.topology.rank == 0) print_plan(plan, settings);
       return 0;
     }
-    if (!std::getenv("FSDPX_LAUNCHED") && !vm.count("skip-memory-check") && ro.device != fsdpx::DeviceKind::Cuda) {
-      // torchrun, Slurm or one process: every rank of a node sees the same memory before any allocates.
-      auto plan = fsdpx::plan_run(*l.host, l.config, settings, ro.topology);
-      fsdpx::check_memory_fits(plan, ro.topology.local_world_size, fsdpx::resident_bytes());
-    }
+    // The ranks agree on the memory check after the rendezvous (fsdpx::train); under this
+    // program's launcher, which checked the node's host memory before starting them, on the device's.
+    settings.host_memory_checked = std::getenv("FSDPX_LAUNCHED") != nullptr;
     settings.progress_bar =
         ro.topology.rank == 0 && (std::getenv("FSDPX_PROGRESS") ? std::string(std::getenv("FSDPX_PROGRESS")) == "1"
                                                                 : (isatty(STDOUT_FILENO) != 0));

@@ -1,7 +1,8 @@
 // Memory that scales as 1/N, end to end through fsdpx-train on real Gloo groups, measured by the
 // counting allocator (fsdpx/framework/runtime/memory_accounting.h): what a step holds beyond its
-// shards does not grow with depth; the plan predicts the step's peak; a run that cannot fit is
-// refused before any worker starts; a worker the kernel kills is reported as such.
+// shards does not grow with depth; the plan predicts the step's peak; a run that cannot fit its
+// device or its host is refused before any step, by every rank at once; a worker the kernel kills
+// is reported as such.
 #include <ostream>
 #include <string>
 #include <vector>
@@ -166,6 +167,112 @@ TEST(MemoryCheck, APlanThatCannotFitIsRefusedBeforeAnyWorkerStarts) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("starts more workers than this machine can run"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("[rank"), std::string::npos) << r.err;
+}
+
+int lines(const std::string& text) {
+  int n = 0;
+  for (char c : text) n += c == '\n';
+  return n + (!text.empty() && text.back() != '\n');
+}
+
+const char* const kSimSmall = " --device sim --model.size small --data.name synthetic --steps 1 --log-every 1 ";
+const std::string k64MiB = std::to_string(64 << 20);
+
+// A device budget smaller than the plan's peak per rank (sim, FSDPX_SIM_MEMORY) is refused by the
+// launcher in one line before any worker starts, naming both sides' planned and available bytes
+// and the ways out; sim reads the budget in bytes or with a unit (64MiB) alike.
+TEST(MemoryCheck, ADeviceBudgetTooSmallIsRefusedBeforeAnyWorkerStarts) {
+  for (const std::string& budget : {k64MiB, std::string("64MiB")}) {
+    SCOPED_TRACE(budget);
+    auto r = run_command("env FSDPX_SIM_MEMORY=" + budget + " timeout 120 " + train() + " --nproc-per-node 2" +
+                         kSimSmall);
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_EQ(r.err.rfind("fsdpx-train: the plan does not fit this node: device sim: 1 rank x ", 0), 0u) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(" is available (sim's budget per process, FSDPX_SIM_MEMORY=" + budget), std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("): does not fit; host: 2 ranks x "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--sharding.name cpu_offload"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--activation-checkpointing Block"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--skip-memory-check"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("step "), std::string::npos) << r.out;
+    EXPECT_NE(r.err.find("64.00 MiB (67108864 B) is available"), std::string::npos) << r.err;
+  }
+}
+
+// Two ranks started as torchrun starts them (no fsdpx launcher): they agree on the verdict after
+// the rendezvous, so every rank ends at once with the same line, also when the budget is only
+// rank 1's (the other rank's device fits), instead of waiting out the rendezvous timeout (90 s).
+TEST(MemoryCheck, UnderTorchrunEveryRankEndsAtOnceWithTheSameRefusal) {
+  for (const std::string where : {"both", "rank 1"}) {
+    SCOPED_TRACE(where);
+    TempDir dir;
+    const std::string port = std::to_string(free_port());
+    std::string script = "cd " + dir.path().string() + "\ndate +%s.%N > start\n";
+    for (int r : {0, 1}) {
+      const std::string n = std::to_string(r);
+      const bool budget = where == "both" || r == 1;
+      script += "(" + (budget ? "FSDPX_SIM_MEMORY=" + k64MiB + " " : std::string()) + "RANK=" + n +
+                " WORLD_SIZE=2 LOCAL_RANK=" + n + " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port +
+                " timeout 120 " + train() + kSimSmall + "--rendezvous-timeout 90 > r" + n + ".out 2> r" + n +
+                ".err; echo $? > r" + n + ".code; date +%s.%N > r" + n + ".end) &\n";
+    }
+    write_file(dir.path() / "run.sh", script + "wait\n");
+    run_command("bash " + (dir.path() / "run.sh").string());
+    auto text = [&](const std::string& name) { return read_file(dir.path() / name); };
+    const std::string refused = "fsdpx-train: rank " + std::string(where == "both" ? "0" : "1") +
+                                ": the plan does not fit this node: device sim:";
+    for (const std::string n : {"0", "1"}) {
+      const std::string err = text("r" + n + ".err");
+      EXPECT_EQ(text("r" + n + ".code"), "1\n") << "rank " << n << ": " << err;
+      EXPECT_EQ(err.rfind(refused, 0), 0u) << "rank " << n << ": " << err;
+      EXPECT_EQ(lines(err), 1) << "rank " << n << ": " << err;
+      EXPECT_EQ(text("r" + n + ".out").find("step "), std::string::npos) << text("r" + n + ".out");
+      const double after = std::stod(text("r" + n + ".end")) - std::stod(text("start"));
+      std::printf("budget on %s: rank %s ended %.2f s after the start\n", where.c_str(), n.c_str(), after);
+      EXPECT_LT(after, 30.0) << "rank " << n << " waited: " << err;
+    }
+  }
+}
+
+// A budget that fits is no refusal: the run trains, and --dry-run shows the device's side.
+TEST(MemoryCheck, ADeviceBudgetThatFitsTrains) {
+  TempDir dir;
+  const std::string run = "env FSDPX_SIM_MEMORY=" + std::to_string(1 << 30) + " timeout 300 " + train() +
+                          " --nproc-per-node 2 --device sim --model.size tiny --data.name synthetic --steps 1 ";
+  auto r = run_command(run + "--out " + dir.path().string());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("does not fit"), std::string::npos) << r.err;
+  auto dry = run_command(run + "--dry-run");
+  EXPECT_EQ(dry.exit_code, 0) << dry.err;
+  EXPECT_NE(dry.out.find("  memory     device sim: 1 rank x "), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find(" is available (sim's budget per process, FSDPX_SIM_MEMORY=1073741824): fits\n"),
+            std::string::npos)
+      << dry.out;
+  EXPECT_NE(dry.out.find("             host: 2 ranks x "), std::string::npos) << dry.out;
+  // --dry-run reports a budget that does not fit without refusing it.
+  auto over = run_command("env FSDPX_SIM_MEMORY=" + k64MiB + " " + train() + kSimSmall + "--dry-run");
+  EXPECT_EQ(over.exit_code, 0) << over.err;
+  EXPECT_NE(over.out.find("FSDPX_SIM_MEMORY=" + k64MiB + "): does not fit\n"), std::string::npos) << over.out;
+}
+
+// The host's side: cpu_offload moves llama3-8b's shards and optimizer state (128 GB at one rank)
+// into host memory, where they do not fit, while the device's peak fits its budget (1 TiB). Refused
+// naming the host, from the launcher and from a rank alike.
+TEST(MemoryCheck, OffloadedBytesThatTheHostCannotHoldAreRefused) {
+  for (const char* launch : {" --nproc-per-node 2", ""}) {
+    SCOPED_TRACE(launch);
+    auto r = run_command("env FSDPX_SIM_MEMORY=1099511627776 timeout 120 " + train() + launch +
+                         " --device sim --sharding.name cpu_offload --model.size llama3-8b --data.name synthetic "
+                         "--data.seq 16 --steps 1");
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("FSDPX_SIM_MEMORY=1099511627776): fits; host: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(" offloaded (cpu_offload)"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("): does not fit; spread the ranks over more nodes"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("a strategy without cpu_offload"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("[rank"), std::string::npos) << "a worker started:\n" << r.err;
+  }
 }
 
 // --max-memory-mib checks the plan's measure: allocated bytes, not RSS.

@@ -82,9 +82,24 @@ bool cache_enabled() {
   return on;
 }
 
+// FSDPX_SIM_MEMORY: bytes, or a whole number with KiB, MiB, GiB or TiB (K, M, G, T alike: powers of
+// 1024); unset or empty, no budget. Anything else is an error naming the value.
 size_t read_budget() {
   const char* env = std::getenv("FSDPX_SIM_MEMORY");
-  return env ? static_cast<size_t>(std::strtoull(env, nullptr, 10)) : 0;
+  if (env == nullptr || *env == 0) return 0;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long n = std::strtoull(env, &end, 10);
+  const std::string unit(end);
+  size_t shift = 0;
+  if (unit == "K" || unit == "KiB") shift = 10;
+  else if (unit == "M" || unit == "MiB") shift = 20;
+  else if (unit == "G" || unit == "GiB") shift = 30;
+  else if (unit == "T" || unit == "TiB") shift = 40;
+  TORCH_CHECK(end != env && errno == 0 && *env != '-' && (unit.empty() || shift != 0) && (n >> (63 - shift)) == 0,
+              "sim: FSDPX_SIM_MEMORY='", env, "' is not a size: give bytes, or a whole number with KiB, MiB, GiB "
+              "or TiB (e.g. 64MiB)");
+  return static_cast<size_t>(n) << shift;
 }
 
 std::string human(size_t b) {

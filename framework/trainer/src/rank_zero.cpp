@@ -2,11 +2,13 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/runtime/every_rank.h"
 
 namespace fsdpx {
 
@@ -32,6 +34,24 @@ void on_rank_zero(Communicator& world, const std::function<void()>& work) {
     }
   }
   if (!error.empty()) throw Error(error);
+}
+
+void refuse_together(Communicator& world, const std::string& refusal) {
+  if (world.size() == 1) {
+    if (!refusal.empty()) throw Error(refusal);
+    return;
+  }
+  const auto lengths = from_every_rank(world, std::vector<int64_t>{static_cast<int64_t>(refusal.size())});
+  int from = -1;
+  for (int r = 0; r < world.size() && from < 0; ++r)
+    if (lengths[static_cast<size_t>(r)][0] > 0) from = r;
+  if (from < 0) return;
+  const int64_t n = lengths[static_cast<size_t>(from)][0];
+  at::Tensor bytes = at::empty({n}, at::kByte);
+  if (world.rank() == from) std::memcpy(bytes.data_ptr(), refusal.data(), static_cast<size_t>(n));
+  world.broadcast(bytes, from).wait();
+  throw Error("rank " + std::to_string(from) + ": " +
+              std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(n)));
 }
 
 }  // namespace fsdpx

@@ -41,8 +41,8 @@ po::options_description topology_options() {
     ("device", po::value<std::string>()->default_value("cpu"),
      "cpu, cuda (a GPU per local rank with NCCL) or sim (fsdpx's simulated accelerator, libfsdpx_sim.so)")
     ("backend", po::value<std::string>()->default_value("default"),
-     "the device's collectives: default (NCCL on cuda, Gloo elsewhere), nccl, or gloo (device tensors staged "
-     "through host memory: several ranks may share a GPU)")
+     "the device's collectives: default (NCCL on cuda, its NCCL twin on sim, Gloo on cpu), nccl, or gloo "
+     "(device tensors staged through host memory: several ranks may share a device)")
     ("watch-peers", po::bool_switch(),
      "each rank watches the next one's heartbeat and names a lost rank within seconds, aborting the collectives "
      "that wait for it (always on with NCCL)");
@@ -60,8 +60,9 @@ po::options_description train_command_options() {
     ("help,h", "this help");
   po::options_description memory("Memory (command line only)");
   memory.add_options()
-    ("skip-memory-check", "start even when the plan's peak per rank, times the ranks on this node, exceeds the memory "
-     "the node has available (MemAvailable, or the memory cgroup's limit)");
+    ("skip-memory-check", "start even when the plan does not fit: the step's peak per rank on the device (CUDA's "
+     "free memory, sim's budget FSDPX_SIM_MEMORY), or the bytes per rank in host memory times the ranks on this node "
+     "(MemAvailable, or the memory cgroup's limit)");
   po::options_description plugins(
       "Plugins (--plugin-dir and --plugin also as keys of --config; config.ini records them)");
   plugins.add_options()
@@ -121,9 +122,9 @@ Backend backend_of(const po::variables_map& vm) {
   if (backend == "default") return Backend::Default;
   if (backend == "gloo") return Backend::Gloo;
   if (backend != "nccl") throw Error("--backend must be default, nccl or gloo, got '" + backend + "'");
-  if (device != DeviceKind::Cuda)
-    throw Error("--backend nccl needs --device cuda (NCCL moves GPU memory only); this run has --device " +
-                vm["device"].as<std::string>());
+  if (device == DeviceKind::Cpu)
+    throw Error("--backend nccl needs --device cuda, or --device sim (its NCCL twin): NCCL moves device memory "
+                "only, and this run has --device cpu");
   return Backend::Nccl;
 }
 

@@ -91,6 +91,7 @@ TrainSettings TrainSettings::from(const po::variables_map& vm) {
   TrainSettings s;
   s.steps = vm["steps"].as<int64_t>();
   s.batch_size = vm["batch-size"].as<int64_t>();
+  s.check_memory = vm.count("skip-memory-check") == 0;
   s.grad_accum = vm["grad-accum"].as<int64_t>();
   const int64_t seed = vm["seed"].as<int64_t>();
   s.out_dir = vm["out"].as<std::string>();

@@ -44,8 +44,7 @@ const char* device_spec(DeviceKind device) {
 }
 
 void check_device_trains(DeviceKind device, Backend backend, int local_ranks) {
-  const bool nccl = backend == Backend::Nccl || (backend == Backend::Default && device == DeviceKind::Cuda);
-  check_device(device_spec(device), local_ranks, /*one_device_per_rank=*/nccl);
+  check_device(device_spec(device), local_ranks, /*one_device_per_rank=*/nccl_collectives(device, backend));
 }
 
 namespace {
@@ -58,6 +57,8 @@ class Trainer {
 
   int run() {
     plan();
+    connect();
+    check_memory();
     try {
       build();
       train();
@@ -109,11 +110,27 @@ class Trainer {
     at::set_num_threads(plan_.threads.threads);
   }
 
-  // Process groups, components, the engine over counted communicators, the optimizer, the data,
-  // and the objects the stages hand their concerns to.
-  void build() {
+  // The device, and the process groups (the rendezvous): every rank of the job runs after it.
+  void connect() {
     device_ = open_device(device_spec(ro_.device), ro_.topology.local_rank);
     groups_ = ProcessGroups::create(ro_);
+  }
+
+  // Before anything is allocated: the plan against this rank's device and, unless its launcher
+  // checked them, the node's host memory. Every rank ends with the same line when any rank's
+  // does not fit (no rank is left waiting in a collective).
+  void check_memory() {
+    std::string refusal;
+    if (s_.check_memory) {
+      const MemoryFit fit = memory_fit_in_rank(plan_, *device_, ro_.topology, !s_.host_memory_checked);
+      if (!fit.fits()) refusal = fit.refusal(plan_);
+    }
+    refuse_together(control(), refusal);
+  }
+
+  // Components, the engine over counted communicators, the optimizer, the data, and the objects
+  // the stages hand their concerns to.
+  void build() {
     metrics_ = std::make_unique<MetricsProcessor>(s_, plan_, run_dir_, out_, control(), *device_, wall_start_);
     model_ = make<Model>(host_, config_);
     data_ = make<DataSource>(host_, config_);

@@ -17,6 +17,8 @@
 
 namespace fsdpx {
 
+class DeviceRuntime;
+
 // What a run will hold and move per step on each rank, computed from the model's shapes and the
 // strategy, precision and optimizer without allocating the model or forming a process group.
 struct UnitBytes {
@@ -69,11 +71,48 @@ FSDPX_API RunPlan plan_run(const PluginHost& host, const RunConfig& config, cons
 // The plan as JSON (plan.json in a run directory; exact byte counts for tools and tests).
 FSDPX_API void write_plan_json(const RunPlan& plan, const std::string& path);
 
-// Refuses a run whose ranks on one node cannot fit: `local_ranks` x (the plan's peak per rank +
-// `process_bytes`, what a process holds besides: LibTorch's code, the plugins) against
-// available_memory(). Throws fsdpx::Error naming the planned and the available bytes and the ways
-// out; does nothing when the available memory cannot be read.
-FSDPX_API void check_memory_fits(const RunPlan& plan, int local_ranks, int64_t process_bytes);
+// Where a run's planned bytes live, and whether they fit there, before anything is allocated.
+// The device: the step's peak per rank against what the device can give (CUDA's free memory,
+// sim's budget FSDPX_SIM_MEMORY per process; on the CPU the device is the host). The host: the
+// bytes held in host memory per rank (cpu_offload's shards, gradient shards and optimizer state;
+// the step's peak too where device memory is host memory: the CPU, sim) against
+// available_memory().
+struct FSDPX_API MemorySide {
+  int ranks = 0;           // ranks whose bytes this side holds; 0: not a side of its own
+  int64_t per_rank = 0;    // planned bytes per rank
+  std::string what;        // what per_rank is made of
+  int64_t available = -1;  // bytes it can give; -1: not known here, so not checked
+  std::string source;      // where `available` was read, or why it was not
+  int64_t planned() const { return static_cast<int64_t>(ranks) * per_rank; }
+  bool fits() const { return ranks == 0 || available < 0 || planned() <= available; }
+};
+
+struct FSDPX_API MemoryFit {
+  std::string device_name;  // "sim", "cuda:1", "cpu"
+  MemorySide device, host;
+  bool fits() const { return device.fits() && host.fits(); }
+  // --dry-run's lines: each side's planned and available bytes, and its verdict.
+  std::string text() const;
+  // One line: "the plan does not fit this node: ", each side's bytes, and the ways out.
+  std::string refusal(const RunPlan& plan) const;
+};
+
+// Before any rank starts (fsdpx-train's launcher with `local_ranks` = --nproc-per-node, and
+// --dry-run): the host side counts `process_bytes` per rank besides the plan's (what a process
+// holds: LibTorch's code, the plugins). The device side is sim's budget, read by sim itself (sim
+// is opened here when FSDPX_SIM_MEMORY is set); CUDA is never initialised here (a launcher must not
+// before it forks its workers), so its side is left to each rank (memory_fit_in_rank).
+FSDPX_API MemoryFit memory_fit_before_launch(const RunPlan& plan, int local_ranks, int64_t process_bytes);
+
+// In a rank that opened `device`, once every rank of the job runs (after the rendezvous): the
+// device's free memory for the local ranks that share it (CUDA; sim's budget is per process), and,
+// when `check_host`, the host's available memory for the topology's local ranks (all of them
+// resident by then: their processes' bytes are out of the available memory already).
+FSDPX_API MemoryFit memory_fit_in_rank(const RunPlan& plan, const DeviceRuntime& device, const Topology& topology,
+                                       bool check_host);
+
+// Throws fsdpx::Error with fit.refusal(plan) when either side does not fit.
+FSDPX_API void check_memory_fits(const RunPlan& plan, const MemoryFit& fit);
 
 // Refuses an optimizer that declares it cannot step on the CPU (fsdpx/capabilities.h): this
 // build's engine computes there.

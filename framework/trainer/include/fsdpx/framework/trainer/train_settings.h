@@ -34,6 +34,11 @@ struct FSDPX_API TrainSettings {
   std::vector<std::string> checkpoint_layer_types;  // recompute these layer types' activations
   int64_t max_memory_mib = 0;  // stop when a rank's peak RSS in a step exceeds this (0: no limit)
   bool progress_bar = false;  // rank 0 draws a bar on its terminal instead of log lines
+  // The memory check every rank agrees on after the rendezvous (run_plan.h's MemoryFit): off
+  // with --skip-memory-check; its host side is left out where the launcher that started this
+  // rank checked the node's memory for every rank before starting them (command line only).
+  bool check_memory = true;
+  bool host_memory_checked = false;
   // Checkpoints (the [checkpoint] component writes them).
   int64_t save_every = 0;     // 0 = only at the end (when a checkpoint component is chosen)
   int64_t keep_last = 0;      // 0 = keep all
