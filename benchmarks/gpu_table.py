@@ -2,7 +2,8 @@
 """The table of `make gpu-check`: fsdpx on one GPU, every figure measured in this call.
 
   1. gpt 1b (2048 wide, 16 layers), bf16_mixed, full_shard, adamw, one rank on one GPU: tokens/s,
-     MFU (fsdpx's FLOPs per token x tokens/s over the GPU's dense bf16 peak) and peak allocated;
+     MFU (FLOPs per token counted as torchtitan does, 6*N_non_embedding + 12*L*H*Q*T, x tokens/s
+     over the GPU's dense bf16 peak) and peak allocated;
   2. PyTorch FSDP2 (benchmarks/vs_fsdp2/gpt_fsdp2.py, one rank under torchrun, NCCL) on the same
      initial weights (fsdpx-train --save-init) and the same batches: the step-time ratio and the
      peak-allocated ratio fsdpx/FSDP2, and the largest loss difference;
@@ -252,7 +253,8 @@ def report(a, r, name, count, peak, peak_from):
           f"{a.steps} steps, medians over steps 2 on")
     row("figure", "value", "detail")
     row("gpt 1b tokens/s", f"{fx['tokens_per_s']:.0f}", f"step time {fx['step_time_s'] * 1e3:.1f} ms")
-    row("gpt 1b MFU", f"{100 * fx['mfu']:.1f}%", f"fsdpx's FLOPs per token x tokens/s / {peak:g} TFLOPS")
+    row("gpt 1b MFU", f"{100 * fx['mfu']:.1f}%",
+        f"FLOPs per token as torchtitan counts (6*N_non_embedding + 12*L*H*Q*T) x tokens/s / {peak:g} TFLOPS")
     row("gpt 1b peak allocated", gib(fx["peak_allocated_bytes"]),
         f"max over steps of step_peak_allocated_bytes ({fx['memory_kind'] or 'kind not given'})")
     row("fsdpx / FSDP2 step time", f"{r['time_ratio']:.2f}",

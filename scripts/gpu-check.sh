@@ -20,11 +20,14 @@ usage: scripts/gpu-check.sh [options]      (make gpu-check GPU_CHECK_ARGS="...")
 
 Proves fsdpx's CUDA path on the first machine with a GPU: builds fsdpx in Release for sm_90
 (TORCH_CUDA_ARCH_LIST=9.0), runs cuda_probe expecting a GPU, then 'ctest -L gpu' and
-'ctest -L device', then prints one table of measured figures (benchmarks/gpu_table.py):
-gpt 1b, bf16_mixed, full_shard on one GPU (tokens/s, MFU against the GPU's dense bf16 peak, peak
+'ctest -L device' (and the device tests whose expectation depends on a visible GPU once more with
+CUDA_VISIBLE_DEVICES= set empty), then prints one table of measured figures
+(benchmarks/gpu_table.py): gpt 1b, bf16_mixed, full_shard on one GPU (tokens/s, MFU as torchtitan
+counts it, 6*N_non_embedding + 12*L*H*Q*T FLOPs per token, against the GPU's dense bf16 peak, peak
 allocated), PyTorch FSDP2 on the same weights and batches (step-time and peak-memory ratios),
 the largest gpt at 1b width that trains one step with and without cpu_offload, and the step time
-with overlap on and off. It stops at the first step that fails, naming it.
+with overlap on and off. A failed step does not stop the ones after it (the table runs after
+failed tests); the last line names each step that failed, and the exit status is then 1.
 
 Needs: an x86-64 Linux machine with an NVIDIA GPU and its driver (nvidia-smi), the CUDA 13.0
 toolkit (nvcc), a C++17 compiler, CMake >= 3.25, Ninja, and a Python with torch ${TORCH_VERSION}+cu130
@@ -97,7 +100,9 @@ done
 if ((system_deps && fetch)); then usage_error "--fetch-deps and --system-deps cannot go together"; fi
 # Paths as given from where the command ran; then everything runs from the checkout.
 debs=$(realpath -m "$debs") prefix=$(realpath -m "$prefix") build_dir=$(realpath -m "$build_dir")
-[[ $python != */* ]] || python=$(realpath -m "$python")
+# A Python is made absolute but kept as given: a venv's bin/python3 is a symlink to the system's,
+# and only called by its venv path does it find the venv's torch.
+[[ $python != */* ]] || python=$(realpath -ms "$python")
 cd "$REPO"
 start=$(date +%s)
 
@@ -221,6 +226,14 @@ if ((build_only)); then
   exit 0
 fi
 
+# --- from here on a failed step does not stop the ones after it: one run on a GPU machine brings
+# back every figure it can, and its last line names each step that failed (exit 1).
+failed=()
+failed_step() {  # what failed, and where to look
+  printf 'gpu-check: FAILED: %s\n' "$*"
+  failed+=("$*")
+}
+
 # --- the GPU: the probe binds every CUDA and NCCL entry point and must find a device -----------
 stage "cuda_probe --expect-gpu"
 [[ -x $build_dir/tests/cuda_probe ]] ||
@@ -232,44 +245,62 @@ if [[ ${gpus:-0} == 0 ]]; then
          "$(smi_says); run this on the machine with the GPU"
 fi
 printf '%s\n' "$probe_out"
-((probe_rc == 0)) || die "cuda_probe failed with $gpus GPU(s) visible (its lines above name the step)"
+((probe_rc == 0)) || failed_step "cuda_probe exited $probe_rc with $gpus GPU(s) visible (its lines above name the step)"
 
 # --- the tests: on a GPU, a skipped test proves nothing, so skips are listed by name -----------
-run_ctest() {  # label
-  local log=$build_dir/gpu-check-ctest-$1.log
-  stage "ctest -L $1"
+# The device tests whose expectation depends on whether a GPU is visible run once more with none
+# visible (CUDA_VISIBLE_DEVICES=), so that both of their branches run on the GPU machine.
+GPU_DEPENDENT='^(Sim\.CopiesConvertAndPinnedMemoryIsPinned|'
+GPU_DEPENDENT+='SimTrainBadInput\.DevicesThatCannotRunAreOneLineBeforeAnyWorker)$'
+run_ctest() {  # name (of the log), then ctest's selection; a failure is recorded with the tests' names
+  local name=$1 log=$build_dir/gpu-check-ctest-$1.log
+  shift
+  stage "ctest $* ($name)"
   set +e
-  ctest --test-dir "$build_dir" -L "$1" --output-on-failure --timeout 900 -j 1 2>&1 | tee "$log"
+  ctest --test-dir "$build_dir" "$@" --no-tests=error --output-on-failure --timeout 900 -j 1 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]}
   set -e
-  local skipped
+  local skipped names
   skipped=$(grep -E '\*\*\*Skipped|Not Run' "$log" |
             sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //; s/ \.{3,}.*//' || true)
   if [[ -n $skipped ]]; then
-    say "label $1: skipped on this machine, so not proven here: $(tr '\n' ' ' <<<"$skipped")"
+    say "$name: skipped on this machine, so not proven here: $(tr '\n' ' ' <<<"$skipped")"
     not_proven=$((not_proven + $(grep -c . <<<"$skipped")))
   fi
-  ((rc == 0)) || die "ctest -L $1 failed (log: $log)"
+  ((rc != 0)) || return 0
+  names=$(sed -n '/The following tests FAILED:/,$p' "$log" |
+          sed -n -E 's/^[[:space:]]+[0-9]+ - ([^ ]+) .*/\1/p' | tr '\n' ' ')
+  failed_step "ctest $* (${names:+${names% }; }log: $log)"
 }
 not_proven=0 left_out=
 if ((tests)); then
-  run_ctest gpu
-  run_ctest device
+  run_ctest gpu -L gpu
+  run_ctest device -L device
+  CUDA_VISIBLE_DEVICES='' run_ctest device-gpu-hidden -L device -R "$GPU_DEPENDENT"
 else
   left_out+="; the tests were left out (--no-tests)"
 fi
 
-# --- the table ----------------------------------------------------------------------------------
+# --- the table: after failed tests too ---------------------------------------------------------
 if ((table)); then
   stage "the table (benchmarks/gpu_table.py)"
   table_args=(--build-dir "$build_dir" --python "$python" --json "$build_dir/gpu-check.json")
   [[ -z $peak ]] || table_args+=(--peak-tflops "$peak")
   ((largest)) || { table_args+=(--no-largest); left_out+="; the search for the largest model was left out"; }
-  PYTHONUNBUFFERED=1 "$python" benchmarks/gpu_table.py "${table_args[@]}" ||
-    die "benchmarks/gpu_table.py failed (see above)"
-  left_out+="; figures also in $build_dir/gpu-check.json"
+  if PYTHONUNBUFFERED=1 "$python" benchmarks/gpu_table.py "${table_args[@]}"; then
+    left_out+="; figures also in $build_dir/gpu-check.json"
+  else
+    failed_step "benchmarks/gpu_table.py exited $? (see above; the figures it measured are printed there)"
+  fi
 else
   left_out+="; the table was left out (--no-table)"
 fi
 ((not_proven == 0)) || left_out+="; $not_proven skipped test(s), listed above, are not proven here"
-say "passed in $(( ($(date +%s) - start) / 60 )) min$left_out"
+took="$(( ($(date +%s) - start) / 60 )) min"
+if ((${#failed[@]})); then
+  what=${failed[0]}
+  for f in "${failed[@]:1}"; do what+=" AND $f"; done
+  printf 'gpu-check: failed in %s: %s%s\n' "$took" "$what" "$left_out" >&2
+  exit 1
+fi
+say "passed in $took$left_out"

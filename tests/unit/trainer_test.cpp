@@ -312,3 +312,29 @@ TEST(Trainer, ARankFailingAloneEndsTheOthersWithItsMessage) {
   std::printf("rank 0 ended %.2f s after rank 1\n", after);
   EXPECT_LT(after, 2.0);
 }
+
+// MFU counts FLOPs as torchtitan does (get_num_flop_per_token), so that it compares with its figures:
+// 6 per parameter outside the token embedding (a tied output projection goes with it) plus 12*L*H*Q*T
+// for attention. Each metrics line gives the count it used and names it; tflops and mfu follow.
+TEST(Trainer, MfuCountsFlopsAsTorchtitan) {
+  TempDir dir;
+  const int64_t C = 64, L = 3, H = 2, V = 256, T = 32, F = 96;
+  for (const bool tied : {false, true}) {
+    const auto out = dir.path() / (tied ? "tied" : "untied");
+    auto r = run_command(train_cmd() +
+                         " --steps 2 --log-every 1 --peak-tflops 2 --data.name synthetic --data.seq 32 --model.dim 64"
+                         " --model.layers 3 --model.heads 2 --model.vocab 256 --model.seq 32 --model.ffn_hidden 96" +
+                         (tied ? " --model.tie_embeddings true" : "") + " --out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json last = step_metrics(out).back();
+    const int64_t layer = 4 * C * C + 3 * C * F + 2 * C;  // wq wk wv wo, w1 w2 w3, two norms
+    const int64_t non_embedding = L * layer + C + (tied ? 0 : V * C);  // the final norm, the output projection
+    const double flops = 6.0 * static_cast<double>(non_embedding) + 12.0 * static_cast<double>(L * H * (C / H) * T);
+    EXPECT_EQ(last["flops_per_token"].get<double>(), flops) << (tied ? "tied" : "untied");
+    EXPECT_NE(last["flops_definition"].get<std::string>().find("torchtitan's 6*N_non_embedding + 12*L*H*Q*T"),
+              std::string::npos);
+    const double tflops = flops * last["tokens_per_s"].get<double>() / 1e12;
+    EXPECT_NEAR(last["tflops"].get<double>(), tflops, 1e-9 * tflops);
+    EXPECT_NEAR(last["mfu"].get<double>(), tflops / 2, 1e-9 * tflops);
+  }
+}

@@ -215,7 +215,11 @@ json MetricsProcessor::metrics_line(int64_t done, const WorldStep& w, double ela
          {"step_rss_rise_bytes", w.max_rss_rise}};
   m.update((counters_.totals() - interval_.comm_start).per(interval_.steps).to_json());
   if (plan_.flops_per_token > 0) {
+    // The model plugin's own count of training FLOPs per token, with its definition beside it (the
+    // decoder models count as torchtitan does, so that MFU compares with torchtitan's figures).
     const double tflops = plan_.flops_per_token * static_cast<double>(interval_.tokens) / secs / 1e12;
+    m["flops_per_token"] = plan_.flops_per_token;
+    m["flops_definition"] = "the model plugin's flops_per_token(); decoders: torchtitan's 6*N_non_embedding + 12*L*H*Q*T";
     m["tflops"] = tflops;
     if (peak_ > 0) m["mfu"] = tflops / (peak_ * world_.size());
   }

@@ -292,7 +292,16 @@ class Gpt final : public fsdpx::Model,
   std::vector<fsdpx::LayerActivations> activations(int64_t batch, int64_t seq, c10::ScalarType compute) const override {
     return gpt_activations(config_, batch, seq, compute);
   }
-  double flops_per_token() const override { return 6.0 * static_cast<double>(params_); }
+  // Training FLOPs per token as torchtitan counts them (get_num_flop_per_token), so that MFU compares:
+  // 6 per parameter outside the token embedding (a lookup, no matmul; a tied output projection goes
+  // uncounted with it, as there), plus 12*L*H*Q*T for attention's two matmuls per head, forward and
+  // backward, causal masking not discounted. T is the model's context (--model.seq): torchtitan's is
+  // the training sequence length, the same when the data's sequences fill the context.
+  double flops_per_token() const override {
+    const Config& c = config_;
+    const auto non_embedding = static_cast<double>(params_ - c.vocab * c.dim);
+    return 6.0 * non_embedding + 12.0 * static_cast<double>(c.layers * c.heads * c.head_dim() * c.seq);
+  }
 
  private:
   at::Tensor logits_of(const at::Tensor& t) {
