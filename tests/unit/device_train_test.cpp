@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <ATen/Context.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
 
 #include "test_paths.h"
@@ -185,10 +187,16 @@ TEST(SimTrainOffload, TrainsTwiceTheLayersInTheSameDeviceMemory) {
   auto fits = run_command(run + (dir.path() / "a").string() + " --model.layers 4 --sharding.name full_shard");
   ASSERT_EQ(fits.exit_code, 0) << fits.err;
   EXPECT_GT(read_json(dir.path() / "a" / "summary.json")["peak_tflops_per_rank"].get<double>(), 0);
+  // 8 layers do not fit: refused before any step (the plan against sim's budget), and, started
+  // anyway, sim's own out-of-memory error mid-run.
   auto over = run_command(run + (dir.path() / "b").string() + " --model.layers 8 --sharding.name full_shard");
   EXPECT_NE(over.exit_code, 0);
-  EXPECT_NE(over.err.find("sim out of memory on sim:0: tried to allocate "), std::string::npos) << over.err;
-  EXPECT_NE(over.err.find("left"), std::string::npos) << over.err;
+  EXPECT_NE(over.err.find("the plan does not fit this node: device sim:0: "), std::string::npos) << over.err;
+  auto forced = run_command(run + (dir.path() / "b2").string() +
+                            " --model.layers 8 --sharding.name full_shard --skip-memory-check");
+  EXPECT_NE(forced.exit_code, 0);
+  EXPECT_NE(forced.err.find("sim out of memory on sim:0: tried to allocate "), std::string::npos) << forced.err;
+  EXPECT_NE(forced.err.find("left"), std::string::npos) << forced.err;
   auto offload = run_command(run + (dir.path() / "c").string() + " --model.layers 8 --sharding.name cpu_offload");
   EXPECT_EQ(offload.exit_code, 0) << offload.err;
 }
@@ -262,13 +270,60 @@ TEST(SimTrainBadInput, DevicesThatCannotRunAreOneLineBeforeAnyWorker) {
   EXPECT_EQ(no_lib.exit_code, 1);
   EXPECT_NE(no_lib.err.find("missing.so"), std::string::npos) << no_lib.err;
   EXPECT_EQ(no_lib.err.find("rank 1"), std::string::npos) << no_lib.err;
-  auto nccl = run_command(run + "--device sim --backend nccl");
+  auto nccl = run_command(run + "--device cpu --backend nccl");
   EXPECT_NE(nccl.exit_code, 0);
-  EXPECT_NE(nccl.err.find("--backend nccl needs --device cuda"), std::string::npos) << nccl.err;
-  auto cuda = run_command(run + "--device cuda");
-  EXPECT_EQ(cuda.exit_code, 1);
-  EXPECT_NE(cuda.err.find("--device cuda: no GPU visible"), std::string::npos) << cuda.err;
-  EXPECT_EQ(std::count(cuda.err.begin(), cuda.err.end(), '\n'), 1) << cuda.err;
+  EXPECT_NE(nccl.err.find("--backend nccl needs --device cuda, or --device sim"), std::string::npos) << nccl.err;
+  // sim's NCCL twin (the default there), as NCCL, takes a device per rank; Gloo staging may share one.
+  auto shared = run_command("env FSDPX_SIM_DEVICES=1 " + run + "--device sim");
+  EXPECT_EQ(shared.exit_code, 1) << shared.err;
+  EXPECT_NE(shared.err.find("--device sim: 2 ranks on this node but 1 device(s) visible"), std::string::npos)
+      << shared.err;
+  EXPECT_EQ(std::count(shared.err.begin(), shared.err.end(), '\n'), 1) << shared.err;
+  // --device cuda with no GPU visible (CUDA_VISIBLE_DEVICES empty hides a machine's GPUs, so this
+  // branch runs on every machine), and with the GPUs this machine has and one rank more than them:
+  // no GPU visible again, or more ranks than GPUs (NCCL, the default on CUDA, takes one per rank).
+  const int gpus = at::hasCUDA() ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0;
+  const std::string more_ranks = "--nproc-per-node " + std::to_string(gpus + 1) + " ";
+  auto hidden = run_command("env CUDA_VISIBLE_DEVICES= " + run + "--device cuda");
+  auto cuda = run_command("timeout 120 " + train() + kTiny + "--steps 1 --device cuda " + more_ranks);
+  const std::string too_many = std::to_string(gpus + 1) + " ranks on this node but " + std::to_string(gpus) +
+                               " device(s) visible; run at most one rank per device";
+  for (const auto& [r, want] : {std::pair<const CommandResult&, std::string>{hidden, "no GPU visible"},
+                                {cuda, gpus == 0 ? "no GPU visible" : too_many}}) {
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("--device cuda: " + want), std::string::npos) << "want '" << want << "': " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+}
+
+// cpu_offload over hybrid_shard at shard_size 1 (a GPU per node): each rank's gradient is whole,
+// averaged across the replicas, and its shard lives in host memory, which a collective must not
+// be handed (NCCL takes device tensors only). The all-reduce runs on a device buffer: the CPU's
+// losses bit for bit at 2 ranks, with the layout asked for and a device peak the plan predicts.
+TEST(SimTrainOffload, HybridAtShardSizeOneGivesTheCpuBits) {
+  TempDir dir;
+  const std::string launch = train() + " --nproc-per-node 2" + kTiny +
+                             "--steps 4 --sharding.name cpu_offload --sharding.base hybrid_shard "
+                             "--sharding.shard_size 1";
+  std::string got[2];
+  const char* devices[2] = {"cpu", "sim"};
+  for (int d = 0; d < 2; ++d) {
+    const auto out = dir.path() / devices[d];
+    auto r = run_command("timeout 300 " + launch + " --device " + devices[d] + " --out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << devices[d] << ": " << r.err;
+    got[d] = numbers(out);
+  }
+  EXPECT_NE(got[0].find("step 4 loss"), std::string::npos) << got[0];
+  EXPECT_EQ(got[1], got[0]);
+  const json summary = read_json(dir.path() / "sim" / "summary.json");
+  EXPECT_EQ(summary["plan"]["shard_group_size"], 1);
+  EXPECT_EQ(summary["plan"]["replicate_group_size"], 2);
+  EXPECT_GT(summary["plan"]["memory"]["host_bytes"].get<int64_t>(), 0);
+  const json& rank = summary["ranks"][0];
+  EXPECT_EQ(rank["memory_device"], "sim:0");
+  const double measured = rank["peak_allocated_bytes"].get<double>(),
+               planned = summary["plan"]["memory"]["peak_bytes"].get<double>();
+  EXPECT_NEAR(measured, planned, 0.1 * planned);
 }
 
 }  // namespace
