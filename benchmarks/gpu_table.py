@@ -218,7 +218,7 @@ def measure(a, table):
     r["fsdpx"] = {"tokens_per_s": median(fx, "tokens_per_s"), "mfu": median(fx, "mfu"),
                   "step_time_s": median(fx, "step_time_s"),
                   "peak_allocated_bytes": max(s["step_peak_allocated_bytes"] for s in fx),
-                  "memory_kind": fx[-1].get("memory_kind", "")}
+                  "memory_kind": fx[-1].get("memory_kind", ""), "breakdown": breakdown(fx)}
     r["fsdp2"] = {"step_time_s": median(f2, "step_time_s"),
                   "peak_allocated_bytes": max(s["cuda_peak_allocated_bytes"] for s in f2)}
     r["time_ratio"] = r["fsdpx"]["step_time_s"] / r["fsdp2"]["step_time_s"]
@@ -228,6 +228,29 @@ def measure(a, table):
     if not a.no_largest:
         r["largest"] = {s: table.largest(s) for s in ("full_shard", "cpu_offload")}
     return r
+
+
+PHASES = ("forward", "backward", "all_gather_wait", "reduce_scatter_wait", "optimizer", "other")
+
+
+def breakdown(steps):
+    """Per rank, the median over the timed steps of each phase's seconds (metrics.jsonl's step_breakdown_s:
+    CUDA events on the compute stream, fsdpx/framework/runtime/step_clock.h); [] when the lines have none."""
+    lines = [s["step_breakdown_s"] for s in timed(steps) if "step_breakdown_s" in s]
+    if not lines:
+        return []
+    return [{p: statistics.median(line[r][p] for line in lines) for p in PHASES} for r in range(len(lines[0]))]
+
+
+def breakdown_rows(ranks, step_time):
+    if not ranks:
+        row("where the step goes", "-", "metrics.jsonl has no step_breakdown_s")
+        return
+    for p in PHASES:
+        values = [r[p] for r in ranks]
+        per_rank = ", ".join(f"{v * 1e3:.1f}" for v in values) if len(values) > 1 else ""
+        row(f"  {p.replace('_', ' ')}", f"{max(values) * 1e3:.1f} ms",
+            f"{100 * max(values) / step_time:.0f}% of the step" + (f"; per rank {per_rank} ms" if per_rank else ""))
 
 
 def row(figure, value, detail=""):
@@ -257,6 +280,8 @@ def report(a, r, name, count, peak, peak_from):
         f"FLOPs per token as torchtitan counts (6*N_non_embedding + 12*L*H*Q*T) x tokens/s / {peak:g} TFLOPS")
     row("gpt 1b peak allocated", gib(fx["peak_allocated_bytes"]),
         f"max over steps of step_peak_allocated_bytes ({fx['memory_kind'] or 'kind not given'})")
+    row("where the step goes (CUDA events)", "", "compute stream, median over steps; waits = its stalls")
+    breakdown_rows(fx["breakdown"], fx["step_time_s"])
     row("fsdpx / FSDP2 step time", f"{r['time_ratio']:.2f}",
         f"fsdpx {fx['step_time_s'] * 1e3:.1f} ms, FSDP2 {f2['step_time_s'] * 1e3:.1f} ms; same weights and batches")
     row("fsdpx / FSDP2 peak allocated", f"{r['memory_ratio']:.2f}",

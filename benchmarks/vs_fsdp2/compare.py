@@ -244,6 +244,19 @@ def median_step_time(steps):
     return statistics.median(s["step_time_s"] for s in steps[1:])
 
 
+PHASES = ("forward", "backward", "all_gather_wait", "reduce_scatter_wait", "optimizer", "other")
+
+
+def breakdown(steps):
+    """Each phase's seconds per step (step_breakdown_s, the same definition on both sides: fsdpx's
+    framework/runtime/src/step_clock.cpp and the mirror's StepClock), the mean over ranks, the median
+    over the steps after the first; None when the lines have none."""
+    lines = [s["step_breakdown_s"] for s in steps[1:] if s.get("step_breakdown_s")]
+    if not lines:
+        return None
+    return {p: statistics.median(sum(r[p] for r in line) / len(line) for line in lines) for p in PHASES}
+
+
 def rss_per_rank(step):
     """Each rank's peak RSS in a metrics line: fsdpx's peak_rss_bytes (its peak_memory_bytes are
     allocated bytes), the mirror's peak_memory_bytes (RSS)."""
@@ -284,6 +297,9 @@ def summarise(cfg, rounds, a):
             "peak_rss_bytes": statistics.median(peak_rss(r[side]) for r in rounds),
             "step_rss_rise_bytes": statistics.median(step_rise(r[side]) for r in rounds),
         }
+        per_round = [b for b in (breakdown(r[side]) for r in rounds) if b]
+        if per_round:
+            s[side]["breakdown"] = {p: statistics.median(b[p] for b in per_round) for p in PHASES}
         last = rounds[0][side][-1]
         for k in ("allgather_bytes", "reduce_scatter_bytes", "all_reduce_bytes"):
             if k in last:
@@ -334,6 +350,9 @@ def report(s, a):
     print(f"bytes per step (KiB)                 all-gather fsdpx {kib(fx.get('allgather_bytes'))} / FSDP2 "
           f"{kib(f2.get('allgather_bytes'))}; reduce-scatter {kib(fx.get('reduce_scatter_bytes'))} / "
           f"{kib(f2.get('reduce_scatter_bytes'))}; all-reduce {kib(fx.get('all_reduce_bytes'))} / {kib(f2.get('all_reduce_bytes'))}")
+    if "breakdown" in fx and "breakdown" in f2:
+        parts = [f"{p.replace('_', ' ')} {fx['breakdown'][p] * 1e3:.1f} / {f2['breakdown'][p] * 1e3:.1f}" for p in PHASES]
+        print("where the step goes (ms, fsdpx / FSDP2, mean over ranks): " + "; ".join(parts))
     if "floor" in s:
         fl = s["floor"]["step_time_s"]
         print(f"compute floor (fsdpx, 1 rank, same batch per rank) {fl * 1e3:.2f} ms: fsdpx at {s['ranks']} ranks is "

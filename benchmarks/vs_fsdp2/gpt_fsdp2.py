@@ -18,7 +18,12 @@ What is mirrored from fsdpx (the file each piece follows, relative to the reposi
   - the step and its figures: framework/trainer/src/trainer.cpp and metrics.cpp (loss = mean over
     ranks of each rank's loss, summed in rank order; peak RSS from VmHWM, reset every step;
     bytes per collective counted as the logical payload of a group of more than one rank);
-  - the lr schedule: framework/trainer/src/lr_schedule.cpp.
+  - the lr schedule: framework/trainer/src/lr_schedule.cpp;
+  - where the step goes: framework/runtime/src/step_clock.cpp's phases, marked the same way (the
+    host's clock on the CPU, timing events on the compute stream on CUDA) around the forward,
+    the backward, the optimizer, FSDP2's waits for its all-gathers (FSDPParamGroup.wait_for_unshard,
+    and an all-gather that blocks at issue) and for its reductions (a reduce-scatter or all-reduce
+    that blocks at issue, as Gloo's do, and FSDPParamGroup._wait_for_post_backward).
 
 Device: --device cpu uses Gloo (tested). --device cuda uses NCCL with one GPU per local rank;
 that path is written but could not be tested where this was written (a CPU-only machine).
@@ -341,6 +346,87 @@ ORIGINAL = {"all_gather_into_tensor": dist.all_gather_into_tensor,
             "all_reduce": dist.all_reduce}
 
 
+class StepClock:
+    """framework/runtime/src/step_clock.cpp in Python: marks on the compute stream's timeline, spans
+    by phase, waits taken out of the pass they fall in, 'other' = the step less the rest."""
+    PHASES = ("forward", "backward", "all_gather_wait", "reduce_scatter_wait", "optimizer", "other")
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.spans, self.outer, self.stepping = [], "step", False
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def seconds(self, a, b):
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+    def span(self, phase):
+        clock = self
+
+        class Span:
+            def __enter__(self):
+                self.outer_before = clock.outer
+                if phase in ("forward", "backward", "optimizer"):
+                    clock.outer = phase
+                clock.stepping = clock.stepping or phase == "step"
+                self.begin = clock.mark()
+
+            def __exit__(self, *exc):
+                if clock.stepping:
+                    clock.spans.append((phase, clock.outer, self.begin, clock.mark()))
+                clock.outer = self.outer_before
+                if phase == "step":
+                    clock.stepping = False
+                return False
+
+        return Span()
+
+    def wrap(self, phase, fn):
+        def timed(*args, **kwargs):
+            with self.span(phase):
+                return fn(*args, **kwargs)
+        return timed
+
+    def take(self):
+        if self.cuda and self.spans:
+            self.spans[-1][3].synchronize()
+        total, inside = {}, {}
+        for phase, outer, a, b in self.spans:
+            d = self.seconds(a, b)
+            total[phase] = total.get(phase, 0.0) + d
+            if phase.endswith("_wait"):
+                inside[outer] = inside.get(outer, 0.0) + d
+        self.spans = []
+        out = {p: total.get(p, 0.0) - inside.get(p, 0.0) for p in ("forward", "backward", "optimizer")}
+        out["all_gather_wait"] = total.get("all_gather_wait", 0.0)
+        out["reduce_scatter_wait"] = total.get("reduce_scatter_wait", 0.0)
+        out["other"] = total.get("step", 0.0) - sum(out.values())
+        return [out[p] for p in self.PHASES]
+
+    def install(self):
+        """FSDP2's waits: for an all-gather (wait_for_unshard) and for the reductions
+        (_wait_for_post_backward); collectives that block at issue are timed by CommCounter."""
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+        FSDPParamGroup.wait_for_unshard = self.wrap("all_gather_wait", FSDPParamGroup.wait_for_unshard)
+        FSDPParamGroup._wait_for_post_backward = self.wrap("reduce_scatter_wait", FSDPParamGroup._wait_for_post_backward)
+
+
+CLOCK = None  # the run's StepClock (main)
+
+
+def blocking(phase, fn, async_op):
+    """A collective that blocks the host at issue (async_op False) is a wait of the compute stream."""
+    if async_op or CLOCK is None:
+        return fn()
+    with CLOCK.span(phase):
+        return fn()
+
+
 class CommCounter:
     def __init__(self):
         self.bytes = {"allgather_bytes": 0, "reduce_scatter_bytes": 0, "all_reduce_bytes": 0}
@@ -353,15 +439,18 @@ class CommCounter:
     def install(self):
         def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
             self._add("allgather_bytes", output_tensor, group)
-            return ORIGINAL["all_gather_into_tensor"](output_tensor, input_tensor, group=group, async_op=async_op)
+            return blocking("all_gather_wait", lambda: ORIGINAL["all_gather_into_tensor"](
+                output_tensor, input_tensor, group=group, async_op=async_op), async_op)
 
         def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
             self._add("reduce_scatter_bytes", input, group)
-            return ORIGINAL["reduce_scatter_tensor"](output, input, op=op, group=group, async_op=async_op)
+            return blocking("reduce_scatter_wait", lambda: ORIGINAL["reduce_scatter_tensor"](
+                output, input, op=op, group=group, async_op=async_op), async_op)
 
         def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
             self._add("all_reduce_bytes", tensor, group)
-            return ORIGINAL["all_reduce"](tensor, op=op, group=group, async_op=async_op)
+            return blocking("reduce_scatter_wait", lambda: ORIGINAL["all_reduce"](
+                tensor, op=op, group=group, async_op=async_op), async_op)
 
         dist.all_gather_into_tensor = all_gather_into_tensor
         dist.reduce_scatter_tensor = reduce_scatter_tensor
@@ -533,15 +622,18 @@ def forward_backward(a, run, device):
         if inputs.max().item() >= vocab:
             raise SystemExit(f"the data holds token id {inputs.max().item()}, outside the vocabulary of {vocab}")
         inputs, targets = inputs.to(device), targets.to(device)
-        loss = loss_of(run.model, inputs, targets) / float(a.grad_accum)
-        loss.backward()
+        with CLOCK.span("forward"):
+            loss = loss_of(run.model, inputs, targets) / float(a.grad_accum)
+        with CLOCK.span("backward"):
+            loss.backward()
         loss_sum += loss.item()
     grad_norm = None
-    if a.clip_grad_norm > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), a.clip_grad_norm)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    run.opt.step()
-    run.opt.zero_grad(set_to_none=True)
+    with CLOCK.span("optimizer"):
+        if a.clip_grad_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), a.clip_grad_norm)
+            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        run.opt.step()
+        run.opt.zero_grad(set_to_none=True)
     return loss_sum, grad_norm
 
 
@@ -566,7 +658,9 @@ def train_step(a, run, device, world, step, startup_rss, run_peak):
         torch.cuda.reset_peak_memory_stats(device)
     run.counter.on = True
     ALLOCATOR.reset()
-    loss_sum, grad_norm = forward_backward(a, run, device)
+    with CLOCK.span("step"):
+        loss_sum, grad_norm = forward_backward(a, run, device)
+    breakdown = CLOCK.take()
     allocated_peak = ALLOCATOR.peak()
     run.counter.on = False
     comm = run.counter.take()
@@ -575,7 +669,7 @@ def train_step(a, run, device, world, step, startup_rss, run_peak):
     rise = step_peak - rss_before if measured else -1
     cuda_peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else -1
     rows = gather_figures([loss_sum, float(rise), float(step_peak), float(run_peak), float(cuda_peak), float(startup_rss),
-                           float(allocated_peak)], world, device)
+                           float(allocated_peak)] + breakdown, world, device)
     loss_world = 0.0
     for r in range(world):  # in rank order, as fsdpx sums
         loss_world += rows[r][0]
@@ -592,7 +686,8 @@ def train_step(a, run, device, world, step, startup_rss, run_peak):
             "peak_rss_bytes": int(max(r[3] for r in rows)),
             "memory_kind": "rss",
             "step_rss_rise_bytes": int(max(r[1] for r in rows)),
-            "startup_rss_bytes": int(max(r[5] for r in rows)), **comm}
+            "startup_rss_bytes": int(max(r[5] for r in rows)), **comm,
+            "step_breakdown_s": [dict(zip(StepClock.PHASES, r[7:13])) for r in rows]}
     if device.type == "cuda":
         line["cuda_peak_allocated_bytes"] = int(max(r[4] for r in rows))
     if a.fsdpx_lib:
@@ -603,13 +698,15 @@ def train_step(a, run, device, world, step, startup_rss, run_peak):
 
 
 def main(argv=None):
-    global ALLOCATOR
+    global ALLOCATOR, CLOCK
     a = parse_args(argv)
     ALLOCATOR = AllocatorCount(a.fsdpx_lib)  # before the first tensor of the run
     startup_rss = proc_memory()[0]  # the interpreter and torch, before any process group or model
     device, threads = init_distributed(a)
     rank, world = dist.get_rank(), dist.get_world_size()
     run = build(a, device, world)
+    CLOCK = StepClock(device)
+    CLOCK.install()
     out = open(a.out, "w") if (rank == 0 and a.out) else None
     if rank == 0 and not a.quiet:
         n_params = sum(p.numel() for p in run.model.parameters())

@@ -221,6 +221,17 @@ TEST(SimTrainLosses, ReadAtLogStepsOnlyWithEveryStepsValue) {
     if (!j.contains("loss")) continue;
     steps.push_back(j["step"].get<int64_t>());
     EXPECT_EQ(j["loss"].get<double>(), logged[steps.back()]) << "step " << steps.back();
+    // Where each rank's step time went, from timing events on sim's compute stream: six phases that
+    // add up to at most the step's wall time.
+    ASSERT_EQ(j["step_breakdown_s"].size(), 2u) << j.dump();
+    for (const json& rank : j["step_breakdown_s"]) {
+      double sum = 0;
+      for (const char* phase : {"forward", "backward", "all_gather_wait", "reduce_scatter_wait", "optimizer", "other"})
+        sum += rank.at(phase).get<double>();
+      EXPECT_GT(rank["forward"].get<double>(), 0) << rank.dump();
+      EXPECT_GT(sum, 0) << rank.dump();
+      EXPECT_LE(sum, j["step_time_s"].get<double>() * 1.01 + 1e-3) << j.dump();
+    }
   }
   EXPECT_EQ(steps, (std::vector<int64_t>{4, 8}));
   const json summary = read_json(dir.path() / "fourth" / "summary.json");

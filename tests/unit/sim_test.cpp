@@ -18,6 +18,8 @@
 #include <gtest/gtest.h>
 
 #include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/runtime/device.h"
+#include "fsdpx/framework/runtime/step_clock.h"
 #include "fsdpx/optimizer.h"
 #include "fsdpx/sim/sim.h"
 #include "test_paths.h"
@@ -461,5 +463,59 @@ INSTANTIATE_TEST_SUITE_P(
                       DeviceRun{"adamw_accumulation_clipping",
                                 "--strategy full_shard --optimizer adamw --accum 2 --clip 0.5", {2}, 2}),
     [](const ::testing::TestParamInfo<DeviceRun>& i) { return i.param.name; });
+
+}  // namespace
+
+namespace {
+
+// The step clock's arithmetic (fsdpx/framework/runtime/step_clock.h) on the host's clock (the CPU)
+// and on timing events of the compute stream (sim): a wait inside the forward is taken out of it,
+// the phases add up to the step, and a wait outside a step counts nowhere. Sleeps stand for work;
+// the bounds leave a margin of 100 ms for a loaded machine.
+void check_step_clock(const std::string& spec) {
+  using namespace std::chrono_literals;
+  auto device = fsdpx::open_device(spec, 0);
+  fsdpx::StepClock clock(device);
+  {
+    fsdpx::TimedSpan waiting_outside(&clock, fsdpx::TimedPhase::AllGatherWait);  // no step open: not counted
+    std::this_thread::sleep_for(50ms);
+  }
+  {
+    fsdpx::TimedSpan step(&clock, fsdpx::TimedPhase::Step);
+    {
+      fsdpx::TimedSpan forward(&clock, fsdpx::TimedPhase::Forward);
+      std::this_thread::sleep_for(20ms);
+      fsdpx::TimedSpan waiting(&clock, fsdpx::TimedPhase::AllGatherWait);
+      std::this_thread::sleep_for(200ms);
+    }
+    {
+      fsdpx::TimedSpan backward(&clock, fsdpx::TimedPhase::Backward);
+      fsdpx::TimedSpan waiting(&clock, fsdpx::TimedPhase::ReduceScatterWait);
+      std::this_thread::sleep_for(100ms);
+    }
+    fsdpx::TimedSpan optimizer(&clock, fsdpx::TimedPhase::Optimizer);
+    std::this_thread::sleep_for(30ms);
+  }
+  clock.step_done();
+  const fsdpx::StepBreakdown b = clock.take();
+  EXPECT_EQ(b.steps, 1) << spec;
+  EXPECT_GE(b.forward, 0.019) << spec;
+  EXPECT_LT(b.forward, 0.120) << spec << ": the all-gather wait inside the forward was not taken out of it";
+  EXPECT_GE(b.all_gather_wait, 0.199) << spec;
+  EXPECT_LT(b.all_gather_wait, 0.240) << spec << ": the wait outside the step was counted";
+  EXPECT_GE(b.reduce_scatter_wait, 0.099) << spec;
+  EXPECT_LT(b.backward, 0.050) << spec;
+  EXPECT_GE(b.optimizer, 0.029) << spec;
+  EXPECT_GE(b.other, -1e-9) << spec;
+  double sum = 0;
+  for (double s : b.values()) sum += s;
+  EXPECT_GE(sum, 0.349) << spec;
+  EXPECT_EQ(clock.take().steps, 0) << spec << ": take() starts afresh";
+}
+
+TEST(StepClock, PhasesAddUpAndWaitsLeaveTheirPassOnTheCpuAndOnSim) {
+  check_step_clock("cpu");
+  check_step_clock("sim");
+}
 
 }  // namespace

@@ -22,6 +22,8 @@ struct EngineConfig {
     return options.layout.offload_to_cpu && !device->is_cpu() ? device->host_options().dtype(dtype) : on_device(dtype);
   }
   bool offloads() const { return options.layout.offload_to_cpu && !device->is_cpu(); }
+  // The clock to mark waits on: EngineOptions::clock while a step's span is open, else null.
+  StepClock* timing() const { return options.clock && options.clock->stepping() ? options.clock.get() : nullptr; }
   // Metadata collectives (CPU tensors).
   Communicator& control() const { return comms.control ? *comms.control : *comms.world; }
 };

@@ -127,6 +127,7 @@ void ParamGroup::unshard() {
     const int64_t s = config->shard_size;
     at::Tensor src;
     if (sharded_layout()) {
+      TimedSpan waiting(config->timing(), TimedPhase::AllGatherWait);
       gather_work.wait();  // the compute stream waits for the all-gather (the host, over Gloo)
       src = gather_out.view({s, total});
     } else {
@@ -251,6 +252,7 @@ void ParamGroup::store_reduced(const at::Tensor& result) {
 void ParamGroup::finish_reduce() {
   if (!reduced) return;
   reduced = false;
+  TimedSpan waiting(config->timing(), TimedPhase::ReduceScatterWait);  // until compute may read the shard
   const DeviceRuntime& dev = *config->device;
   {
     OnStream on(dev, StreamRole::ReduceScatter);
@@ -320,6 +322,7 @@ void ParamGroup::add_in_rank_order() {
 void ParamGroup::finish_replicate() {
   if (!replicating) return;
   replicating = false;
+  TimedSpan waiting(config->timing(), TimedPhase::ReduceScatterWait);  // the replicas' average, as a reduction
   const DeviceRuntime& dev = *config->device;
   {
     OnStream on(dev, StreamRole::AllReduce);

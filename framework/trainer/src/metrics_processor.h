@@ -76,6 +76,8 @@ class MetricsProcessor {
                               double grad_norm, const LossScalingGuard& scaling) const;
   nlohmann::json measured_per_rank(const PersistentBytes& mine);
   void closing_lines(double wall, const std::string& last_checkpoint);
+  // Adds a log step's per-rank breakdown (seconds per step over the interval) to the run's.
+  void add_breakdowns(const WorldStep& w);
 
   const TrainSettings& s_;
   const RunPlan& plan_;
@@ -101,6 +103,7 @@ class MetricsProcessor {
   int64_t reserved_run_peak_ = 0;   // the device allocator's reserved peak (the CPU's: allocated)
   CommTotals step_comm_;            // the last step's
   nlohmann::json last_eval_;
+  std::vector<StepBreakdown> breakdown_run_;  // per rank: seconds per phase over the logged steps
 };
 
 }  // namespace fsdpx

@@ -146,6 +146,8 @@ class Trainer {
     eo.overlap = s_.overlap;
     eo.deterministic = s_.deterministic;
     eo.device = device_;
+    clock_ = std::make_shared<StepClock>(device_);
+    eo.clock = clock_;
     EngineComms comms = engine_comms(*groups_, eo.layout, s_.deterministic, metrics_->counters());
     engine_ = std::make_unique<ShardingEngine>(model_, select_units(*model_, *wrap, s_), comms, eo);
     shards_ = engine_->shards();
@@ -186,19 +188,25 @@ class Trainer {
   WorldStep train_step(int64_t step) {
     lr_ = schedule_.at(step);
     RankStep mine = metrics_->begin_step();
-    scaling_->begin_step();
-    const double ordered_loss = s_.deterministic ? deterministic_passes(mine) : 0.0;
-    if (!s_.deterministic) forward_backward(mine);
-    CollectivePhase phase("step");  // the engine names forward and backward itself
-    optimizer_step(step);
-    if (loss_sum_.defined()) unread_losses_.push_back(loss_sum_);
-    loss_sum_ = at::Tensor();
-    if (metrics_->logs_at(step + 1) && !unread_losses_.empty()) {
-      // The host's one wait for the device in a log interval: every step's loss since the last.
-      const at::Tensor host = at::stack(unread_losses_).to(at::kCPU);
-      mine.losses.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
-      unread_losses_.clear();
+    double ordered_loss = 0.0;
+    {
+      TimedSpan whole(clock_.get(), TimedPhase::Step);
+      scaling_->begin_step();
+      ordered_loss = s_.deterministic ? deterministic_passes(mine) : 0.0;
+      if (!s_.deterministic) forward_backward(mine);
+      CollectivePhase phase("step");  // the engine names forward and backward itself
+      optimizer_step(step);
+      if (loss_sum_.defined()) unread_losses_.push_back(loss_sum_);
+      loss_sum_ = at::Tensor();
+      if (metrics_->logs_at(step + 1) && !unread_losses_.empty()) {
+        // The host's one wait for the device in a log interval: every step's loss since the last.
+        const at::Tensor host = at::stack(unread_losses_).to(at::kCPU);
+        mine.losses.assign(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+        unread_losses_.clear();
+      }
     }
+    clock_->step_done();
+    if (metrics_->logs_at(step + 1)) mine.breakdown = clock_->take();  // the device's marks are done by now
     return metrics_->end_step(step, mine, ordered_loss);
   }
 
@@ -207,9 +215,16 @@ class Trainer {
     for (int64_t m = 0; m < s_.grad_accum; ++m) {
       engine_->set_requires_gradient_sync(m == s_.grad_accum - 1);
       Batch b = on_device(data_->next(), device_->device());
-      at::Tensor loss = engine_->forward([&] { return model_->loss(b) / static_cast<double>(s_.grad_accum); });
+      at::Tensor loss;
+      {
+        TimedSpan forward(clock_.get(), TimedPhase::Forward);
+        loss = engine_->forward([&] { return model_->loss(b) / static_cast<double>(s_.grad_accum); });
+      }
       mine.allocated.end(StepPhase::Forward);
-      engine_->backward(scaling_->scaled(loss));
+      {
+        TimedSpan backward(clock_.get(), TimedPhase::Backward);
+        engine_->backward(scaling_->scaled(loss));
+      }
       mine.allocated.end(StepPhase::Backward);
       // Added on the device, in fp64 as the host added it; read at the next log step.
       const at::Tensor l = loss.detach().to(at::kDouble);
@@ -238,9 +253,16 @@ class Trainer {
         const int64_t i = j * world_ + rank_;
         Batch one = on_device(Batch{b.inputs.narrow(0, i, 1), b.targets.narrow(0, i, 1), 1, b.tokens / b.samples},
                               device_->device());
-        at::Tensor loss = engine_->forward([&] { return model_->loss(one) * weight; });
+        at::Tensor loss;
+        {
+          TimedSpan forward(clock_.get(), TimedPhase::Forward);
+          loss = engine_->forward([&] { return model_->loss(one) * weight; });
+        }
         mine.allocated.end(StepPhase::Forward);
-        engine_->backward(scaling_->scaled(loss));
+        {
+          TimedSpan backward(clock_.get(), TimedPhase::Backward);
+          engine_->backward(scaling_->scaled(loss));
+        }
         mine.allocated.end(StepPhase::Backward);
         losses.push_back(loss.item<double>());  // the step's loss is their ordered sum, below
         mine.tokens += one.tokens;
@@ -258,6 +280,7 @@ class Trainer {
   // Unscale and check (a step with inf/NaN is skipped on every rank), clip, the optimizer; then
   // the gradient shards' bytes are free until the next reduction.
   void optimizer_step(int64_t step) {
+    TimedSpan optimizer(clock_.get(), TimedPhase::Optimizer);
     if (!scaling_->unscale_and_check(shards_, step)) {
       grad_norm_ = s_.clip_grad_norm > 0 ? engine_->clip_grad_norm(s_.clip_grad_norm) : -1;
       opt_->step(lr_);
@@ -298,6 +321,7 @@ class Trainer {
   std::unique_ptr<MetricsProcessor> metrics_;
   std::unique_ptr<LossScalingGuard> scaling_;
   std::unique_ptr<ShardingEngine> engine_;
+  std::shared_ptr<StepClock> clock_;  // where each step's time goes (the engine marks its waits on it)
   std::vector<ParamShard> shards_;
   LrSchedule schedule_;
   std::unique_ptr<Evaluator> evaluator_;

@@ -17,6 +17,8 @@ WorldStep gather_step(Communicator& world, const RankStep& mine) {
                            static_cast<double>(mine.allocated_run_peak)};
   for (int k = 0; k < kStepPhases; ++k)
     f.push_back(static_cast<double>(mine.allocated.peak(static_cast<StepPhase>(k))));
+  const size_t timed = f.size();
+  for (double s : mine.breakdown.per_step().values()) f.push_back(s);
   const size_t fixed = f.size();
   f.insert(f.end(), mine.losses.begin(), mine.losses.end());
   WorldStep w;
@@ -32,6 +34,7 @@ WorldStep gather_step(Communicator& world, const RankStep& mine) {
     w.allocated_run_peaks.push_back(static_cast<int64_t>(a[6]));
     for (int k = 0; k < kStepPhases; ++k)
       w.max_phase_peaks[k] = std::max(w.max_phase_peaks[k], static_cast<int64_t>(a[7 + k]));
+    w.breakdowns.push_back(StepBreakdown::from_values(std::vector<double>(a.begin() + timed, a.begin() + fixed), 1));
     for (size_t i = 0; i < w.losses.size() && fixed + i < a.size(); ++i) w.losses[i] += a[fixed + i];
   }
   for (double& l : w.losses) l /= world.size();

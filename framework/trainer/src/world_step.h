@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fsdpx/framework/runtime/communicator.h"
+#include "fsdpx/framework/runtime/step_clock.h"
 #include "phase_peaks.h"
 
 namespace fsdpx {
@@ -20,6 +21,7 @@ struct RankStep {
   int64_t run_peak = 0;   // the run's peak RSS so far
   PhasePeaks allocated;   // the step's allocated peaks
   int64_t allocated_run_peak = 0;  // the run's allocated peak so far
+  StepBreakdown breakdown;         // at log steps: the seconds of each phase since the last (StepClock)
 };
 
 // The same on every rank (summed in rank order).
@@ -33,6 +35,7 @@ struct WorldStep {
   int64_t max_allocated_peak = 0;
   int64_t max_phase_peaks[kStepPhases] = {0, 0, 0};
   std::vector<int64_t> allocated_run_peaks;
+  std::vector<StepBreakdown> breakdowns;  // per rank, seconds per step (at log steps)
 };
 
 // Every rank's `mine`, combined. One all-gather over `world`. Collective.

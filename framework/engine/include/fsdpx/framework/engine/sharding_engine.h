@@ -15,6 +15,7 @@
 #include "fsdpx/seeds.h"
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/runtime/device.h"
+#include "fsdpx/framework/runtime/step_clock.h"
 #include "fsdpx/framework/engine/unit_plan.h"
 #include "fsdpx/model.h"
 #include "fsdpx/optimizer.h"
@@ -43,6 +44,9 @@ struct EngineOptions {
   // device.h); unset: the CPU. With layout.offload_to_cpu the shards, their gradients (and so the
   // optimizer's state and step) stay in host memory, and only what a unit computes with moves.
   std::shared_ptr<const DeviceRuntime> device;
+  // Where the step's time goes (fsdpx/framework/runtime/step_clock.h): the engine marks the compute
+  // stream's waits for all-gathers and reductions on it while a step's span is open; unset: none.
+  std::shared_ptr<StepClock> clock;
 };
 
 // The communicators the engine uses. `shard` has layout.shard_group_size ranks (nullptr when 1);
