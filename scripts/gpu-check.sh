@@ -26,8 +26,12 @@ CUDA_VISIBLE_DEVICES= set empty), then prints one table of measured figures
 counts it, 6*N_non_embedding + 12*L*H*Q*T FLOPs per token, against the GPU's dense bf16 peak, peak
 allocated), PyTorch FSDP2 on the same weights and batches (step-time and peak-memory ratios),
 the largest gpt at 1b width that trains one step with and without cpu_offload, and the step time
-with overlap on and off. A failed step does not stop the ones after it (the table runs after
-failed tests); the last line names each step that failed, and the exit status is then 1.
+with overlap on and off, and where a step's time goes (CUDA events). With two or more GPUs
+visible it then runs one rank per GPU over NCCL (benchmarks/gpu_multi.py): losses against the
+CPU for full_shard, shard_grad_op, hybrid_shard and cpu_offload, the step time with overlap on and
+off, and a rank killed mid-step named within the collective timeout; with one GPU it says that
+part did not run. A failed step does not stop the ones after it (the table runs after failed
+tests); the last line names each step that failed, and the exit status is then 1.
 
 Needs: an x86-64 Linux machine with an NVIDIA GPU and its driver (nvidia-smi), the CUDA 13.0
 toolkit (nvcc), a C++17 compiler, CMake >= 3.25, Ninja, and a Python with torch ${TORCH_VERSION}+cu130
@@ -53,8 +57,9 @@ options:
   --expect-gpu        check that a GPU is visible (nvidia-smi) before anything else, not after the build
   --peak-tflops N     the GPU's dense bf16 peak for MFU (default: by device name: H100, H200)
   --no-largest        leave out the search for the largest model (the longest part of the table)
-  --no-tests          leave out the ctest runs; --no-table leaves out the table (to split the work
-                      over several sittings; the last line then says what was left out)
+  --no-tests          leave out the ctest runs; --no-table leaves out the table, --no-multi the
+                      several-GPU part (to split the work over several sittings; the last line then
+                      says what was left out)
   -h, --help          this text
 
 Exit status: 0 when everything ran and passed; 2 bad usage; 3 no GPU visible; 1 any other failure.
@@ -67,7 +72,7 @@ usage_error() { printf 'gpu-check: %s\n' "$*" >&2; exit 2; }
 no_gpu() { printf 'gpu-check: no GPU visible: %s\n' "$*" >&2; exit 3; }
 stage() { printf '\n== gpu-check: %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
-fetch=0 system_deps=0 build_only=0 expect_gpu=0 largest=1 tests=1 table=1
+fetch=0 system_deps=0 build_only=0 expect_gpu=0 largest=1 tests=1 table=1 multi=1
 debs=$GC_DIR/debs prefix=$GC_DIR/prefix build_dir=build-gpu python= peak=
 jobs=$(nproc 2>/dev/null || echo 2)
 need_value() { [[ $# -ge 2 && -n $2 ]] || usage_error "$1 needs a value (see --help)"; }
@@ -80,6 +85,7 @@ while (($#)); do
     --no-largest) largest=0 ;;
     --no-tests) tests=0 ;;
     --no-table) table=0 ;;
+    --no-multi) multi=0 ;;
     --debs) need_value "$@"; debs=$2; shift ;;
     --prefix) need_value "$@"; prefix=$2; shift ;;
     --build-dir) need_value "$@"; build_dir=$2; shift ;;
@@ -294,6 +300,20 @@ if ((table)); then
   fi
 else
   left_out+="; the table was left out (--no-table)"
+fi
+# --- several GPUs: one rank per GPU over NCCL ----------------------------------------------------
+if ((multi)) && ((gpus >= 2)); then
+  stage "one rank per GPU over NCCL, $gpus GPUs (benchmarks/gpu_multi.py)"
+  if PYTHONUNBUFFERED=1 "$python" benchmarks/gpu_multi.py --build-dir "$build_dir" --ranks "$gpus" \
+       --json "$build_dir/gpu-check-multi.json"; then
+    left_out+="; the several-GPU figures also in $build_dir/gpu-check-multi.json"
+  else
+    failed_step "benchmarks/gpu_multi.py exited $? on $gpus GPUs (see above)"
+  fi
+elif ((multi)); then
+  left_out+="; the several-GPU part (NCCL across GPUs) did not run: $gpus GPU visible, it needs 2 or more"
+else
+  left_out+="; the several-GPU part was left out (--no-multi)"
 fi
 ((not_proven == 0)) || left_out+="; $not_proven skipped test(s), listed above, are not proven here"
 took="$(( ($(date +%s) - start) / 60 )) min"

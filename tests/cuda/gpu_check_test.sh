@@ -101,6 +101,18 @@ flow() {
     grep -q -- '-R .*CUDA_VISIBLE_DEVICES=$' <<<"$calls" ||
     fail "the GPU-dependent device tests did not run again with CUDA_VISIBLE_DEVICES empty"
   grep -q 'python benchmarks/gpu_table.py .*--no-largest' <<<"$calls" || fail "the table did not run"
+  [[ $last == *"the several-GPU part (NCCL across GPUs) did not run: 1 GPU visible, it needs 2 or more"* &&
+     $calls != *gpu_multi* ]] || fail "one GPU: the several-GPU part ran, or the last line does not say so: $last"
+  # Two GPUs: the several-GPU part runs with a rank per GPU; it fails alone, and is named.
+  on_machine FAKE_GPUS=2 -- --no-largest
+  ((rc == 0)) && grep -q 'python benchmarks/gpu_multi.py --build-dir .* --ranks 2 ' <<<"$calls" ||
+    fail "two GPUs: the several-GPU part did not run with --ranks 2 (exit $rc)"
+  on_machine FAKE_GPUS=2 FAKE_TABLE_RC=5 --
+  ((rc == 1)) && [[ $last == *"gpu_multi.py exited 5 on 2 GPUs"* ]] ||
+    fail "two GPUs, the several-GPU part failing: exit $rc, last line '$last'"
+  on_machine FAKE_GPUS=2 -- --no-multi
+  ((rc == 0)) && [[ $calls != *gpu_multi* && $last == *"the several-GPU part was left out (--no-multi)"* ]] ||
+    fail "--no-multi: exit $rc, last line '$last'"
 
   # A failed test: the table runs all the same, and the last line names the tests that failed.
   on_machine FAKE_CTEST_FAIL=device --
