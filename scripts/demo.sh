@@ -40,5 +40,5 @@ summary.json (measured bytes next to the plan), plot.png, checkpoints/step-00000
 Three things to try next:
   - resume and train further:  $bin/fsdpx-train --config $RUN/config.ini --nproc-per-node 2 --steps 600 --resume auto
   - a bigger model:            $bin/fsdpx-train --config configs/demo.ini --nproc-per-node 2 --model.size small --data.seq 128 --dry-run
-  - Slurm, across nodes:       sbatch --nodes 2 --ntasks-per-node 2 hosts/slurm/fsdpx.sbatch --config configs/demo.ini  (README: Slurm)
+  - Slurm, across nodes:       sbatch --nodes 2 --ntasks-per-node 2 hosts/slurm/fsdpx.sbatch --config configs/demo.ini  (docs/slurm-and-multinode.md)
 MSG
