@@ -37,9 +37,6 @@ namespace {
 // --dry-run path finds them too).
 po::options_description options() { return fsdpx::train_command_options(); }
 
-// Seconds (within the option's declared range) as milliseconds.
-std::chrono::milliseconds ms(double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); }
-
 int check_comm(const fsdpx::RuntimeOptions& ro) {
   auto start = std::chrono::steady_clock::now();
   auto groups = fsdpx::ProcessGroups::create(ro);
@@ -127,7 +124,7 @@ void print_plan(const fsdpx::RunPlan& plan, const fsdpx::TrainSettings& settings
 // --deterministic: ATen's unvectorised kernels compute an element alike wherever it sits in a
 // tensor (a vectorised kernel's scalar tail may round otherwise), so a shard's elements do not
 // depend on where the shard boundaries fall. ATen reads this once, at its first kernel.
-void choose_kernels(const po::variables_map& vm) {
+void choose_kernels(const fsdpx::HostValues& vm) {
   if (vm.count("deterministic") && vm["deterministic"].as<bool>()) ::setenv("ATEN_CPU_CAPABILITY", "default", 1);
 }
 
@@ -138,7 +135,9 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
   Loaded l = load(plain, desc, nproc);
   if (has(plain, "--check-comm") || has(plain, "--print-topology")) return std::nullopt;
   auto settings = fsdpx::TrainSettings::from(l.config.host_values());
-  const po::variables_map& vm = l.config.host_values();
+  const fsdpx::HostValues& vm = l.config.host_values();
+  fsdpx::topology_flags(vm);  // the workers read these flags; read here, the plan sees each flag read
+  fsdpx::runtime_options(vm, launcher_topology(nproc));
   if (!has(plain, "--dry-run")) fsdpx::check_device_trains(fsdpx::device_of(vm), fsdpx::backend_of(vm), nproc);
   auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(nproc));
   if (has(plain, "--dry-run")) {
@@ -178,7 +177,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> args;
     if (auto rc = fsdpx::launch_if_requested(argc, argv, "fsdpx-train", args, kill_note)) return *rc;
     Loaded l = load(args, desc);
-    const po::variables_map& vm = l.config.host_values();
+    const fsdpx::HostValues& vm = l.config.host_values();
     choose_kernels(vm);
     auto resolved = fsdpx::resolve_topology(fsdpx::topology_flags(vm), fsdpx::process_environment());
     if (vm.count("print-topology")) {
@@ -189,15 +188,7 @@ int main(int argc, char** argv) {
                   t.master_addr.c_str(), t.master_port, resolved.source.c_str());
       return 0;
     }
-    fsdpx::RuntimeOptions ro;
-    ro.topology = resolved.topology;
-    ro.device = fsdpx::device_of(vm);
-    ro.backend = fsdpx::backend_of(vm);
-    ro.watch_peers = vm["watch-peers"].as<bool>();
-    ro.rendezvous_timeout = ms(vm["rendezvous-timeout"].as<double>());
-    ro.collective_timeout = ms(vm["collective-timeout"].as<double>());
-    ro.exit_on_peer_failure = true;  // a rank that fails ends the others with its message
-    ro.check_collectives = vm["check-collectives"].as<bool>();  // "check-collectives = false" in a file: off
+    const fsdpx::RuntimeOptions ro = fsdpx::runtime_options(vm, resolved.topology);
     if (vm.count("check-comm")) return check_comm(ro);
     auto settings = fsdpx::TrainSettings::from(vm);
     if (vm.count("dry-run")) {

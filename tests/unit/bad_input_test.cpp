@@ -18,6 +18,8 @@
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
 #include "fsdpx/framework/trainer/train_command.h"
+#include "fsdpx/framework/trainer/train_settings.h"
+#include "fsdpx/interfaces.h"
 #include "test_paths.h"
 
 namespace fsdpx {
@@ -296,6 +298,175 @@ TEST(Messages, ACsvFeatureIsNotTakenForTheLabel) {
                        "--batch-size 2 --steps 1 --data.path " + (dir.path() / "features.csv").string() + " --dry-run");
   expect_one_line(r, "fsdpx-train", "a number that is not a class index: it looks like a feature");
   EXPECT_EQ(r.err.find("--model.classes"), std::string::npos) << r.err;
+}
+
+// --- Class 9: every setting is read or refused, and takes effect or is refused (issue 37) -------
+
+// The component of `kind` named `name`, created with `options` (its factory reads them).
+void create_component(const PluginHost& host, Kind kind, const std::string& name, const Options& options) {
+  switch (kind) {
+    case Kind::Sharding: host.create<ShardingStrategy>(name, options); return;
+    case Kind::Wrap: host.create<WrapPolicy>(name, options); return;
+    case Kind::Precision: host.create<PrecisionPolicy>(name, options); return;
+    case Kind::Optimizer: host.create<Optimizer>(name, options); return;
+    case Kind::Checkpoint: host.create<CheckpointBackend>(name, options); return;
+    case Kind::Model: host.create<Model>(name, options); return;
+    case Kind::Data: host.create<DataSource>(name, options); return;
+  }
+}
+
+// What a component needs given to be created at all (a data file, a pattern): small files in `dir`.
+std::map<std::string, std::map<std::string, std::string>> creation_needs(const fs::path& dir) {
+  std::string text, csv, pairs, tokens(2 * 64 * 200, '\1');
+  for (int i = 0; i < 400; ++i) text += "line " + std::to_string(i) + " of a small corpus to train on\n";
+  for (int i = 0; i < 60; ++i) csv += std::to_string(i * 0.5) + "," + std::to_string(i % 3) + "\n";
+  for (int i = 0; i < 60; ++i) pairs += R"({"source": "ab )" + std::to_string(i) + R"(", "target": "cd"})" "\n";
+  test::write_file(dir / "corpus.txt", text);
+  test::write_file(dir / "rows.csv", csv);
+  test::write_file(dir / "pairs.jsonl", pairs);
+  test::write_file(dir / "tokens.bin", tokens);
+  return {{"data.text", {{"path", (dir / "corpus.txt").string()}}},
+          {"data.csv", {{"path", (dir / "rows.csv").string()}}},
+          {"data.seq2seq", {{"path", (dir / "pairs.jsonl").string()}}},
+          {"data.tokens", {{"path", (dir / "tokens.bin").string()}}},
+          {"wrap.fqn_regex", {{"pattern", "layers\\.[0-9]+"}}}};
+}
+
+// The walk over every option of every installed plugin: each component, created as a run creates
+// it, reads every option it declares. An option nothing reads would be accepted and do nothing.
+TEST(EveryOption, EveryOptionOfEveryInstalledPluginIsReadByItsComponent) {
+  test::TempDir dir;
+  const auto needs = creation_needs(dir.path());
+  PluginHost host;
+  PluginSearch search;
+  search.environment = false;
+  ASSERT_TRUE(host.discover(search).empty());
+  int walked = 0;
+  for (const ComponentRecord* c : host.components()) {
+    const std::string id = std::string(section_name(c->spec.kind)) + "." + c->spec.name;
+    const auto need = needs.count(id) ? needs.at(id) : std::map<std::string, std::string>{};
+    const Options options = host.options_for(c->spec.kind, c->spec.name, need);
+    EXPECT_EQ(test::error_of([&] { create_component(host, c->spec.kind, c->spec.name, options); }), "(no error)")
+        << id;
+    for (const OptionSpec& o : c->spec.options) {
+      EXPECT_TRUE(options.was_read(o.name)) << c->title() << " declares option " << o.name << " and never reads it";
+      ++walked;
+    }
+  }
+  EXPECT_GT(walked, 80);
+}
+
+// ... and over every option of fsdpx-train: what the host reads before planning (the same calls
+// as its main) reads every option it declares. Two are consumed before the configuration is
+// resolved and never reach it: --help (answered at once) and --nproc-per-node (the launcher's).
+TEST(EveryOption, EveryOptionOfFsdpxTrainIsReadByTheHost) {
+  PluginHost host;
+  PluginSearch search;
+  search.environment = false;
+  ASSERT_TRUE(host.discover(search).empty());
+  const auto options = train_command_options();
+  const RunConfig config = RunConfig::resolve(host, {"--data.name", "synthetic"}, train_config_request(options));
+  check_train_flags(config, 0);
+  TrainSettings::from(config.host_values());
+  runtime_options(config.host_values(), resolve_topology(topology_flags(config.host_values()), {}).topology);
+  int walked = 0;
+  for (const auto& o : options.options()) {
+    const std::string key = o->long_name();
+    if (key == "help" || key == "nproc-per-node") continue;
+    EXPECT_TRUE(config.host_values().was_read(key)) << "fsdpx-train declares --" << key << " and never reads it";
+    ++walked;
+  }
+  EXPECT_GT(walked, 30);
+}
+
+// A key given and left unread is refused when the run is planned, naming where it came from.
+TEST(EveryOption, AGivenKeyNothingReadsIsRefusedNamingWhereItCameFrom) {
+  PluginHost host;
+  PluginSearch search;
+  search.environment = false;
+  ASSERT_TRUE(host.discover(search).empty());
+  test::TempDir dir;
+  const fs::path ini = dir.path() / "run.ini";
+  test::write_file(ini, "# a run\nsteps = 3\n\n[data]\nname = synthetic\nseq = 16\n");
+  const auto options = train_command_options();
+  RunConfig config = RunConfig::resolve(host, {"--config", ini.string(), "--data.vocab", "64"},
+                                        train_config_request(options));
+  EXPECT_EQ(config.unread(), "command line --data.vocab is accepted, but nothing in this run reads it (data source "
+                             "'synthetic' does not use it in this configuration); drop it");
+  host.create<DataSource>("synthetic", config.choice(Kind::Data)->options);
+  EXPECT_EQ(config.unread(), "config file " + ini.string() + ":2: steps is accepted, but nothing in this run reads "
+                             "it; drop it");
+  config.host_values()["steps"];
+  EXPECT_EQ(config.unread(), "");
+  // config.ini: the options the run read; of a component not created (none here but the data), its name.
+  const std::string used = config.used_ini();
+  EXPECT_NE(used.find("\n[model]\nname=gpt\n\n"), std::string::npos) << used;
+  EXPECT_NE(used.find("\n[data]\nname=synthetic\nsamples=4096\nseq=16\nvocab=64\n"), std::string::npos) << used;
+  EXPECT_NE(config.to_ini().find("\nsize=tiny\n"), std::string::npos);  // to_ini: every option
+}
+
+// An FSDPX_* variable meant for a run and misspelt changed nothing; it is refused, naming the setting.
+TEST(EveryOption, AMisspeltEnvironmentSettingIsRefused) {
+  auto r = run_command("env FSDPX_SIM_MEMROY=64MiB " + train() + kQuick + "--dry-run");
+  expect_one_line(r, "fsdpx-train", "environment: FSDPX_SIM_MEMROY is not a setting fsdpx reads, so it would change "
+                                    "nothing; unset it, or did you mean FSDPX_SIM_MEMORY?");
+  EXPECT_EQ(run_command("env FSDPX_PYTHON=python3 " + train() + kQuick + "--dry-run").exit_code, 0);  // a tool's
+}
+
+// Issue 37's instances, each accepted with exit 0 and not a word at 44ce5f0.
+// 1. `config = other.ini` inside an INI file: a run reads one file, so this one is never read.
+TEST(OptionEffects, AConfigKeyInsideTheIniFileIsRefused) {
+  test::TempDir dir;
+  const fs::path ini = dir.path() / "run.ini", other = dir.path() / "other.ini";
+  test::write_file(other, "steps = 5\n");
+  test::write_file(ini, "steps = 1\nconfig = " + other.string() + "\n");
+  auto r = run_command(train() + kQuick + "--config " + ini.string() + " --dry-run");
+  expect_one_line(r, "fsdpx-train", "config file " + ini.string() + ":2: config = " + other.string() +
+                                        " would never be read: a run reads one INI file, the one --config names on "
+                                        "the command line; merge the two files, or give --config " + other.string());
+}
+
+// 2. bf16_mixed's fp32_units naming no unit kept nothing in fp32; as fqn_regex's pattern and
+// --activation-checkpointing, it is refused, with the units it could name.
+TEST(OptionEffects, Fp32UnitsMatchingNoUnitIsRefused) {
+  const std::string bf16 = kQuick + "--precision.name bf16_mixed --dry-run --precision.fp32_units ";
+  auto r = run_command(train() + bf16 + "'root,layer\\.0'");
+  expect_one_line(r, "fsdpx-train", "precision 'bf16_mixed': fp32_units: 'layer\\.0' matches no unit, so it would "
+                                    "keep nothing in fp32; the units are: root, layers.0, layers.1");
+  r = run_command(train() + bf16 + "'root,layers\\.0'");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// 3. --eval-every on data without a held-out share evaluated nothing.
+TEST(OptionEffects, EvalEveryWithoutHeldOutDataIsRefused) {
+  auto r = run_command(train() + kQuick + "--eval-every 5 --dry-run");
+  expect_one_line(r, "fsdpx-train", "--eval-every 5 would evaluate nothing: data 'synthetic' has no held-out share; "
+                                    "drop --eval-every, or use data that holds samples out (text, csv, seq2seq)");
+  EXPECT_EQ(run_command(train() + kQuick + "--eval-every 0 --dry-run").exit_code, 0);
+}
+
+// 4. --model.size beside --model.from_hf was dropped for the Hugging Face configuration, and
+// config.ini recorded size=small. Refused now; and config.ini records only what the run read.
+TEST(OptionEffects, ModelSizeWithFromHfIsRefusedAndConfigIniRecordsOnlyWhatWasRead) {
+  test::TempDir dir;
+  const std::string d = dir.path().string(), quick = kQuick + "--log-every 1 ";
+  auto r = run_command(train() + quick + "--save-init " + d + "/init --out " + d + "/run0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_command((test::bin_dir() / "fsdpx-ckpt").string() + " export-hf " + d + "/init " + d + "/hf");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_command(train() + quick + "--model.from_hf " + d + "/hf --model.size small --dry-run");
+  expect_one_line(r, "fsdpx-train", "--model.size conflicts with --model.from_hf: the configuration comes from " + d +
+                                        "/hf/config.json; drop --model.size");
+  r = run_command(train() + quick + "--model.from_hf " + d + "/hf --out " + d + "/run1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string ini = test::read_file(dir.path() / "run1" / "config.ini");
+  const size_t at = ini.find("[model]");
+  ASSERT_NE(at, std::string::npos) << ini;
+  const std::string model = ini.substr(at, ini.find("\n\n", at) - at);
+  EXPECT_NE(model.find("from_hf=" + d + "/hf\n"), std::string::npos) << ini;
+  EXPECT_EQ(model.find("size="), std::string::npos) << ini;
+  r = run_command(train() + " --config " + d + "/run1/config.ini --out " + d + "/run2 --dry-run");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
 }  // namespace

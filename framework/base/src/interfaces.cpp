@@ -29,6 +29,7 @@ Evaluable::~Evaluable() = default;
 HuggingFaceModel::~HuggingFaceModel() = default;
 HeldOutData::~HeldOutData() = default;
 OptimizerDevices::~OptimizerDevices() = default;
+UnitNameCheck::~UnitNameCheck() = default;
 ActivationMemory::~ActivationMemory() = default;
 LossScaler::~LossScaler() = default;
 LossScalingPolicy::~LossScalingPolicy() = default;

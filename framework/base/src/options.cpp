@@ -173,6 +173,9 @@ std::pair<Options::Value, std::string> parse_value(const std::string& where, con
   throw bad();
 }
 
+// The prefix of Options::given_'s read marks: no option name holds ':'.
+constexpr const char* kReadMark = "read:";
+
 OptionSpec make(std::string name, OptionType type, std::string def, std::string help) {
   return OptionSpec{std::move(name), type, std::move(def), std::move(help), {}};
 }
@@ -287,6 +290,7 @@ const Options::Value& Options::find(const std::string& name, OptionType wanted) 
   if (!ok)
     throw Error(owner_ + " read option '" + name + "' as " + type_name(wanted) +
                 " but declared it as " + type_name(have) + " (a bug in the plugin)");
+  given_[kReadMark + name] = true;
   return it->second.second;
 }
 
@@ -309,6 +313,7 @@ bool Options::was_given(const std::string& name) const {
   auto it = given_.find(name);
   return it != given_.end() && it->second;
 }
+bool Options::was_read(const std::string& name) const { return given_.count(kReadMark + name) > 0; }
 
 std::pair<double, double> adam_betas(const Options& o) {
   const auto& items = o.get_list("betas");

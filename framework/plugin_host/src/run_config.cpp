@@ -6,6 +6,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include <boost/program_options/parsers.hpp>
 
 #include "fsdpx/error.h"
@@ -90,8 +92,43 @@ po::parsed_options parse_file(const fs::path& file, const po::options_descriptio
   }
 }
 
-// Refuses a key of the file's that only the command line may give.
+// Each key of an INI file's text ("steps", "model.size") and the line that first gives it.
+std::map<std::string, int> ini_key_lines(const std::string& text) {
+  std::map<std::string, int> lines;
+  std::istringstream in(text);
+  std::string section, line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    line = line.substr(0, line.find('#'));
+    const size_t b = line.find_first_not_of(" \t\r"), e = line.find_last_not_of(" \t\r");
+    if (b == std::string::npos) continue;
+    line = line.substr(b, e - b + 1);
+    if (line.front() == '[' && line.back() == ']') {
+      section = line.substr(1, line.size() - 2) + ".";
+      continue;
+    }
+    std::string key = line.substr(0, line.find('='));
+    key.erase(key.find_last_not_of(" \t") + 1);
+    lines.emplace(section + key, n);
+  }
+  return lines;
+}
+
+// Where `key` of `file` is given: "config file FILE:LINE".
+std::string file_origin(const fs::path& file, const std::map<std::string, int>& lines, const std::string& key) {
+  auto it = lines.find(key);
+  return "config file " + file.string() + (it == lines.end() ? "" : ":" + std::to_string(it->second));
+}
+
+// Refuses a key of the file's that only the command line may give, and `config`: a run reads one
+// INI file, the one --config names on the command line, so a file naming another is never read.
 void refuse_command_line_only(const po::parsed_options& parsed, const ConfigRequest& request, const fs::path& file) {
+  const auto lines = ini_key_lines(read_config_file(file));
+  for (const auto& o : parsed.options)
+    if (o.string_key == "config")
+      throw Error(file_origin(file, lines, "config") + ": config = " + (o.value.empty() ? "" : o.value.front()) +
+                  " would never be read: a run reads one INI file, the one --config names on the command line; "
+                  "merge the two files, or give --config " + (o.value.empty() ? "FILE" : o.value.front()) +
+                  " on the command line");
   for (const auto& o : parsed.options)
     if (request.command_line_only.count(o.string_key))
       throw Error("config file " + file.string() + ": " + o.string_key + " is a command-line flag (--" + o.string_key +
@@ -214,10 +251,20 @@ RunConfig RunConfig::resolve(const PluginHost& host, const std::vector<std::stri
   // Pass 2: everything, with each chosen component's declared options registered.
   const po::options_description all = run_options(host, request, chosen);
   po::variables_map vm;
-  store_known(host, parse_args(args, all), "command line", chosen, all, vm);
+  const po::parsed_options from_args = parse_args(args, all);
+  store_known(host, from_args, "command line", chosen, all, vm);
+  std::set<std::string> seen;
+  for (const auto& o : from_args.options)
+    if (seen.insert(o.string_key).second) config.given_.emplace_back(o.string_key, "command line --" + o.string_key);
+  // (the file's entries: "config file FILE:LINE: key")
   if (config.config_file_) {
-    const std::string origin = "config file " + config.config_file_->string();
-    store_known(host, parse_file(*config.config_file_, all), origin, chosen, all, vm);
+    const fs::path& file = *config.config_file_;
+    const po::parsed_options from_file = parse_file(file, all);
+    store_known(host, from_file, "config file " + file.string(), chosen, all, vm);
+    const auto lines = ini_key_lines(read_config_file(file));
+    for (const auto& o : from_file.options)  // the command line's wins
+      if (seen.insert(o.string_key).second)
+        config.given_.emplace_back(o.string_key, file_origin(file, lines, o.string_key) + ": " + o.string_key);
   }
   try {
     po::notify(vm);
@@ -233,8 +280,92 @@ RunConfig RunConfig::resolve(const PluginHost& host, const std::vector<std::stri
     }
     config.components_.emplace(kind, ComponentChoice{name, host.options_for(kind, name, mine)});
   }
-  config.host_values_ = std::move(vm);
+  config.host_values_ = HostValues(std::move(vm));
+  // Read here: --config and each component's name. Read by plugin_search(), which a host calls
+  // before resolving: --plugin-dir, --plugin, --allow-insecure-plugin-dir.
+  for (const char* key : {"config", "plugin-dir", "plugin", "allow-insecure-plugin-dir"})
+    config.host_values_.mark_read(key);
+  for (Kind k : all_kinds()) config.host_values_.mark_read(name_key(k));
   return config;
+}
+
+size_t HostValues::count(const std::string& key) const {
+  read_->insert(key);
+  return vm_.count(key);
+}
+
+const po::variable_value& HostValues::operator[](const std::string& key) const {
+  read_->insert(key);
+  return vm_[key];
+}
+
+namespace {
+
+// The FSDPX_* environment variables a run reads (fsdpx-train, the plugin host, sim), and the prefix
+// only sim's own settings use. Other FSDPX_* names belong to the build's and the scripts' tools.
+const std::vector<std::string>& environment_settings() {
+  static const std::vector<std::string> names = {
+      "FSDPX_LOG",        "FSDPX_PLUGIN_PATH", "FSDPX_FAULT",       "FSDPX_LAUNCHED",         "FSDPX_PROGRESS",
+      "FSDPX_SIM_MEMORY", "FSDPX_SIM_DEVICES", "FSDPX_SIM_LIBRARY", "FSDPX_SIM_PROTECT",      "FSDPX_SIM_CACHE",
+      "FSDPX_SIM_POISON", "FSDPX_SIM_STREAM_CHECK"};
+  return names;
+}
+
+// The first FSDPX_* variable of `environment` that looks meant for a run and is none of its
+// settings (sim's prefix, or a misspelling of a setting), as a refusal naming the closest; or "".
+std::string unknown_environment_setting(char** environment) {
+  const auto& known = environment_settings();
+  for (char** e = environment; e && *e; ++e) {
+    const std::string entry = *e, name = entry.substr(0, entry.find('='));
+    if (name.rfind("FSDPX_", 0) != 0 || std::find(known.begin(), known.end(), name) != known.end()) continue;
+    const auto best = closest_name(name, known);
+    if (best || name.rfind("FSDPX_SIM_", 0) == 0)
+      return "environment: " + name + " is not a setting fsdpx reads, so it would change nothing; unset it" +
+             (best ? ", or did you mean " + *best + "?" : " (the settings: " + join_names(known) + ")");
+  }
+  return "";
+}
+
+// "wrap.depth" -> "wrap policy 'size_based'" and "depth"; "" when `key` is not a chosen component's option.
+std::string component_of(const RunConfig& config, const std::string& key, const Options*& options,
+                         std::string& option) {
+  const size_t dot = key.find('.');
+  const auto kind = dot == std::string::npos ? std::nullopt : kind_from_section(key.substr(0, dot));
+  const ComponentChoice* c = kind ? config.choice(*kind) : nullptr;
+  if (!c || key.substr(dot + 1) == "name") return "";
+  options = &c->options;
+  option = key.substr(dot + 1);
+  return std::string(kind_title(*kind)) + " '" + c->name + "'";
+}
+
+}  // namespace
+
+std::string RunConfig::unread() const {
+  std::vector<std::string> read;  // the keys this run read, for the closest one
+  for (const auto& [kind, c] : components_)
+    for (const auto& [name, text] : c.options.text())
+      if (c.options.was_read(name)) read.push_back(std::string(section_name(kind)) + "." + name);
+  for (const auto& [key, value] : host_values_.unmarked())
+    if (host_values_.was_read(key) && key.find('.') == std::string::npos) read.push_back(key);
+  for (const auto& [key, origin] : given_) {
+    const Options* options = nullptr;
+    std::string option;
+    const std::string component = component_of(*this, key, options, option);
+    if (options ? options->was_read(option) : host_values_.was_read(key)) continue;
+    std::vector<std::string> others;
+    for (const auto& r : read)
+      if (r != key) others.push_back(r);
+    const auto best = closest_name(key, others);
+    return origin + " is accepted, but nothing in this run reads it" +
+           (component.empty() ? std::string() : " (" + component + " does not use it in this configuration)") +
+           "; drop it" + (best ? ", or did you mean " + *best + "?" : "");
+  }
+  return unknown_environment_setting(environ);
+}
+
+void RunConfig::refuse_unread() const {
+  const std::string why = unread();
+  if (!why.empty()) throw Error(why);
 }
 
 const ComponentChoice* RunConfig::choice(Kind kind) const {
@@ -242,18 +373,23 @@ const ComponentChoice* RunConfig::choice(Kind kind) const {
   return it == components_.end() ? nullptr : &it->second;
 }
 
-std::string RunConfig::to_ini() const {
+std::string RunConfig::to_ini() const { return ini(false); }
+std::string RunConfig::used_ini() const { return ini(true); }
+
+std::string RunConfig::ini(bool used_only) const {
   std::ostringstream out;
   for (const char* key : {"plugin-dir", "plugin"}) {  // top-level keys: before the first section
-    auto it = host_values_.find(key);
-    if (it == host_values_.end() || it->second.value().type() != typeid(std::vector<std::string>)) continue;
+    auto it = host_values_.unmarked().find(key);
+    if (it == host_values_.unmarked().end() || it->second.value().type() != typeid(std::vector<std::string>))
+      continue;
     for (const auto& p : it->second.as<std::vector<std::string>>())
       out << key << "=" << fs::absolute(p).lexically_normal().string() << "\n";
   }
   bool first = out.tellp() == 0;
   for (const auto& [kind, c] : components_) {
     out << (first ? "" : "\n") << "[" << section_name(kind) << "]\nname=" << c.name << "\n";
-    for (const auto& [key, value] : c.options.text()) out << key << "=" << value << "\n";
+    for (const auto& [key, value] : c.options.text())
+      if (!used_only || c.options.was_read(key)) out << key << "=" << value << "\n";
     first = false;
   }
   for (Kind kind : switched_off_) {  // kept off when the file is read again, whatever the defaults

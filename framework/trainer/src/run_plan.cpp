@@ -22,6 +22,8 @@
 #include "format.h"
 #include "plan_json.h"
 #include "fsdpx/activation_memory.h"
+#include "fsdpx/capabilities.h"
+#include "fsdpx/evaluation.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
 
 using json = nlohmann::json;
@@ -79,9 +81,24 @@ void plan_components(const PluginHost& host, const RunConfig& config, const Trai
                 " needs a checkpoint component: add --checkpoint.name sharded (or [checkpoint] name=sharded)");
 }
 
+// --eval-every N > 0 takes effect only where the model evaluates (fsdpx::Evaluable) and the data
+// holds samples out (fsdpx::HeldOutData); otherwise it is refused instead of doing nothing.
+void check_evaluation(const RunConfig& config, Model& model, DataSource& data, const TrainSettings& s) {
+  if (s.eval_every == 0) return;
+  const std::string flag = "--eval-every " + std::to_string(s.eval_every);
+  const auto* heldout = dynamic_cast<HeldOutData*>(&data);
+  if (!heldout || heldout->num_heldout() == 0)
+    throw Error(flag + " would evaluate nothing: data '" + chosen(config, Kind::Data).name + "' has " +
+                (heldout ? "an empty held-out share (raise its --data.holdout)" : "no held-out share") +
+                "; drop --eval-every, or use data that holds samples out (text, csv, seq2seq)");
+  if (!dynamic_cast<Evaluable*>(&model))
+    throw Error(flag + " would evaluate nothing: model '" + chosen(config, Kind::Model).name +
+                "' cannot evaluate (it offers no fsdpx::Evaluable); drop --eval-every");
+}
+
 // The data: opened as rank 0 would, so a missing file or a too-large batch is caught now; the
 // samples and tokens of a step.
-void plan_data(const PluginHost& host, const RunConfig& config, const TrainSettings& s, RunPlan& plan) {
+void plan_data(const PluginHost& host, const RunConfig& config, const TrainSettings& s, Model& model, RunPlan& plan) {
   const int world = plan.topology.world_size;
   auto data = make<DataSource>(host, config);
   const int64_t global = s.batch_size * s.grad_accum * world;
@@ -90,10 +107,25 @@ void plan_data(const PluginHost& host, const RunConfig& config, const TrainSetti
                 std::to_string(s.grad_accum) + " x " + std::to_string(world) + " ranks = " + std::to_string(global) +
                 " samples) is larger than the data set (" + std::to_string(data->num_samples()) +
                 " training samples of data '" + plan.data + "'); lower --batch-size");
+  check_evaluation(config, model, *data, s);
   data->open(DataContext{0, world, s.batch_size, s.seed});
   Batch probe = data->next();
   plan.samples_per_step = global;
   plan.tokens_per_step = probe.samples > 0 ? probe.tokens / probe.samples * plan.samples_per_step : 0;
+}
+
+// A precision policy whose options name units (fsdpx::UnitNameCheck) checks them against the
+// run's units: a name matching none is refused, as it would change nothing.
+void check_unit_names(const RunConfig& config, const PrecisionPolicy& precision, const UnitPlan& up) {
+  const auto* check = dynamic_cast<const UnitNameCheck*>(&precision);
+  if (!check) return;
+  std::vector<std::string> units;
+  for (const auto& u : up.units) units.push_back(u.fqn);
+  try {
+    check->check_unit_names(units);
+  } catch (const Error& e) {
+    throw Error("precision '" + chosen(config, Kind::Precision).name + "': " + e.what());
+  }
 }
 
 // One unit's shard, gathered size and per-rank bytes, in the unit's own dtypes.
@@ -211,12 +243,13 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
                 plan.optimizer +
                 "' cannot run on the CPU; choose one that can (adamw, "
                 "anyprecision_adamw, sgd) or a strategy without offload");
-  plan_data(host, config, s, plan);
+  plan_data(host, config, s, *model, plan);
   plan.flops_per_token = model->flops_per_token();
   UnitPlan up = plan_units(*model->module(), select_units(*model, *wrap, s));
   plan.total_params = up.total_params;
   const double opt_per_elt = optimizer_bytes_per_element(*opt_probe, plan.dtypes);
   auto precision = make<PrecisionPolicy>(host, config);
+  check_unit_names(config, *precision, up);
   for (size_t i = 0; i < up.units.size(); ++i) {
     UnitBytes b = unit_bytes(up.units[i], i == 0, plan, unit_precision(*precision, up.units[i].fqn, plan.dtypes));
     plan.param_bytes += b.shard_numel * elt(plan.dtypes.storage);
@@ -241,6 +274,8 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
     plan.all_reduce_bytes += bytes;
     plan.sent_bytes += ring_sent_bytes(Collective::AllReduce, bytes, S);
   }
+  if (config.choice(Kind::Checkpoint)) make<CheckpointBackend>(host, config);  // its options checked and read
+  config.refuse_unread();  // every component and the host have read what they use
   return plan;
 }
 

@@ -82,7 +82,7 @@ ConfigRequest train_config_request(const po::options_description& options) {
 }
 
 void check_train_flags(const RunConfig& config, int nproc_per_node) {
-  const po::variables_map& vm = config.host_values();
+  const HostValues& vm = config.host_values();
   std::vector<std::string> actions;
   for (const char* a : kActions)
     if (vm.count(a)) actions.push_back(std::string("--") + a);
@@ -108,7 +108,7 @@ void check_train_flags(const RunConfig& config, int nproc_per_node) {
                 "weights, not from the initial weights --save-init would write");
 }
 
-DeviceKind device_of(const po::variables_map& vm) {
+DeviceKind device_of(const HostValues& vm) {
   const std::string device = vm["device"].as<std::string>();
   if (device == "cpu") return DeviceKind::Cpu;
   if (device == "cuda") return DeviceKind::Cuda;
@@ -116,7 +116,7 @@ DeviceKind device_of(const po::variables_map& vm) {
   throw Error("--device must be cpu, cuda or sim, got '" + device + "'");
 }
 
-Backend backend_of(const po::variables_map& vm) {
+Backend backend_of(const HostValues& vm) {
   const std::string backend = vm["backend"].as<std::string>();
   const DeviceKind device = device_of(vm);
   if (backend == "default") return Backend::Default;
@@ -128,7 +128,21 @@ Backend backend_of(const po::variables_map& vm) {
   return Backend::Nccl;
 }
 
-TopologyFlags topology_flags(const po::variables_map& vm) {
+RuntimeOptions runtime_options(const HostValues& vm, const Topology& topology) {
+  auto ms = [](double seconds) { return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000)); };
+  RuntimeOptions ro;
+  ro.topology = topology;
+  ro.device = device_of(vm);
+  ro.backend = backend_of(vm);
+  ro.watch_peers = vm["watch-peers"].as<bool>();
+  ro.rendezvous_timeout = ms(vm["rendezvous-timeout"].as<double>());  // within the declared range
+  ro.collective_timeout = ms(vm["collective-timeout"].as<double>());
+  ro.exit_on_peer_failure = true;                             // a rank that fails ends the others with its message
+  ro.check_collectives = vm["check-collectives"].as<bool>();  // "check-collectives = false" in a file: off
+  return ro;
+}
+
+TopologyFlags topology_flags(const HostValues& vm) {
   TopologyFlags f;
   auto i = [&](const char* k, std::optional<int>& out) {
     if (vm.count(k)) out = vm[k].as<int>();

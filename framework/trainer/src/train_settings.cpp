@@ -87,7 +87,7 @@ po::options_description TrainSettings::options() {
   return d;
 }
 
-TrainSettings TrainSettings::from(const po::variables_map& vm) {
+TrainSettings TrainSettings::from(const HostValues& vm) {
   TrainSettings s;
   s.steps = vm["steps"].as<int64_t>();
   s.batch_size = vm["batch-size"].as<int64_t>();

@@ -445,7 +445,11 @@ void check_config(Config& c) {
 
 std::shared_ptr<Gpt> make_gpt(const fsdpx::Options& o) {
   const std::string hf = o.get_string("from_hf");
-  Config c = preset(o.get_string("size"));
+  // With from_hf the preset is not read (config.ini records only what a run read); given, it is refused.
+  if (!hf.empty() && o.was_given("size"))
+    throw fsdpx::Error("--model.size conflicts with --model.from_hf: the configuration comes from " + hf +
+                       "/config.json; drop --model.size");
+  Config c = hf.empty() ? preset(o.get_string("size")) : Config{};
   json source;
   if (!hf.empty()) {
     source = fsdpx::hf::read_config(hf);

@@ -210,15 +210,20 @@ void apply_sizes(const fsdpx::Options& o, const std::string& hf, Config& c) {
 
 std::shared_ptr<T5> make_t5(const fsdpx::Options& o) {
   const std::string hf = o.get_string("from_hf");
-  Config c = t5::preset(o.get_string("size"));
-  if (o.get_string("variant") == "v1.1") t5::make_v1_1(c);
+  // With from_hf the preset and the variant are not read (config.ini records only what a run read);
+  // given, they are refused.
+  for (const char* name : {"size", "variant"})
+    if (!hf.empty() && o.was_given(name))
+      throw fsdpx::Error("--model." + std::string(name) + " conflicts with --model.from_hf: the configuration "
+                         "comes from " + hf + "/config.json; drop --model." + name);
+  Config c;
   json source;
-  if (!hf.empty()) {
+  if (hf.empty()) {
+    c = t5::preset(o.get_string("size"));
+    if (o.get_string("variant") == "v1.1") t5::make_v1_1(c);
+  } else {
     source = fsdpx::hf::read_config(hf);
     c = t5::config_from_hf(source, (std::filesystem::path(hf) / "config.json").string(), t5::hf_tensor_names(hf));
-    if (o.get_string("variant") != "v1.0")
-      throw fsdpx::Error("--model.variant conflicts with --model.from_hf: the configuration comes from " + hf +
-                         "/config.json");
   }
   apply_sizes(o, hf, c);
   t5::check_config(c);

@@ -3,6 +3,7 @@
 // param_dtype, gradients are reduced in reduce_dtype and kept in fp32 for the optimizer.
 #include <regex>
 
+#include <fsdpx/capabilities.h>
 #include <fsdpx/error.h>
 #include <fsdpx/plugin.h>
 #include <fsdpx/precision_policy.h>
@@ -17,11 +18,12 @@ c10::ScalarType dtype_of(const std::string& n) {
 
 // Units whose path fully matches one of `fp32_units` ("root" for the root unit: the final norm
 // and the output projection of a decoder) compute and reduce in fp32, the way sensitive layers
-// are kept in full precision; the others as configured.
-class Bf16Mixed final : public fsdpx::PrecisionPolicy {
+// are kept in full precision; the others as configured. A pattern that matches no unit of the run
+// is refused once the units are chosen (fsdpx::UnitNameCheck), as it would keep nothing in fp32.
+class Bf16Mixed final : public fsdpx::PrecisionPolicy, public fsdpx::UnitNameCheck {
  public:
-  Bf16Mixed(fsdpx::PrecisionSpec s, std::vector<std::regex> fp32_units)
-      : spec_(s), fp32_units_(std::move(fp32_units)) {}
+  Bf16Mixed(fsdpx::PrecisionSpec s, std::vector<std::string> texts, std::vector<std::regex> fp32_units)
+      : spec_(s), texts_(std::move(texts)), fp32_units_(std::move(fp32_units)) {}
   fsdpx::PrecisionSpec spec(const std::string& unit) const override {
     const std::string name = unit.empty() ? "root" : unit;
     for (const auto& re : fp32_units_)
@@ -35,8 +37,24 @@ class Bf16Mixed final : public fsdpx::PrecisionPolicy {
     return spec_;
   }
 
+  void check_unit_names(const std::vector<std::string>& units) const override {
+    std::vector<std::string> names;
+    for (const auto& u : units) names.push_back(u.empty() ? "root" : u);
+    for (size_t i = 0; i < fp32_units_.size(); ++i) {
+      bool any = false;
+      for (const auto& n : names) any = any || std::regex_match(n, fp32_units_[i]);
+      if (any) continue;
+      std::string list;
+      for (size_t j = 0; j < names.size() && j < 8; ++j) list += (j ? ", " : "") + names[j];
+      throw fsdpx::Error("fp32_units: '" + texts_[i] + "' matches no unit, so it would keep nothing in fp32; the "
+                         "units are: " + list + (names.size() > 8 ? ", ..." : "") +
+                         " (give a unit's whole path, a regular expression matching one, or root)");
+    }
+  }
+
  private:
   fsdpx::PrecisionSpec spec_;
+  std::vector<std::string> texts_;
   std::vector<std::regex> fp32_units_;
 };
 
@@ -66,14 +84,15 @@ void register_components(fsdpx::Registrar& r) {
           throw fsdpx::Error(
               "fp16 needs loss scaling, which bf16_mixed does not do; use bf16, or --precision.name fp16_mixed");
         std::vector<std::regex> fp32;
-        for (const auto& u : o.get_list("fp32_units")) {
+        const std::vector<std::string>& texts = o.get_list("fp32_units");
+        for (const auto& u : texts) {
           try {
             fp32.emplace_back(u);
           } catch (const std::regex_error& e) {
             throw fsdpx::Error("fp32_units: '" + u + "' is not a regular expression (" + e.what() + ")");
           }
         }
-        return std::make_shared<Bf16Mixed>(s, std::move(fp32));
+        return std::make_shared<Bf16Mixed>(s, texts, std::move(fp32));
       });
 }
 

@@ -3,6 +3,9 @@
 // have the default said here.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "fsdpx/export.h"
 
 namespace fsdpx {
@@ -14,6 +17,17 @@ class FSDPX_API OptimizerDevices {
   // Whether step() can update shards, gradients and state that live in host memory, as
   // cpu_offload needs (a fused CUDA-only kernel cannot).
   virtual bool runs_on_cpu() const = 0;
+};
+
+// On a component whose options name units (a precision policy's per-unit patterns): checked once
+// the run's units are chosen, so that an option naming no unit is refused instead of doing
+// nothing. Default (not declared): nothing to check.
+class FSDPX_API UnitNameCheck {
+ public:
+  virtual ~UnitNameCheck();
+  // `units`: every unit's path, "" for the root unit. Throws fsdpx::Error naming the option and a
+  // name or pattern that matches none of them, with the units it could match.
+  virtual void check_unit_names(const std::vector<std::string>& units) const = 0;
 };
 
 }  // namespace fsdpx

@@ -107,6 +107,10 @@ class FSDPX_API Options {
   const std::vector<std::string>& get_list(const std::string& name) const;
 
   bool was_given(const std::string& name) const;  // given by the user, not defaulted
+  // Whether the component read `name` through a get_* call on this object since it was built (ABI
+  // 1.x addition). The host refuses an option the user gave that nothing read (RunConfig), and
+  // records in a run's config.ini only the options that were read. was_given() is no read.
+  bool was_read(const std::string& name) const;
   // Every option in canonical text form (what an INI file would say), sorted by name.
   const std::map<std::string, std::string>& text() const { return text_; }
 
@@ -115,7 +119,10 @@ class FSDPX_API Options {
   std::string owner_;
   std::map<std::string, std::pair<OptionType, Value>> values_;
   std::map<std::string, std::string> text_;
-  std::map<std::string, bool> given_;
+  // name -> given by the user; and, kept in the same map so that the layout stays ABI 1.0's,
+  // "read:" + name -> read (marked by every get_*; no option name holds the mark's ':').
+  // Reading marks, so it is mutable; one component reads its options on one thread.
+  mutable std::map<std::string, bool> given_;
 };
 
 }  // namespace fsdpx

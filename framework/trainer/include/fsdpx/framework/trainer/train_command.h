@@ -30,11 +30,16 @@ FSDPX_API ConfigRequest train_config_request(const boost::program_options::optio
 FSDPX_API void check_train_flags(const RunConfig& config, int nproc_per_node);
 
 // --device: cpu, cuda or sim. Throws fsdpx::Error naming another value.
-FSDPX_API DeviceKind device_of(const boost::program_options::variables_map& vm);
+FSDPX_API DeviceKind device_of(const HostValues& vm);
 // --backend: default, gloo, or nccl (with --device cuda only). Throws fsdpx::Error naming another value.
-FSDPX_API Backend backend_of(const boost::program_options::variables_map& vm);
+FSDPX_API Backend backend_of(const HostValues& vm);
 
 // The topology flags (--rank, ..., --master-port) as given.
-FSDPX_API TopologyFlags topology_flags(const boost::program_options::variables_map& vm);
+FSDPX_API TopologyFlags topology_flags(const HostValues& vm);
+
+// The runtime's options from fsdpx-train's flags (device, backend, timeouts, --check-collectives,
+// --watch-peers; a rank that fails ends the others), with `topology`. Read by the launcher too,
+// before any worker starts, so that every flag is read where the run is planned.
+FSDPX_API RuntimeOptions runtime_options(const HostValues& vm, const Topology& topology);
 
 }  // namespace fsdpx

@@ -9,6 +9,7 @@
 #include <boost/program_options/variables_map.hpp>
 
 #include "fsdpx/export.h"
+#include "fsdpx/framework/plugin_host/run_config.h"
 
 namespace fsdpx {
 
@@ -47,8 +48,9 @@ struct FSDPX_API TrainSettings {
   // instead of the seeded initialisation; and/or written, whole, to DIR/model.safetensors.
   std::string init_from, save_init;
 
-  // Reads the values fsdpx-train's options() declared. Throws fsdpx::Error naming a bad value.
-  static TrainSettings from(const boost::program_options::variables_map& vm);
+  // Reads (and so marks read) the values fsdpx-train's options() declared. Throws fsdpx::Error
+  // naming a bad value.
+  static TrainSettings from(const HostValues& vm);
   // The host options, for --help and RunConfig.
   static boost::program_options::options_description options();
   // The settings as top-level INI lines (they reproduce the run with the components' sections).
