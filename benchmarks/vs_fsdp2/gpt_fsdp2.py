@@ -318,7 +318,9 @@ class AllocatorCount:
         return self.lib.fsdpx_cpu_peak_allocated_bytes() if self.lib else -1
 
     def reset(self):
+        """Before each step: the peak restarts, and the block cache is trimmed as fsdpx-train trims it."""
         if self.lib:
+            self.lib.fsdpx_trim_cpu_block_cache()
             self.lib.fsdpx_reset_cpu_peak_memory()
 
 

@@ -177,7 +177,7 @@ class Trainer {
     });
   }
 
-  std::string config_ini() const { return s_.to_ini() + "\n" + config_.to_ini(); }
+  std::string config_ini() const { return s_.to_ini() + "\n" + config_.used_ini(); }  // what the run read
 
   void open_run_directory() {
     on_rank_zero(control(), [&] { run_dir_.create(config_ini(), world_, plan_json(plan_).dump(2)); });
@@ -207,6 +207,7 @@ class Trainer {
     }
     clock_->step_done();
     if (metrics_->logs_at(step + 1)) mine.breakdown = clock_->take();  // the device's marks are done by now
+    trim_cpu_block_cache();  // the host blocks this step no longer used go back to the system
     return metrics_->end_step(step, mine, ordered_loss);
   }
 
