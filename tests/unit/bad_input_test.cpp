@@ -159,12 +159,17 @@ TEST(OptionEffects, OutOfRangeComponentValuesAreRefused) {
   }
 }
 
-// Every numeric option of every installed plugin declares its range.
-TEST(OptionEffects, EveryNumericOptionOfTheInstalledPluginsDeclaresItsRange) {
-  PluginHost host;
+// `host` with the plugins this build installed (FSDPX_PLUGIN_PATH's left out).
+void discover_installed(PluginHost& host) {
   PluginSearch search;
   search.environment = false;
   ASSERT_TRUE(host.discover(search).empty());
+}
+
+// Every numeric option of every installed plugin declares its range.
+TEST(OptionEffects, EveryNumericOptionOfTheInstalledPluginsDeclaresItsRange) {
+  PluginHost host;
+  discover_installed(host);
   int numeric = 0;
   for (const ComponentRecord* c : host.components())
     for (const OptionSpec& o : c->spec.options) {
@@ -338,9 +343,7 @@ TEST(EveryOption, EveryOptionOfEveryInstalledPluginIsReadByItsComponent) {
   test::TempDir dir;
   const auto needs = creation_needs(dir.path());
   PluginHost host;
-  PluginSearch search;
-  search.environment = false;
-  ASSERT_TRUE(host.discover(search).empty());
+  discover_installed(host);
   int walked = 0;
   for (const ComponentRecord* c : host.components()) {
     const std::string id = std::string(section_name(c->spec.kind)) + "." + c->spec.name;
@@ -361,9 +364,7 @@ TEST(EveryOption, EveryOptionOfEveryInstalledPluginIsReadByItsComponent) {
 // resolved and never reach it: --help (answered at once) and --nproc-per-node (the launcher's).
 TEST(EveryOption, EveryOptionOfFsdpxTrainIsReadByTheHost) {
   PluginHost host;
-  PluginSearch search;
-  search.environment = false;
-  ASSERT_TRUE(host.discover(search).empty());
+  discover_installed(host);
   const auto options = train_command_options();
   const RunConfig config = RunConfig::resolve(host, {"--data.name", "synthetic"}, train_config_request(options));
   check_train_flags(config, 0);
@@ -382,9 +383,7 @@ TEST(EveryOption, EveryOptionOfFsdpxTrainIsReadByTheHost) {
 // A key given and left unread is refused when the run is planned, naming where it came from.
 TEST(EveryOption, AGivenKeyNothingReadsIsRefusedNamingWhereItCameFrom) {
   PluginHost host;
-  PluginSearch search;
-  search.environment = false;
-  ASSERT_TRUE(host.discover(search).empty());
+  discover_installed(host);
   test::TempDir dir;
   const fs::path ini = dir.path() / "run.ini";
   test::write_file(ini, "# a run\nsteps = 3\n\n[data]\nname = synthetic\nseq = 16\n");

@@ -45,20 +45,24 @@ std::string numbers(const std::filesystem::path& run) {
   return text;
 }
 
-// The same run on the CPU and on sim: their numbers, which must be equal.
-void expect_cpu_bits(const std::string& flags, int ranks, const char* base = kTiny) {
-  TempDir dir;
+// The same run on the CPU and on sim, in `dir`: their numbers, which must be equal.
+void expect_cpu_bits_in(const std::filesystem::path& dir, const std::string& flags, int ranks, const char* base = kTiny) {
   const std::string launch = train() + " --nproc-per-node " + std::to_string(ranks) + base + flags;
   std::string got[2];
   const char* devices[2] = {"cpu", "sim"};
   for (int d = 0; d < 2; ++d) {
-    const auto out = dir.path() / devices[d];
+    const auto out = dir / devices[d];
     auto r = run_command("timeout 300 " + launch + " --device " + devices[d] + " --out " + out.string());
     ASSERT_EQ(r.exit_code, 0) << devices[d] << ": " << r.err;
     got[d] = numbers(out);
   }
   EXPECT_NE(got[0].find("step 4 loss"), std::string::npos) << got[0];
   EXPECT_EQ(got[1], got[0]) << flags << " at " << ranks << " rank(s)";
+}
+
+void expect_cpu_bits(const std::string& flags, int ranks, const char* base = kTiny) {
+  TempDir dir;
+  expect_cpu_bits_in(dir.path(), flags, ranks, base);
 }
 
 struct Strategy {
@@ -313,19 +317,8 @@ TEST(SimTrainBadInput, DevicesThatCannotRunAreOneLineBeforeAnyWorker) {
 // losses bit for bit at 2 ranks, with the layout asked for and a device peak the plan predicts.
 TEST(SimTrainOffload, HybridAtShardSizeOneGivesTheCpuBits) {
   TempDir dir;
-  const std::string launch = train() + " --nproc-per-node 2" + kTiny +
-                             "--steps 4 --sharding.name cpu_offload --sharding.base hybrid_shard "
-                             "--sharding.shard_size 1";
-  std::string got[2];
-  const char* devices[2] = {"cpu", "sim"};
-  for (int d = 0; d < 2; ++d) {
-    const auto out = dir.path() / devices[d];
-    auto r = run_command("timeout 300 " + launch + " --device " + devices[d] + " --out " + out.string());
-    ASSERT_EQ(r.exit_code, 0) << devices[d] << ": " << r.err;
-    got[d] = numbers(out);
-  }
-  EXPECT_NE(got[0].find("step 4 loss"), std::string::npos) << got[0];
-  EXPECT_EQ(got[1], got[0]);
+  expect_cpu_bits_in(dir.path(), "--steps 4 --sharding.name cpu_offload --sharding.base hybrid_shard "
+                     "--sharding.shard_size 1", 2);
   const json summary = read_json(dir.path() / "sim" / "summary.json");
   EXPECT_EQ(summary["plan"]["shard_group_size"], 1);
   EXPECT_EQ(summary["plan"]["replicate_group_size"], 2);
