@@ -3,7 +3,8 @@
 
   1. gpt 1b (2048 wide, 16 layers), bf16_mixed, full_shard, adamw, one rank on one GPU: tokens/s,
      MFU (FLOPs per token counted as torchtitan does, 6*N_non_embedding + 12*L*H*Q*T, x tokens/s
-     over the GPU's dense bf16 peak) and peak allocated;
+     over the GPU's dense bf16 peak) and peak allocated; where the step goes (CUDA events on the
+     compute stream) and the kernels of its last step that took most time (Kineto, --profile-step);
   2. PyTorch FSDP2 (benchmarks/vs_fsdp2/gpt_fsdp2.py, one rank under torchrun, NCCL) on the same
      initial weights (fsdpx-train --save-init) and the same batches: the step-time ratio and the
      peak-allocated ratio fsdpx/FSDP2, and the largest loss difference;
@@ -207,7 +208,9 @@ def gib(b):
 def measure(a, table):
     r = {}
     init = table.init_weights()
-    fx = table.fsdpx("fsdpx-overlap1", ["--init-from", init])
+    # The last step profiled (Kineto): one of the median's, the kernels that took most time.
+    fx = table.fsdpx("fsdpx-overlap1", ["--init-from", init, "--profile-step", str(a.steps)])
+    r["kernels"] = read_profile(os.path.join(a.work, "fsdpx-overlap1", "profile.json"))
     f2 = table.fsdp2(init)
     fx_off = table.fsdpx("fsdpx-overlap0", ["--init-from", init, "--overlap", "0"])
     missing = [k for k in ("mfu", "step_peak_allocated_bytes", "tokens_per_s") if k not in fx[-1]]
@@ -240,6 +243,24 @@ def breakdown(steps):
     if not lines:
         return []
     return [{p: statistics.median(line[r][p] for line in lines) for p in PHASES} for r in range(len(lines[0]))]
+
+
+def read_profile(path):
+    """fsdpx-train --profile-step's profile.json (Kineto: the kernels of one step by device time), or None."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def kernel_rows(profile, n=10):
+    if not profile:
+        row("largest kernels of a step", "-", "no profile.json (fsdpx-train --profile-step)")
+        return
+    row(f"largest kernels of step {profile['step']}", f"{profile['total_s'] * 1e3:.1f} ms", profile["what"])
+    for k in profile["top"][:n]:
+        row(f"  {k['name'][:38]}", f"{k['seconds'] * 1e3:.1f} ms", f"{100 * k['share']:.0f}%, {k['calls']} calls")
 
 
 def breakdown_rows(ranks, step_time):
@@ -282,6 +303,7 @@ def report(a, r, name, count, peak, peak_from):
         f"max over steps of step_peak_allocated_bytes ({fx['memory_kind'] or 'kind not given'})")
     row("where the step goes (CUDA events)", "", "compute stream, median over steps; waits = its stalls")
     breakdown_rows(fx["breakdown"], fx["step_time_s"])
+    kernel_rows(r.get("kernels"))
     row("fsdpx / FSDP2 step time", f"{r['time_ratio']:.2f}",
         f"fsdpx {fx['step_time_s'] * 1e3:.1f} ms, FSDP2 {f2['step_time_s'] * 1e3:.1f} ms; same weights and batches")
     row("fsdpx / FSDP2 peak allocated", f"{r['memory_ratio']:.2f}",

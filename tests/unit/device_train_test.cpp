@@ -46,7 +46,8 @@ std::string numbers(const std::filesystem::path& run) {
 }
 
 // The same run on the CPU and on sim, in `dir`: their numbers, which must be equal.
-void expect_cpu_bits_in(const std::filesystem::path& dir, const std::string& flags, int ranks, const char* base = kTiny) {
+void expect_cpu_bits_in(const std::filesystem::path& dir, const std::string& flags, int ranks,
+                        const char* base = kTiny) {
   const std::string launch = train() + " --nproc-per-node " + std::to_string(ranks) + base + flags;
   std::string got[2];
   const char* devices[2] = {"cpu", "sim"};

@@ -338,3 +338,34 @@ TEST(Trainer, MfuCountsFlopsAsTorchtitan) {
     EXPECT_NEAR(last["mfu"].get<double>(), tflops / 2, 1e-9 * tflops);
   }
 }
+
+// --profile-step: rank 0 profiles that step with LibTorch's profiler (Kineto): on the CPU its
+// operators by self time, largest first, in profile.json and one line. Left out under the
+// sanitizers (Kineto is LibTorch's, not instrumented, and keeps state past the run).
+TEST(Trainer, ProfileStepNamesWhatTookMostTime) {
+  if (under_sanitizers()) GTEST_SKIP() << "Kineto under ASan/LSan: not run in the sanitized suite";
+  TempDir dir;
+  const auto out = dir.path() / "run";
+  auto r = run_command(train_cmd() + " --steps 3 --log-every 1 --peak-tflops 1 --data.name synthetic --profile-step 2"
+                       " --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("profile of step 2 (cpu operators, by self time): "), std::string::npos) << r.out;
+  const json p = read_json(out / "profile.json");
+  EXPECT_EQ(p["step"], 2);
+  EXPECT_EQ(p["what"], "cpu operators, by self time");
+  ASSERT_FALSE(p["top"].empty()) << p.dump();
+  double shares = 0, before = 1e300;
+  bool aten = false;
+  for (const json& row : p["top"]) {
+    EXPECT_LE(row["seconds"].get<double>(), before) << p.dump();
+    before = row["seconds"].get<double>();
+    shares += row["share"].get<double>();
+    aten = aten || row["name"].get<std::string>().rfind("aten::", 0) == 0;
+  }
+  EXPECT_TRUE(aten) << "no ATen operator among the largest: " << p.dump();
+  EXPECT_LE(shares, 1.0 + 1e-9);
+  EXPECT_GT(p["total_s"].get<double>(), 0);
+  auto late = run_command(train_cmd() + " --steps 3 --data.name synthetic --profile-step 4");
+  EXPECT_NE(late.exit_code, 0);
+  EXPECT_NE(late.err.find("--profile-step 4 is past the run's last step 3"), std::string::npos) << late.err;
+}

@@ -154,4 +154,8 @@ void RunDirectory::write_summary(const std::string& json_text) {
   if (active()) write_whole(path("summary.json"), json_text + "\n");
 }
 
+void RunDirectory::write_profile(const std::string& json_text) {
+  if (active()) write_whole(path("profile.json"), json_text + "\n");
+}
+
 }  // namespace fsdpx

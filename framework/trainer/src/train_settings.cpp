@@ -74,7 +74,10 @@ po::options_description TrainSettings::options() {
       "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")(
       "max-memory-mib", int_value<int64_t>({0, int64_t{1} << 30})->default_value(0),
       "stop with an error when a rank's allocated peak in a step (the plan's measure) exceeds this many MiB (0: no "
-      "limit)")("save-every", int_value<int64_t>({0})->default_value(0),
+      "limit)")("profile-step", int_value<int64_t>({0})->default_value(0),
+                "rank 0 profiles step N with LibTorch's profiler (Kineto): the kernels (GPU) or operators (CPU) "
+                "that took most time, in OUT/profile.json and one line (0: none)")(
+      "save-every", int_value<int64_t>({0})->default_value(0),
                 "checkpoint every N steps (0: at the end only); needs [checkpoint]")(
       "keep-last", int_value<int64_t>({0})->default_value(0), "keep the newest K checkpoints (0: all)")(
       "resume", po::value<std::string>()->default_value(""),
@@ -116,6 +119,10 @@ TrainSettings TrainSettings::from(const HostValues& vm) {
       if (!item.empty()) s.checkpoint_layer_types.push_back(item);
   }
   s.max_memory_mib = vm["max-memory-mib"].as<int64_t>();
+  s.profile_step = vm["profile-step"].as<int64_t>();
+  if (s.profile_step > s.steps)
+    throw Error("--profile-step " + std::to_string(s.profile_step) + " is past the run's last step " +
+                std::to_string(s.steps) + ": give a step from 1 to --steps (0: none)");
   // Every number is within the range options() declares for it (host_options.h).
   s.seed = static_cast<uint64_t>(seed);
   s.overlap = overlap == 1;

@@ -25,6 +25,7 @@
 #include "metrics_processor.h"
 #include "plan_json.h"
 #include "rank_zero.h"
+#include "step_profiler.h"
 #include "reporter.h"
 
 namespace fsdpx {
@@ -80,7 +81,10 @@ class Trainer {
     metrics_->announce();
     metrics_->start();
     for (int64_t step = start_step; step < s_.steps; ++step) {
+      const bool profiled = rank_ == 0 && s_.profile_step == step + 1;
+      if (profiled) profiler_.start(device_->device().is_cuda());
       const WorldStep w = train_step(step);
+      if (profiled) report_profile(step + 1);
       const int64_t done = step + 1;
       metrics_->log(done, w, lr_, grad_norm_, *scaling_);
       if (s_.eval_every > 0 && done % s_.eval_every == 0 && done != s_.steps) evaluate(done);
@@ -89,6 +93,24 @@ class Trainer {
     evaluate(s_.steps);
     checkpointer_->save(s_.steps);
     metrics_->finish(persistent_bytes(), checkpointer_->last_saved());
+  }
+
+  // Rank 0's profile of step `step`: profile.json, and a line naming the three that took most.
+  void report_profile(int64_t step) {
+    if (device_->device().type() != c10::kCPU) device_->synchronize();  // the kernels of the step
+    nlohmann::json p = profiler_.stop(20);
+    p["step"] = step;
+    p["device"] = device_->name();
+    std::string line = "profile of step " + std::to_string(step) + " (" + p["what"].get<std::string>() + "):";
+    for (size_t i = 0; i < p["top"].size() && i < 3; ++i) {
+      char part[200];
+      std::snprintf(part, sizeof part, "%s %s %.1f ms (%.0f%%)", i ? "," : "",
+                    p["top"][i]["name"].get<std::string>().substr(0, 80).c_str(),
+                    p["top"][i]["seconds"].get<double>() * 1e3, 100 * p["top"][i]["share"].get<double>());
+      line += part;
+    }
+    out_.line(line + (run_dir_.active() ? "; all in " + run_dir_.path("profile.json") : ""));
+    run_dir_.write_profile(p.dump(1));
   }
 
   // Losses, counts, flags and checkpoint sums go over the control group (Gloo, CPU tensors): the
@@ -323,6 +345,7 @@ class Trainer {
   std::unique_ptr<LossScalingGuard> scaling_;
   std::unique_ptr<ShardingEngine> engine_;
   std::shared_ptr<StepClock> clock_;  // where each step's time goes (the engine marks its waits on it)
+  StepProfiler profiler_;              // --profile-step
   std::vector<ParamShard> shards_;
   LrSchedule schedule_;
   std::unique_ptr<Evaluator> evaluator_;

@@ -43,6 +43,7 @@ class FSDPX_API RunDirectory {
   // One JSON object per line, flushed.
   void append_metrics(const std::string& json_line);
   void write_summary(const std::string& json_text);
+  void write_profile(const std::string& json_text);  // profile.json (--profile-step)
   // Each of these throws fsdpx::Error "cannot write PATH: <reason>" when the file cannot be
   // written; the trainer runs them on rank 0 through on_rank_zero, so every rank stops with it.
 

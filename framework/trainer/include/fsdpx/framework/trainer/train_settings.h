@@ -34,6 +34,7 @@ struct FSDPX_API TrainSettings {
   bool deterministic = false;
   std::vector<std::string> checkpoint_layer_types;  // recompute these layer types' activations
   int64_t max_memory_mib = 0;  // stop when a rank's peak RSS in a step exceeds this (0: no limit)
+  int64_t profile_step = 0;    // rank 0 profiles this step (1-based; 0: none): profile.json
   bool progress_bar = false;  // rank 0 draws a bar on its terminal instead of log lines
   // The memory check every rank agrees on after the rendezvous (run_plan.h's MemoryFit): off
   // with --skip-memory-check; its host side is left out where the launcher that started this
