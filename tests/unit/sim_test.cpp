@@ -510,7 +510,25 @@ void check_step_clock(const std::string& spec) {
   double sum = 0;
   for (double s : b.values()) sum += s;
   EXPECT_GE(sum, 0.349) << spec;
-  EXPECT_EQ(clock.take().steps, 0) << spec << ": take() starts afresh";
+  const fsdpx::StepBreakdown again = clock.take();
+  EXPECT_EQ(again.steps, 0) << spec << ": take() starts afresh";
+  for (double v : again.values()) EXPECT_EQ(v, 0.0) << spec << ": take() starts afresh";
+  // Steps of many marks (past the 4096 a device's clock holds before it adds them up at a step's
+  // end): the same arithmetic over two steps.
+  for (int step = 0; step < 2; ++step) {
+    {
+      fsdpx::TimedSpan whole(&clock, fsdpx::TimedPhase::Step);
+      fsdpx::TimedSpan forward(&clock, fsdpx::TimedPhase::Forward);
+      for (int i = 0; i < 2500; ++i) fsdpx::TimedSpan waiting(&clock, fsdpx::TimedPhase::AllGatherWait);
+      std::this_thread::sleep_for(10ms);
+    }
+    clock.step_done();
+  }
+  const fsdpx::StepBreakdown many = clock.take();
+  EXPECT_EQ(many.steps, 2) << spec;
+  EXPECT_GE(many.forward, 0.019) << spec;
+  EXPECT_GT(many.all_gather_wait, 0) << spec;
+  EXPECT_GE(many.other, -1e-9) << spec;
 }
 
 TEST(StepClock, PhasesAddUpAndWaitsLeaveTheirPassOnTheCpuAndOnSim) {

@@ -57,17 +57,28 @@ double StepClock::seconds(size_t begin, size_t end) const {
   return marks_->events[begin].elapsedTime(marks_->events[end]) / 1e3;  // milliseconds
 }
 
-StepBreakdown StepClock::take() {
+void StepClock::step_done() {
+  ++steps_;
+  if (device_->is_cpu() || marks_->events.size() > kMaxPendingMarks) fold();
+}
+
+void StepClock::fold() {
   if (!device_->is_cpu() && !marks_->events.empty()) marks_->events.back().synchronize();
-  std::array<double, kTimedPhases> total{}, waits_inside{};
   for (const Span& s : spans_) {
     const double d = seconds(s.begin, s.end);
-    total[static_cast<size_t>(s.phase)] += d;
+    total_[static_cast<size_t>(s.phase)] += d;
     if (s.phase == TimedPhase::AllGatherWait || s.phase == TimedPhase::ReduceScatterWait)
-      waits_inside[static_cast<size_t>(s.outer)] += d;
+      waits_inside_[static_cast<size_t>(s.outer)] += d;
   }
-  auto at = [&](TimedPhase p) { return total[static_cast<size_t>(p)]; };
-  auto inside = [&](TimedPhase p) { return waits_inside[static_cast<size_t>(p)]; };
+  spans_.clear();
+  marks_->host.clear();
+  marks_->events.clear();
+}
+
+StepBreakdown StepClock::take() {
+  fold();
+  auto at = [&](TimedPhase p) { return total_[static_cast<size_t>(p)]; };
+  auto inside = [&](TimedPhase p) { return waits_inside_[static_cast<size_t>(p)]; };
   StepBreakdown b;
   b.forward = at(TimedPhase::Forward) - inside(TimedPhase::Forward);
   b.backward = at(TimedPhase::Backward) - inside(TimedPhase::Backward);
@@ -76,9 +87,8 @@ StepBreakdown StepClock::take() {
   b.optimizer = at(TimedPhase::Optimizer) - inside(TimedPhase::Optimizer);
   b.other = at(TimedPhase::Step) - (b.forward + b.backward + b.all_gather_wait + b.reduce_scatter_wait + b.optimizer);
   b.steps = steps_;
-  spans_.clear();
-  marks_->host.clear();
-  marks_->events.clear();
+  total_ = {};
+  waits_inside_ = {};
   steps_ = 0;
   return b;
 }

@@ -15,7 +15,9 @@
 //   optimizer              loss-scale check, clipping and the optimizer's step;
 //   other                  the rest of the step: the data, the loss's bookkeeping.
 // The host waits for the device's marks only in take(), which the trainer calls at log steps,
-// where it waits for the losses anyway.
+// where it waits for the losses anyway, and, so that the marks held stay bounded over a long log
+// interval, at the end of a step once more than kMaxPendingMarks are held (on the CPU the spans
+// are added up at every step's end).
 #pragma once
 
 #include <array>
@@ -65,7 +67,7 @@ class FSDPX_API StepClock {
   bool stepping() const { return stepping_; }
   void set_stepping(bool on) { stepping_ = on; }
   // The step ended: one more step in the next take().
-  void step_done() { ++steps_; }
+  void step_done();
 
   // Every span since the last take(), in seconds per phase. On a device, waits for the marks.
   StepBreakdown take();
@@ -76,11 +78,15 @@ class FSDPX_API StepClock {
     size_t begin, end;
   };
   double seconds(size_t begin, size_t end) const;
+  // Adds every span so far to the totals and drops the marks (no span may be open).
+  void fold();
+  static constexpr size_t kMaxPendingMarks = 4096;
 
   struct Marks;  // host times, or timing events on the compute stream
   std::shared_ptr<const DeviceRuntime> device_;
   std::unique_ptr<Marks> marks_;
   std::vector<Span> spans_;
+  std::array<double, kTimedPhases> total_{}, waits_inside_{};  // seconds of the spans folded, by phase
   TimedPhase outer_ = TimedPhase::Step;
   bool stepping_ = false;
   int64_t steps_ = 0;
