@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdpx/error.h"
+#include "fsdpx/files.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
@@ -83,6 +85,17 @@ std::pair<std::string, std::map<std::string, std::string>> model_section(const s
   return {name, options};
 }
 
+// A sharded checkpoint names its model in config.ini; without it export-hf said the configuration
+// "records no [model]", not which file was missing.
+void check_config_ini(const fsdpx::CheckpointInfo& info, const std::string& dir) {
+  if (info.format != "fsdpx-sharded") return;
+  const std::string kind = fsdpx::file_kind((std::filesystem::path(dir) / "config.ini").string());
+  if (kind.empty()) return;
+  throw fsdpx::Error(dir + (kind == "missing" ? " has no config.ini" : "/config.ini is " + kind + ", not a file") +
+                     "; export-hf needs it for the model that saved the checkpoint (the run directory's config.ini "
+                     "is the same file: copy it in)");
+}
+
 int export_hf(const std::vector<std::string>& a) {
   fsdpx::HfExportOptions o;
   for (size_t i = 3; i < a.size(); i += 2) {
@@ -104,6 +117,7 @@ int export_hf(const std::vector<std::string>& a) {
     }
   }
   const fsdpx::CheckpointInfo info = fsdpx::inspect_checkpoint(a[1]);
+  check_config_ini(info, a[1]);
   auto [name, options] = model_section(info.config_ini, a[1]);
   // The names need no weights; config.json is the one the run recorded (the source directory of
   // --model.from_hf may be elsewhere now).

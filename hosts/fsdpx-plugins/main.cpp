@@ -44,9 +44,12 @@ plugin options (anywhere on the line):
   --plugin FILE                 also load the plugin FILE (repeatable)
   --no-default-plugins          skip <prefix>/lib/fsdpx/plugins and FSDPX_PLUGIN_PATH
   --allow-insecure-plugin-dir   load from directories that others can write to
+  --skip-broken-plugins         a file of a scanned folder that fails to load only warns
 
 Plugins are searched in <prefix>/lib/fsdpx/plugins, then FSDPX_PLUGIN_PATH (':'-separated),
-then --plugin-dir and --plugin. Exit status: 0 on success, 1 on any error, 2 on bad usage.
+then --plugin-dir and --plugin. A plugin file that fails to load is an error, as in fsdpx-train:
+every plugin that loads is still listed. Exit status: 0 on success (warnings included), 1 on any
+error, 2 on bad usage.
 )";
 
 struct Cli {
@@ -75,6 +78,8 @@ Cli parse_cli(int argc, char** argv) {
       cli.search.environment = false;
     } else if (a == "--allow-insecure-plugin-dir") {
       cli.search.allow_insecure = true;
+    } else if (a == "--skip-broken-plugins") {
+      cli.search.skip_broken = true;
     } else if (cli.command.empty() && (a == "-h" || a == "--help")) {
       cli.command = "help";
     } else if (cli.command.empty() && !a.empty() && a[0] != '-') {
@@ -246,11 +251,12 @@ int main(int argc, char** argv) {
   }
   try {
     fsdpx::PluginHost host;
-    // Every plugin that loads is still shown; any failure makes the exit status 1.
+    // Every plugin that loads is still shown; any error makes the exit status 1 (a broken file
+    // under --skip-broken-plugins is a warning, as fsdpx-train has it).
     const auto found = host.discover_all(cli.search);
     for (const auto& e : found.errors) std::fprintf(stderr, "fsdpx-plugins: %s\n", e.c_str());
     for (const auto& w : found.warnings) std::fprintf(stderr, "fsdpx-plugins: warning: %s\n", w.c_str());
-    int status = found.errors.empty() && found.warnings.empty() ? 0 : 1;
+    int status = found.errors.empty() ? 0 : 1;
     int rc = 0;
     if (cli.command == "list") rc = cmd_list(host);
     if (cli.command == "show") rc = cmd_show(host, cli.args);

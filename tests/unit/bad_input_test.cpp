@@ -33,6 +33,12 @@ std::string plugins_tool() { return (test::bin_dir() / "fsdpx-plugins").string()
 // A quick run's configuration: small data, one step.
 const std::string kQuick = " --data.name synthetic --data.seq 16 --batch-size 2 --steps 1 ";
 
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 int lines(const std::string& text) {
   int n = 0;
   for (char c : text) n += c == '\n';
@@ -66,6 +72,24 @@ TEST(InputPaths, ADirectoryGivenAsConfigIsRefused) {
   expect_one_line(r, "fsdpx-train", "is a directory (--config)");
 }
 
+// A loop of symbolic links was "unreadable, not a regular file" as --config and "does not exist"
+// as a text data path; each is now named as the loop it is.
+TEST(InputPaths, ASymbolicLinkLoopIsNamedAsALoop) {
+  test::TempDir dir;
+  const fs::path a = dir.path() / "a", b = dir.path() / "b";
+  fs::create_symlink(b, a);
+  fs::create_symlink(a, b);
+  const std::string loop = "is a loop of symbolic links (following them never reaches a file)";
+  auto r = run_command(train() + " --config " + a.string() + " --dry-run");
+  expect_one_line(r, "fsdpx-train", "config file " + a.string() + " " + loop + " (--config)");
+  for (const std::string data : {"text", "tokens", "csv --model.name mlp", "seq2seq --model.name t5"}) {
+    SCOPED_TRACE(data);
+    r = run_command(train() + " --data.name " + data + " --data.path " + a.string() + " --dry-run");
+    expect_one_line(r, "fsdpx-train", "data.path " + a.string() + " " + loop + "; point data.path at a file");
+  }
+  EXPECT_EQ(file_kind(a.string()), kSymlinkLoop);
+}
+
 TEST(InputPaths, DataPathsThatAreNotRegularFilesAreRefused) {
   test::TempDir dir;
   const fs::path fifo = dir.path() / "corpus.txt";
@@ -87,24 +111,55 @@ TEST(InputPaths, DataPathsThatAreNotRegularFilesAreRefused) {
 
 // A plugin cut short is refused before dlopen maps it (which ended both programs with SIGBUS,
 // exit 135 and nothing printed, when they merely scanned its folder), with one line naming it.
+// Both hosts give the same verdict (fsdpx-plugins exited 1 while fsdpx-train warned and went on):
+// an error, or with --skip-broken-plugins a warning.
 TEST(InputPaths, ATruncatedPluginInAScannedFolderIsRefusedWithOneLine) {
   test::TempDir dir;
   const fs::path cut = truncated_plugin(dir.path());
+  const std::string cut_short =
+      "cannot load plugin " + cut.string() + ": the file is cut short (4096 bytes, but its ELF ";
   auto list = run_command(plugins_tool() + " --plugin-dir " + dir.path().string() + " list");
   EXPECT_EQ(list.exit_code, 1) << list.err;
   EXPECT_NE(list.out.find("size_based"), std::string::npos) << "the other plugins are still listed";
-  EXPECT_NE(list.err.find("fsdpx-plugins: warning: cannot load plugin " + cut.string() +
-                          ": the file is cut short (4096 bytes, but its ELF "),
-            std::string::npos)
-      << list.err;
+  EXPECT_NE(list.err.find("fsdpx-plugins: " + cut_short), std::string::npos) << list.err;
+  EXPECT_NE(list.err.find("(remove it, or pass --skip-broken-plugins to go on without it)"), std::string::npos);
   EXPECT_EQ(lines(list.err), 1) << list.err;
-  auto run = run_command("env FSDPX_PLUGIN_PATH=" + dir.path().string() + " " + train() + kQuick + " --dry-run");
-  EXPECT_EQ(run.exit_code, 0) << run.err;  // a folder scan warns and goes on
-  EXPECT_NE(run.err.find("fsdpx-train: warning: cannot load plugin " + cut.string() + ": the file is cut short"),
-            std::string::npos)
-      << run.err;
+  const std::string env = "env FSDPX_PLUGIN_PATH=" + dir.path().string() + " ";
+  auto run = run_command(env + train() + kQuick + " --dry-run");
+  expect_one_line(run, "fsdpx-train", cut_short);
+  // The way past it, the same in both hosts: a warning, and the run goes on.
+  run = run_command(env + train() + kQuick + " --dry-run --skip-broken-plugins");
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.err.find("fsdpx-train: warning: " + cut_short), std::string::npos) << run.err;
+  list = run_command(env + plugins_tool() + " --skip-broken-plugins list");
+  EXPECT_EQ(list.exit_code, 0) << list.err;
+  EXPECT_NE(list.err.find("fsdpx-plugins: warning: " + cut_short), std::string::npos) << list.err;
   PluginHost host;
   EXPECT_NE(test::error_of([&] { host.load_file(cut); }).find("the file is cut short"), std::string::npos);
+}
+
+// A plugin built for another processor is named as such (the loader said "No such file or
+// directory" or "wrong ELF class"): here a real plugin whose ELF header says AArch64, and one that
+// says 32-bit.
+TEST(InputPaths, APluginForAnotherMachineIsNamedAsSuch) {
+  test::TempDir dir;
+  auto patched = [&](const std::string& name, std::streamoff at, const std::string& bytes) {
+    const fs::path p = dir.path() / name;
+    fs::copy_file(test::plugin_dir() / "wrap_size_based.so", p);
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(at).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return p;
+  };
+  const fs::path arm = patched("arm.so", 18, std::string("\xb7\x00", 2));  // e_machine = EM_AARCH64 (183)
+  const fs::path narrow = patched("narrow.so", 4, std::string("\x01", 1));  // EI_CLASS = ELFCLASS32
+  PluginHost host;
+  EXPECT_EQ(test::error_of([&] { host.load_file(arm); }),
+            "cannot load plugin " + arm.string() + ": it is built for AArch64, and this machine runs x86-64 (64-bit); "
+            "build the plugin for this machine (fsdpx_add_plugin in its CMake project)");
+  EXPECT_NE(test::error_of([&] { host.load_file(narrow); }).find(": it is built for 32-bit x86-64, and this machine "),
+            std::string::npos);
+  auto r = run_command(train() + kQuick + "--plugin " + arm.string() + " --dry-run");
+  expect_one_line(r, "fsdpx-train", "it is built for AArch64");
 }
 
 TEST(InputPaths, AFifoNamedLikeAPluginIsNotOpened) {
@@ -466,6 +521,40 @@ TEST(OptionEffects, ModelSizeWithFromHfIsRefusedAndConfigIniRecordsOnlyWhatWasRe
   EXPECT_EQ(model.find("size="), std::string::npos) << ini;
   r = run_command(train() + " --config " + d + "/run1/config.ini --out " + d + "/run2 --dry-run");
   EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// --min-lr-ratio is the cosine schedule's floor: given with the constant schedule it did nothing
+// (exit 0, and config.ini recorded it). Refused; config.ini records it only for cosine.
+TEST(OptionEffects, MinLrRatioWithoutTheCosineScheduleIsRefused) {
+  auto r = run_command(train() + kQuick + "--min-lr-ratio 0.2 --dry-run");
+  expect_one_line(r, "fsdpx-train", "--min-lr-ratio 0.2 is the cosine schedule's floor, and --lr-schedule is "
+                                    "constant, whose lr never decays; drop --min-lr-ratio, or add --lr-schedule cosine");
+  EXPECT_EQ(run_command(train() + kQuick + "--min-lr-ratio 0.2 --lr-schedule cosine --dry-run").exit_code, 0);
+  test::TempDir dir;
+  for (const std::string schedule : {"constant", "cosine"}) {
+    const fs::path out = dir.path() / schedule;
+    r = run_command(train() + kQuick + "--lr-schedule " + schedule + " --out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const bool recorded = test::read_file(out / "config.ini").find("\nmin-lr-ratio=0.1\n") != std::string::npos;
+    EXPECT_EQ(recorded, schedule == "cosine") << schedule;
+  }
+}
+
+// The documented no-ops say so once at start and config.ini records them as not applied:
+// sim's settings on another device (FSDPX_SIM_MEMORY was read by nothing and said nothing).
+// cpu_offload on the CPU: CpuOffload.OnTheCpuItIsTheBaseStrategyBitForBit.
+TEST(OptionEffects, SimSettingsOnAnotherDeviceAreNotAppliedAndSaySo) {
+  test::TempDir dir;
+  const std::string note = "not applied: FSDPX_SIM_MEMORY=1GiB is a setting of the sim device, and this run's device "
+                           "is cpu; unset it, or run with --device sim";
+  auto r = run_command("env FSDPX_SIM_MEMORY=1GiB " + train() + kQuick + "--out " + dir.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count_of(r.out + r.err, note), 1) << r.out << r.err;
+  EXPECT_NE(test::read_file(dir.path() / "config.ini").find("# " + note + "\n"), std::string::npos);
+  r = run_command("env FSDPX_SIM_MEMORY=1GiB " + train() + kQuick + "--dry-run");
+  EXPECT_NE(r.out.find("  not applied FSDPX_SIM_MEMORY=1GiB"), std::string::npos) << r.out;
+  r = run_command(train() + kQuick + "--dry-run");
+  EXPECT_EQ(r.out.find("not applied"), std::string::npos) << r.out;
 }
 
 }  // namespace

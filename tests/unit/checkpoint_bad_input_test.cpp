@@ -94,6 +94,12 @@ TEST_F(CheckpointCompleteness, VerifyChecksEveryFileTheFormatNeeds) {
       {"no-config", "config.ini is missing", [](const fs::path& c) { fs::remove(c / "config.ini"); }},
       {"no-rank-file", "rank-00001.safetensors is missing",
        [](const fs::path& c) { fs::remove(c / "rank-00001.safetensors"); }},
+      // --resume auto skipped such a checkpoint as "rank-00001.safetensors is missing"
+      {"rank-file-a-directory", "rank-00001.safetensors is a directory, not a file",
+       [](const fs::path& c) {
+         fs::remove(c / "rank-00001.safetensors");
+         fs::create_directory(c / "rank-00001.safetensors");
+       }},
   };
   for (const auto& d : damages) {
     SCOPED_TRACE(d.name);
@@ -108,6 +114,15 @@ TEST_F(CheckpointCompleteness, VerifyChecksEveryFileTheFormatNeeds) {
   const fs::path renamed = copy_of_step4("step-00000006");
   EXPECT_EQ(fsdpx::checkpoint_problem(renamed.string()),
             "index.json records step 4, the directory's name step 6");
+  // export-hf names the missing config.ini (it said the configuration "records no [model]").
+  const fs::path no_config = copy_of_step4("export-without-config");
+  fs::remove(no_config / "config.ini");
+  auto hf = run_command(ckpt() + " export-hf " + no_config.string() + " " + (dir() / "hf-out").string());
+  EXPECT_EQ(hf.exit_code, 1) << hf.out;
+  EXPECT_NE(hf.err.find(no_config.string() + " has no config.ini; export-hf needs it for the model that saved"),
+            std::string::npos)
+      << hf.err;
+  EXPECT_FALSE(fs::exists(dir() / "hf-out"));
 }
 
 // --resume auto takes the newest complete checkpoint and names each newer one it skips, with why

@@ -199,12 +199,15 @@ TEST(PluginErrors, ABrokenPluginInADirectoryDoesNotStopTheOthers) {
   fs::copy_file(fixture("good"), dir.path() / "a_good.so");
   fs::copy_file(fixture("wrong_torch"), dir.path() / "b_torch.so");
   PluginHost host;
-  auto errors = host.load_directory(dir.path(), false);
+  EXPECT_NE(error_of([&] { host.load_directory(dir.path(), false); }).find("b_torch.so: plugin 'fixture_torch'"),
+            std::string::npos);
+  PluginHost skipping;
+  auto errors = skipping.load_directory(dir.path(), false, /*skip_broken=*/true);
   ASSERT_EQ(errors.size(), 1u);
   EXPECT_NE(errors[0].find("b_torch.so: plugin 'fixture_torch' was built against LibTorch 1.13.1"),
             std::string::npos)
       << errors[0];
-  EXPECT_EQ(host.plugins().size(), 1u);
+  EXPECT_EQ(skipping.plugins().size(), 1u);
 }
 
 // --- Plugin loading is strict where the user was explicit (issue 26, class 7) -------------------
@@ -213,7 +216,8 @@ std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
 const std::string kQuick = " --data.name synthetic --data.seq 16 --batch-size 2 --steps 1 ";
 
 // A file named with --plugin must load: its failure stops the run with one line (it was a
-// warning, and the run went on without it). A folder scan only warns.
+// warning, and the run went on without it). So does a broken file of a folder scan, unless
+// --skip-broken-plugins makes it a warning.
 TEST(PluginErrors, ANamedPluginThatFailsStopsTheRun) {
   const fs::path p = fixture("wrong_torch");
   auto r = test::run_command(train() + kQuick + "--plugin " + p.string() + " --dry-run");
@@ -227,7 +231,14 @@ TEST(PluginErrors, ANamedPluginThatFailsStopsTheRun) {
   test::TempDir dir;
   fs::copy_file(p, dir.path() / "torch.so");
   auto scan = test::run_command(train() + kQuick + "--plugin-dir " + dir.path().string() + " --dry-run");
+  EXPECT_EQ(scan.exit_code, 1) << scan.err;
+  EXPECT_EQ(scan.err.rfind("fsdpx-train: " + (dir.path() / "torch.so").string(), 0), 0u) << scan.err;
+  scan = test::run_command(train() + kQuick + "--plugin-dir " + dir.path().string() +
+                           " --dry-run --skip-broken-plugins");
   EXPECT_EQ(scan.exit_code, 0) << scan.err;
+  const std::string named = test::run_command(train() + kQuick + "--plugin " + p.string() +
+                                              " --dry-run --skip-broken-plugins").err;
+  EXPECT_NE(named.find("was built against LibTorch 1.13.1"), std::string::npos) << "a named file must still load";
   EXPECT_NE(scan.err.find("fsdpx-train: warning: " + (dir.path() / "torch.so").string()), std::string::npos)
       << scan.err;
 }

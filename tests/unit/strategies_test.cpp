@@ -125,6 +125,10 @@ TEST(CpuOffload, OnTheCpuItIsTheBaseStrategyBitForBit) {
     ASSERT_EQ(rb.exit_code, 0) << rb.out << rb.err;
     EXPECT_EQ(count(rb.out, "nothing to move"), 1) << rb.out;
     EXPECT_EQ(count(ra.out, "nothing to move"), 0) << ra.out;
+    EXPECT_NE(read_file(b.path() / "config.ini").find("\n# not applied: sharding 'cpu_offload': the compute "
+                                                             "device is the CPU"),
+              std::string::npos);
+    EXPECT_EQ(read_file(a.path() / "config.ini").find("not applied"), std::string::npos);
     auto x = step_metrics(a.path()), y = step_metrics(b.path());
     ASSERT_EQ(x.size(), y.size());
     for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(x[i]["loss"], y[i]["loss"]) << i;

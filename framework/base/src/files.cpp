@@ -15,7 +15,10 @@ namespace fsdpx {
 
 std::string file_kind(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return errno == ENOENT || errno == ENOTDIR ? "missing" : "unreadable";
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ELOOP) return kSymlinkLoop;
+    return errno == ENOENT || errno == ENOTDIR ? "missing" : "unreadable";
+  }
   switch (st.st_mode & S_IFMT) {
     case S_IFREG: return "";
     case S_IFDIR: return "a directory";
@@ -33,6 +36,7 @@ uint64_t check_input_file(const std::string& path, const std::string& what) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT || errno == ENOTDIR) throw Error(where + " does not exist");
+    if (errno == ELOOP) throw Error(where + " is " + kSymlinkLoop + "; point " + what + " at a file");
     throw Error(where + " cannot be read: " + std::strerror(errno));
   }
   const std::string kind = file_kind(path);

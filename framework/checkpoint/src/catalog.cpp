@@ -87,8 +87,9 @@ std::string sharded_problem(const fs::path& dir) {
     const fs::path f = dir / it.key();
     if (it.key().find('/') != std::string::npos || it.key().find("..") != std::string::npos)
       return "index.json lists the file '" + it.key() + "', outside the checkpoint";
+    if (std::string why = missing_or_empty(f); !why.empty()) return why;
     const auto size = fs::file_size(f, ec);
-    if (ec) return it.key() + " is missing";
+    if (ec) return it.key() + " cannot be read: " + ec.message();
     if (it.value().is_number_integer() && static_cast<int64_t>(size) != it.value().get<int64_t>())
       return it.key() + " has " + std::to_string(size) + " bytes, index.json records " +
              std::to_string(it.value().get<int64_t>());

@@ -158,15 +158,26 @@ PluginHost::~PluginHost() = default;
 
 fs::path PluginHost::default_plugin_dir() { return libfsdpx_directory() / "fsdpx" / "plugins"; }
 
+namespace {
+
+// How a file or folder of a scan that failed is reported: its message, and the way past it.
+std::string broken_in_scan(const std::string& what, bool skip_broken) {
+  return skip_broken ? what : what + " (remove it, or pass --skip-broken-plugins to go on without it)";
+}
+
+}  // namespace
+
 PluginHost::Discovery PluginHost::discover_all(const PluginSearch& search) {
   Discovery found;
-  // A folder the user did not name (the default one, FSDPX_PLUGIN_PATH's) may only warn.
+  // A folder the user named must be read; one the user did not name (the default one,
+  // FSDPX_PLUGIN_PATH's) follows the broken-file rule.
   auto scan = [&](const fs::path& dir, bool named) {
     try {
       if (!search.allow_insecure) check_not_world_writable(dir, "plugin directory");
-      scan_directory(dir, search.allow_insecure, found);
+      scan_directory(dir, search, found);
     } catch (const std::exception& e) {
-      (named ? found.errors : found.warnings).push_back(e.what());
+      if (named) found.errors.push_back(e.what());
+      else (search.skip_broken ? found.warnings : found.errors).push_back(broken_in_scan(e.what(), search.skip_broken));
     }
   };
   std::error_code ec;
@@ -186,7 +197,9 @@ PluginHost::Discovery PluginHost::discover_all(const PluginSearch& search) {
           if (fs::is_directory(dir, ec)) {
             scan(dir, false);
           } else {
-            found.warnings.push_back("FSDPX_PLUGIN_PATH names " + dir + ", which is not a directory");
+            (search.skip_broken ? found.warnings : found.errors)
+                .push_back("FSDPX_PLUGIN_PATH names " + dir + ", which is not a directory" +
+                           (search.skip_broken ? "" : " (fix FSDPX_PLUGIN_PATH, or pass --skip-broken-plugins)"));
           }
         }
         start = colon + 1;
@@ -217,15 +230,18 @@ std::vector<std::string> PluginHost::discover(const PluginSearch& search) {
   return found.warnings;
 }
 
-std::vector<std::string> PluginHost::load_directory(const fs::path& dir, bool allow_insecure) {
+std::vector<std::string> PluginHost::load_directory(const fs::path& dir, bool allow_insecure, bool skip_broken) {
   if (!allow_insecure) check_not_world_writable(dir, "plugin directory");
+  PluginSearch search;
+  search.allow_insecure = allow_insecure;
+  search.skip_broken = skip_broken;
   Discovery found;
-  scan_directory(dir, allow_insecure, found);
+  scan_directory(dir, search, found);
   if (!found.errors.empty()) throw Error(found.errors.front());
   return found.warnings;
 }
 
-void PluginHost::scan_directory(const fs::path& dir, bool allow_insecure, Discovery& found) {
+void PluginHost::scan_directory(const fs::path& dir, const PluginSearch& search, Discovery& found) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw Error("plugin directory " + dir.string() + " does not exist or is not a directory");
@@ -240,12 +256,12 @@ void PluginHost::scan_directory(const fs::path& dir, bool allow_insecure, Discov
   std::sort(files.begin(), files.end());
   for (const auto& f : files) {
     try {
-      if (!allow_insecure) check_not_world_writable(f, "plugin file");
+      if (!search.allow_insecure) check_not_world_writable(f, "plugin file");
       load(f, /*named=*/false);
     } catch (const DuplicateError& e) {
       found.errors.push_back(e.what());
     } catch (const std::exception& e) {
-      found.warnings.push_back(e.what());
+      (search.skip_broken ? found.warnings : found.errors).push_back(broken_in_scan(e.what(), search.skip_broken));
     }
   }
 }

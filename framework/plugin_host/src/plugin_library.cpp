@@ -59,16 +59,63 @@ void check_elf_headers(std::ifstream& in, const std::filesystem::path& file, uin
   }
 }
 
+#if defined(__x86_64__)
+constexpr uint16_t kThisMachine = EM_X86_64;
+#elif defined(__aarch64__)
+constexpr uint16_t kThisMachine = EM_AARCH64;
+#elif defined(__powerpc64__)
+constexpr uint16_t kThisMachine = EM_PPC64;
+#elif defined(__s390x__)
+constexpr uint16_t kThisMachine = EM_S390;
+#elif defined(__riscv)
+constexpr uint16_t kThisMachine = EM_RISCV;
+#else
+constexpr uint16_t kThisMachine = EM_NONE;  // not named; the loader's own message stands
+#endif
+
+std::string machine_name(uint16_t machine) {
+  switch (machine) {
+    case EM_X86_64: return "x86-64";
+    case EM_AARCH64: return "AArch64";
+    case EM_386: return "32-bit x86";
+    case EM_ARM: return "32-bit ARM";
+    case EM_PPC64: return "64-bit POWER";
+    case EM_S390: return "s390x";
+    case EM_RISCV: return "RISC-V";
+    default: return "ELF machine " + std::to_string(machine);
+  }
+}
+
+// Refuses a library built for another processor (an AArch64 plugin on x86-64, a 32-bit one in
+// this 64-bit process), naming both: the loader's own words for it can be "No such file or
+// directory" or "wrong ELF class".
+void check_elf_machine(const std::filesystem::path& file, const unsigned char* ident, std::ifstream& in) {
+  if (kThisMachine == EM_NONE) return;
+  unsigned char bytes[2] = {};
+  if (!in.seekg(18).read(reinterpret_cast<char*>(bytes), 2)) return;  // too short: check_elf_headers says so
+  const bool little = ident[EI_DATA] == ELFDATA2LSB;
+  const auto machine = static_cast<uint16_t>(little ? bytes[0] | bytes[1] << 8 : bytes[1] | bytes[0] << 8);
+  const bool wide = ident[EI_CLASS] == ELFCLASS64;
+  const bool this_wide = sizeof(void*) == 8;
+  if (machine == kThisMachine && wide == this_wide) return;
+  const std::string built = machine == kThisMachine ? std::string(wide ? "64" : "32") + "-bit " + machine_name(machine)
+                                                    : machine_name(machine);
+  throw Error("cannot load plugin " + file.string() + ": it is built for " + built + ", and this machine runs " +
+              machine_name(kThisMachine) + (this_wide ? " (64-bit)" : " (32-bit)") +
+              "; build the plugin for this machine (fsdpx_add_plugin in its CMake project)");
+}
+
 // Refuses an ELF file whose headers or loadable segments reach past its end (a copy cut short):
 // the loader would map them, and touching a page beyond the end of a file ends the process with
-// SIGBUS, before any message. A file that is not ELF, or not of this machine's byte order, is
-// left to the loader, whose own message says what it is.
+// SIGBUS, before any message. A file that is not ELF is left to the loader, whose own message
+// says what it is; one for another processor is named as such.
 void check_elf_fits(const std::filesystem::path& file) {
   std::error_code ec;
   const uint64_t size = std::filesystem::file_size(file, ec);
   std::ifstream in(file, std::ios::binary);
   unsigned char ident[EI_NIDENT] = {};
   if (ec || !in.read(reinterpret_cast<char*>(ident), EI_NIDENT) || std::memcmp(ident, ELFMAG, SELFMAG) != 0) return;
+  check_elf_machine(file, ident, in);
   const bool native = ident[EI_DATA] == (__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? ELFDATA2LSB : ELFDATA2MSB);
   if (!native) return;
   if (ident[EI_CLASS] == ELFCLASS64) check_elf_headers<Elf64_Ehdr, Elf64_Phdr>(in, file, size);

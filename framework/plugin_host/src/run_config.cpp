@@ -282,8 +282,8 @@ RunConfig RunConfig::resolve(const PluginHost& host, const std::vector<std::stri
   }
   config.host_values_ = HostValues(std::move(vm));
   // Read here: --config and each component's name. Read by plugin_search(), which a host calls
-  // before resolving: --plugin-dir, --plugin, --allow-insecure-plugin-dir.
-  for (const char* key : {"config", "plugin-dir", "plugin", "allow-insecure-plugin-dir"})
+  // before resolving: --plugin-dir, --plugin, --allow-insecure-plugin-dir, --skip-broken-plugins.
+  for (const char* key : {"config", "plugin-dir", "plugin", "allow-insecure-plugin-dir", "skip-broken-plugins"})
     config.host_values_.mark_read(key);
   for (Kind k : all_kinds()) config.host_values_.mark_read(name_key(k));
   return config;
@@ -406,6 +406,8 @@ std::string read_config_file(const fs::path& file) {
   if (kind == "missing") throw Error(where + " does not exist (--config)");
   if (kind == "a directory")
     throw Error(where + " is a directory (--config); give an INI file, such as a run directory's config.ini");
+  if (kind == kSymlinkLoop) throw Error(where + " is " + kind + " (--config); point it at an INI file");
+  if (kind == "unreadable") throw Error(where + " cannot be looked at (--config): a directory on its way forbids it");
   if (!kind.empty()) throw Error(where + " is " + kind + ", not a regular file (--config)");
   std::error_code ec;
   const uintmax_t size = fs::file_size(file, ec);
@@ -435,6 +437,7 @@ PluginSearch plugin_search(const std::vector<std::string>& args, PluginSearch se
     else if (auto f = value("--plugin")) search.files.emplace_back(*f);
     else if (auto c = value("--config")) config = *c;
     else if (args[i] == "--allow-insecure-plugin-dir") search.allow_insecure = true;
+    else if (args[i] == "--skip-broken-plugins") search.skip_broken = true;
   }
   if (!config) return search;
   po::options_description keys;

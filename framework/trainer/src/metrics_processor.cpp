@@ -137,10 +137,8 @@ void MetricsProcessor::announce() {
     out_.line("peak TFLOP/s per rank " + peak_source_);
   }
   for (const auto& w : plan_.warnings) out_.line("warning: " + w);
-  if (plan_.layout.offload_to_cpu && device_.is_cpu())
-    out_.line("cpu offload: the compute device is the CPU, where the shards, gradients and optimizer state already "
-              "live; nothing to move (the run is its base strategy's)");
-  else if (plan_.layout.offload_to_cpu)
+  for (const auto& what : plan_.not_applied) out_.line("not applied: " + what);
+  if (plan_.layout.offload_to_cpu && !device_.is_cpu())
     out_.line("cpu offload: shards, gradients and optimizer state in pinned host memory; " + device_.name() +
               " holds the gathered units, and the optimizer steps on the CPU");
 }

@@ -37,7 +37,8 @@ json plan_json(const RunPlan& p) {
                       {"host_bytes", p.memory.host_bytes},
                       {"activation_bytes", p.activations_stated ? p.memory.activation_bytes : -1}}},
           {"deterministic", p.deterministic},
-          {"warnings", p.warnings}};
+          {"warnings", p.warnings},
+          {"not_applied", p.not_applied}};
 }
 
 }  // namespace fsdpx

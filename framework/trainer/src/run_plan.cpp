@@ -223,6 +223,20 @@ void plan_cpu(RunPlan& plan) {
         "about 100x slower than in fp32 here; --precision.name fp32 trains faster on this machine");
 }
 
+// The documented no-ops of this run (RunPlan::not_applied).
+void plan_not_applied(RunPlan& plan) {
+  if (plan.layout.offload_to_cpu && plan.device == "cpu")
+    plan.not_applied.push_back("sharding '" + plan.strategy +
+                               "': the compute device is the CPU, where the shards, gradients and optimizer state "
+                               "already live; nothing to move (the run is its base strategy's)");
+  if (plan.device == "sim") return;
+  for (const char* name : {"FSDPX_SIM_MEMORY", "FSDPX_SIM_DEVICES", "FSDPX_SIM_LIBRARY", "FSDPX_SIM_PROTECT",
+                           "FSDPX_SIM_CACHE", "FSDPX_SIM_POISON", "FSDPX_SIM_STREAM_CHECK"})
+    if (const char* value = std::getenv(name))
+      plan.not_applied.push_back(std::string(name) + "=" + value + " is a setting of the sim device, and this run's "
+                                 "device is " + plan.device + "; unset it, or run with --device sim");
+}
+
 }  // namespace
 
 RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSettings& s, const Topology& topo) {
@@ -234,6 +248,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   auto model = make<Model>(host, config);
   auto wrap = make<WrapPolicy>(host, config);
   plan_components(host, config, s, plan);
+  plan_not_applied(plan);
   auto opt_probe = make<Optimizer>(host, config);
   plan.optimizer_runs_on_cpu = runs_on_cpu(*opt_probe);
   if (plan.layout.offload_to_cpu && !plan.optimizer_runs_on_cpu)
@@ -370,6 +385,7 @@ std::string RunPlan::text() const {
   }
   o << "\n";
   for (const auto& warning : warnings) o << "  warning    " << warning << "\n";
+  for (const auto& what : not_applied) o << "  not applied " << what << "\n";
   return o.str();
 }
 

@@ -68,7 +68,9 @@ po::options_description train_command_options() {
   plugins.add_options()
     ("plugin-dir", po::value<std::vector<std::string>>()->composing(), "also load plugins from this directory")
     ("plugin", po::value<std::vector<std::string>>()->composing(), "also load this plugin file (it must load)")
-    ("allow-insecure-plugin-dir", "load plugins from world-writable or foreign-owned places (command line only)");
+    ("allow-insecure-plugin-dir", "load plugins from world-writable or foreign-owned places (command line only)")
+    ("skip-broken-plugins", "a plugin file of a scanned folder (--plugin-dir, FSDPX_PLUGIN_PATH, the default one) "
+     "that fails to load is a warning, not an error; a --plugin file must still load (command line only)");
   po::options_description all;
   all.add(TrainSettings::options()).add(topology_options()).add(actions).add(memory).add(plugins);
   return all;
@@ -77,7 +79,7 @@ po::options_description train_command_options() {
 ConfigRequest train_config_request(const po::options_description& options) {
   ConfigRequest request{&options, default_components(), {Kind::Checkpoint}};
   request.command_line_only = {"nproc-per-node", "dry-run", "check-comm", "print-topology", "help",
-                               "allow-insecure-plugin-dir", "skip-memory-check"};
+                               "allow-insecure-plugin-dir", "skip-broken-plugins", "skip-memory-check"};
   return request;
 }
 

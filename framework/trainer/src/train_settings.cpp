@@ -102,7 +102,19 @@ TrainSettings TrainSettings::from(const HostValues& vm) {
   s.log_every = vm["log-every"].as<int64_t>();
   s.lr_schedule = vm["lr-schedule"].as<std::string>();
   s.warmup_steps = vm["warmup-steps"].as<int64_t>();
-  s.min_lr_ratio = vm["min-lr-ratio"].as<double>();
+  // The floor is the cosine schedule's: read only there, and refused where given for another one
+  // (it was accepted and did nothing, while config.ini recorded it).
+  if (s.lr_schedule == "cosine") {
+    s.min_lr_ratio = vm["min-lr-ratio"].as<double>();
+  } else {
+    vm.mark_read("min-lr-ratio");  // looked at: given for another schedule, it is refused
+    if (!vm.unmarked()["min-lr-ratio"].defaulted()) {
+      std::ostringstream given;
+      given << vm["min-lr-ratio"].as<double>();
+      throw Error("--min-lr-ratio " + given.str() + " is the cosine schedule's floor, and --lr-schedule is " +
+                  s.lr_schedule + ", whose lr never decays; drop --min-lr-ratio, or add --lr-schedule cosine");
+    }
+  }
   s.clip_grad_norm = vm["clip-grad-norm"].as<double>();
   s.eval_every = vm["eval-every"].as<int64_t>();
   s.peak_tflops = vm["peak-tflops"].as<double>();
@@ -140,8 +152,9 @@ TrainSettings TrainSettings::from(const HostValues& vm) {
 std::string TrainSettings::to_ini() const {
   std::ostringstream o;
   o << "steps=" << steps << "\nbatch-size=" << batch_size << "\ngrad-accum=" << grad_accum << "\nseed=" << seed
-    << "\nlog-every=" << log_every << "\nlr-schedule=" << lr_schedule << "\nwarmup-steps=" << warmup_steps
-    << "\nmin-lr-ratio=" << min_lr_ratio << "\nclip-grad-norm=" << clip_grad_norm << "\neval-every=" << eval_every
+    << "\nlog-every=" << log_every << "\nlr-schedule=" << lr_schedule << "\nwarmup-steps=" << warmup_steps;
+  if (lr_schedule == "cosine") o << "\nmin-lr-ratio=" << min_lr_ratio;  // the other schedules have no floor
+  o << "\nclip-grad-norm=" << clip_grad_norm << "\neval-every=" << eval_every
     << "\npeak-tflops=" << peak_tflops << "\noverlap=" << (overlap ? 1 : 0) << "\nsave-every=" << save_every
     << "\nkeep-last=" << keep_last << "\nmax-memory-mib=" << max_memory_mib << "\n";
   if (!checkpoint_layer_types.empty()) {

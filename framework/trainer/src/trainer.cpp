@@ -199,7 +199,12 @@ class Trainer {
     });
   }
 
-  std::string config_ini() const { return s_.to_ini() + "\n" + config_.used_ini(); }  // what the run read
+  // What the run read, and what it read without applying it (RunPlan::not_applied).
+  std::string config_ini() const {
+    std::string notes;
+    for (const auto& what : plan_.not_applied) notes += "# not applied: " + what + "\n";
+    return s_.to_ini() + "\n" + config_.used_ini() + notes;
+  }
 
   void open_run_directory() {
     on_rank_zero(control(), [&] { run_dir_.create(config_ini(), world_, plan_json(plan_).dump(2)); });

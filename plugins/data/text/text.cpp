@@ -33,10 +33,11 @@ bool looks_like_text(const fs::path& p) {
 
 std::vector<fs::path> text_files(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec))
+  const std::string kind = fsdpx::file_kind(path);
+  if (kind == "missing")
     throw fsdpx::Error("text data " + path + " does not exist (data.path); give a text file or a directory of them"
                        " (Debian's corpus: apt-get install fortunes, then /usr/share/games/fortunes)");
-  if (!fs::is_directory(path, ec)) {
+  if (kind != "a directory") {
     fsdpx::check_input_file(path, "data.path");  // a device such as /dev/zero would be read until memory runs out
     return {path};
   }

@@ -20,7 +20,9 @@ FSDPX_API uint64_t check_input_file(const std::string& path, const std::string& 
 FSDPX_API void check_fits_in_memory(uint64_t bytes, const std::string& what, const std::string& advice);
 
 // "a directory", "a character device", "a FIFO", ... for what `path` is (symlinks followed);
-// "" when it is a regular file, "missing" when there is nothing.
+// "" when it is a regular file, "missing" when there is nothing, kSymlinkLoop when following its
+// symbolic links never ends, "unreadable" when a directory on the way forbids looking.
 FSDPX_API std::string file_kind(const std::string& path);
+inline constexpr const char* kSymlinkLoop = "a loop of symbolic links (following them never reaches a file)";
 
 }  // namespace fsdpx

@@ -40,6 +40,9 @@ struct PluginSearch {
   std::vector<std::filesystem::path> files;  // --plugin
   // Load from directories that others can write to (--allow-insecure-plugin-dir).
   bool allow_insecure = false;
+  // A file of a scanned folder that fails to load, or a folder of FSDPX_PLUGIN_PATH or the default
+  // one that cannot be read, only warns (--skip-broken-plugins); without it each is an error.
+  bool skip_broken = false;
 };
 
 // Logs Info and Warning to stderr as "fsdpx: ...", and Debug too when FSDPX_LOG=debug.
@@ -59,11 +62,13 @@ class FSDPX_API PluginHost {
   // <prefix>/lib/fsdpx/plugins for the libfsdpx in use.
   static std::filesystem::path default_plugin_dir();
 
-  // What loading found wrong, one message per failure, each naming the file. Errors: a plugin
-  // file the user named (--plugin) or a folder the user named (--plugin-dir) that cannot be
-  // loaded or read, and a plugin or component registered twice (both files named). Warnings: a
-  // file of a folder scan that is not a loadable fsdpx plugin, a folder of FSDPX_PLUGIN_PATH or
-  // the default folder that cannot be read.
+  // What loading found wrong, one message per failure, each naming the file. The rule, the same
+  // for every host: a plugin file that cannot be loaded is an error, whether the user named it
+  // (--plugin) or a folder scan found it (--plugin-dir, FSDPX_PLUGIN_PATH, the default folder),
+  // and so is a folder that cannot be read and a plugin or component registered twice (both files
+  // named). With PluginSearch::skip_broken, a broken file or unreadable folder of a scan is a
+  // warning instead; a named file, a named folder and a duplicate stay errors. A library without
+  // the entry symbol is not an fsdpx plugin: a scan passes over it quietly.
   struct Discovery {
     std::vector<std::string> errors, warnings;
   };
@@ -74,9 +79,11 @@ class FSDPX_API PluginHost {
   std::vector<std::string> discover(const PluginSearch& search);
 
   // Loads every *.so in `dir`. Libraries without the entry symbol are skipped quietly. Throws
-  // fsdpx::Error if `dir` is missing or writable by others (unless allowed), or when a plugin or
-  // component of it is already registered; returns the other per-file failures.
-  std::vector<std::string> load_directory(const std::filesystem::path& dir, bool allow_insecure);
+  // fsdpx::Error if `dir` is missing or writable by others (unless allowed), when a plugin or
+  // component of it is already registered, or when a file fails to load; with `skip_broken`,
+  // returns those per-file failures instead.
+  std::vector<std::string> load_directory(const std::filesystem::path& dir, bool allow_insecure,
+                                          bool skip_broken = false);
 
   // Loads one plugin file the user named. Throws fsdpx::Error on any failure, including a
   // library without the entry symbol. Loading a file already loaded does nothing.
@@ -113,8 +120,9 @@ class FSDPX_API PluginHost {
  private:
   class RegistrarImpl;
   void load(const std::filesystem::path& file, bool named);
-  // Loads `dir`'s plugins: duplicates go to `found.errors`, other per-file failures to `found.warnings`.
-  void scan_directory(const std::filesystem::path& dir, bool allow_insecure, Discovery& found);
+  // Loads `dir`'s plugins: a file that fails goes to `found.errors`, or to `found.warnings` under
+  // search.skip_broken; a duplicate is always an error.
+  void scan_directory(const std::filesystem::path& dir, const PluginSearch& search, Discovery& found);
   // Runs the plugin's registration; its components join only if all of it succeeds.
   void register_plugin(const std::shared_ptr<const PluginRecord>& record, const fsdpx_plugin_info* info);
   std::shared_ptr<void> create_erased(Kind kind, const std::string& name,

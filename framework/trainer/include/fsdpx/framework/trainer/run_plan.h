@@ -54,6 +54,10 @@ struct FSDPX_API RunPlan {
   ThreadChoice threads;               // intra-op threads per rank, and why
   bool deterministic = false;         // --deterministic: its gradient exchange is all_to_all_bytes
   std::vector<std::string> warnings;  // what will make the run slow (printed by the plan and the run)
+  // Settings the run reads that cannot apply to it, where the docs call them no-ops (cpu_offload
+  // on the CPU, sim's FSDPX_SIM_* on another device): said once at start, in the plan's text, and
+  // in config.ini as "# not applied: ..." (everything else that cannot apply is refused).
+  std::vector<std::string> not_applied;
   // The step's predicted bytes per rank, allocated (fsdpx/framework/engine/memory_plan.h), and
   // whether the model stated its activations (fsdpx/activation_memory.h); without, none counted.
   StepMemory memory;
