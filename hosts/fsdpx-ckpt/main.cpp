@@ -17,6 +17,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
+#include "fsdpx/framework/base/dtype_name.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
@@ -37,12 +38,6 @@ const char* kUsage =
     "                                       transformers' names; from_pretrained loads it (the gpt model: Llama)\n"
     "DIR is a checkpoint directory (step-NNNNNNNN) of the sharded or consolidated plugin.\n";
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 int inspect(const std::string& dir) {
   fsdpx::CheckpointInfo info = fsdpx::inspect_checkpoint(dir);
   std::printf("checkpoint %s\n  format %s, step %lld, saved by %d rank(s), %lld tensors, %.2f MiB\n\n", dir.c_str(),
@@ -58,7 +53,7 @@ int inspect(const std::string& dir) {
       layout +=
           (layout.empty() ? "" : ", ") + file + ": " + std::to_string(range.first) + "+" + std::to_string(range.second);
     std::printf("  %-*s  %-6s %-20s %s\n", static_cast<int>(w), t.name.c_str(), t.dtype.c_str(),
-                shape_text(t.shape).c_str(), layout.c_str());
+                fsdpx::shape_text(t.shape).c_str(), layout.c_str());
   }
   if (!info.trainer_state_json.empty()) std::printf("\ntrainer state: %s\n", info.trainer_state_json.c_str());
   if (!info.config_ini.empty()) std::printf("\nconfiguration:\n%s", info.config_ini.c_str());

@@ -527,8 +527,9 @@ TEST(OptionEffects, ModelSizeWithFromHfIsRefusedAndConfigIniRecordsOnlyWhatWasRe
 // (exit 0, and config.ini recorded it). Refused; config.ini records it only for cosine.
 TEST(OptionEffects, MinLrRatioWithoutTheCosineScheduleIsRefused) {
   auto r = run_command(train() + kQuick + "--min-lr-ratio 0.2 --dry-run");
-  expect_one_line(r, "fsdpx-train", "--min-lr-ratio 0.2 is the cosine schedule's floor, and --lr-schedule is "
-                                    "constant, whose lr never decays; drop --min-lr-ratio, or add --lr-schedule cosine");
+  expect_one_line(r, "fsdpx-train",
+                  "--min-lr-ratio 0.2 is the cosine schedule's floor, and --lr-schedule is constant, whose lr never "
+                  "decays; drop --min-lr-ratio, or add --lr-schedule cosine");
   EXPECT_EQ(run_command(train() + kQuick + "--min-lr-ratio 0.2 --lr-schedule cosine --dry-run").exit_code, 0);
   test::TempDir dir;
   for (const std::string schedule : {"constant", "cosine"}) {

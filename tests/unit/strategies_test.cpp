@@ -89,6 +89,17 @@ TEST(HybridShard, ShardSizeDefaultsToTheRanksPerNode) {
   t.local_world_size = 3;
   t.world_size = 4;
   EXPECT_NE(error_of([&] { s->layout(t); }).find("does not divide the world size 4"), std::string::npos);
+  // cpu_offload over hybrid_shard takes the same groups and the same refusal (fsdpx::hybrid_layout).
+  auto o = host.create<fsdpx::ShardingStrategy>("cpu_offload",
+                                                 std::map<std::string, std::string>{{"base", "hybrid_shard"}});
+  EXPECT_EQ(error_of([&] { o->layout(t); }), "cpu_offload: shard_size 3 (the ranks per node) does not divide the world "
+                                             "size 4; set --sharding.shard_size to a divisor of 4: 1, 2, 4");
+  t.world_size = 8;
+  t.local_world_size = 4;
+  const auto lo = o->layout(t);
+  EXPECT_EQ(lo.shard_group_size, 4);
+  EXPECT_EQ(lo.replicate_group_size, 2);
+  EXPECT_TRUE(lo.offload_to_cpu);
 }
 
 TEST(HybridShard, WorldNotDivisibleByShardSizeIsNamed) {

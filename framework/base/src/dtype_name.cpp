@@ -15,4 +15,10 @@ std::string dtype_name(c10::ScalarType t) {
   }
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 }  // namespace fsdpx

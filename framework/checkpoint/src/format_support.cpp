@@ -133,7 +133,6 @@ void finish_load(at::Tensor& local, const at::Tensor& received) {
   if (!received.is_same(local)) local.copy_(received);  // casts when the run stores another dtype
 }
 
-std::string shape_text(const std::vector<int64_t>& s) { return c10::str(at::IntArrayRef(s)); }
 
 namespace {
 

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdpx/checkpoint_backend.h"
+#include "fsdpx/framework/base/dtype_name.h"  // shape_text
 #include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 
@@ -59,7 +60,6 @@ at::Tensor bytes_to_tensor(std::vector<char>& bytes, const std::vector<int64_t>&
 // that dtype (no copy), else a new tensor that finish_load then casts into `local`.
 at::Tensor receiving_tensor(const at::Tensor& local, c10::ScalarType saved);
 void finish_load(at::Tensor& local, const at::Tensor& received);
-std::string shape_text(const std::vector<int64_t>& s);
 
 // A sharded checkpoint's index.json, checked for format and version.
 struct Index {

@@ -1,7 +1,9 @@
 // What every part of one engine reads and never changes after construction.
 #pragma once
 
-#include "fsdpx/framework/engine/sharding_engine.h"
+#include <c10/core/TensorOptions.h>
+
+#include "fsdpx/framework/engine/engine_options.h"
 
 namespace fsdpx {
 
@@ -19,9 +21,9 @@ struct EngineConfig {
   // Options for a shard or its gradient: host memory (pinned when the device has it) when
   // offloading, else the device.
   at::TensorOptions for_shards(at::ScalarType dtype) const {
-    return options.layout.offload_to_cpu && !device->is_cpu() ? device->host_options().dtype(dtype) : on_device(dtype);
+    return offloads() ? device->host_options().dtype(dtype) : on_device(dtype);
   }
-  bool offloads() const { return options.layout.offload_to_cpu && !device->is_cpu(); }
+  bool offloads() const { return options.layout.offloads(device->is_cpu()); }
   // The clock to mark waits on: EngineOptions::clock while a step's span is open, else null.
   StepClock* timing() const { return options.clock && options.clock->stepping() ? options.clock.get() : nullptr; }
   // Metadata collectives (CPU tensors).

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "engine_config.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
 #include "sharding_unit.h"
 
 namespace fsdpx {

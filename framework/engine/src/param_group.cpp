@@ -15,6 +15,7 @@
 #include "fsdpx/framework/runtime/collective_context.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
+#include "fsdpx/seeds.h"
 #include "unit_collectives.h"
 
 namespace fsdpx {

@@ -11,6 +11,7 @@
 #include <ATen/core/Generator.h>
 #include <c10/core/Storage.h>
 
+#include "fsdpx/framework/base/dtype_name.h"  // shape_text
 #include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/model.h"
 
@@ -55,6 +56,5 @@ void resize_storage(const c10::Storage& storage, size_t bytes);
 at::Tensor tensor_over(const c10::Storage& storage, int64_t offset, at::IntArrayRef sizes, at::ScalarType dtype);
 
 int64_t numel_of(const std::vector<int64_t>& shape);
-std::string shape_text(const std::vector<int64_t>& shape);  // "[2, 3]"
 
 }  // namespace fsdpx

@@ -138,7 +138,7 @@ void MetricsProcessor::announce() {
   }
   for (const auto& w : plan_.warnings) out_.line("warning: " + w);
   for (const auto& what : plan_.not_applied) out_.line("not applied: " + what);
-  if (plan_.layout.offload_to_cpu && !device_.is_cpu())
+  if (plan_.layout.offloads(device_.is_cpu()))
     out_.line("cpu offload: shards, gradients and optimizer state in pinned host memory; " + device_.name() +
               " holds the gathered units, and the optimizer steps on the CPU");
 }

@@ -203,7 +203,7 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
   in.deterministic = s.deterministic;
   in.forwards = s.deterministic ? s.grad_accum * s.batch_size : s.grad_accum;
   in.clip_grad_norm = s.clip_grad_norm > 0;
-  in.offload = plan.layout.offload_to_cpu && s.device != "cpu";
+  in.offload = plan.layout.offloads(s.device == "cpu");
   if (const auto* a = dynamic_cast<const ActivationMemory*>(&model)) {
     const int64_t seq = plan.samples_per_step > 0 ? plan.tokens_per_step / plan.samples_per_step : 1;
     in.layers = a->activations(s.deterministic ? 1 : s.batch_size, seq, plan.dtypes.compute);
@@ -225,7 +225,7 @@ void plan_cpu(RunPlan& plan) {
 
 // The documented no-ops of this run (RunPlan::not_applied).
 void plan_not_applied(RunPlan& plan) {
-  if (plan.layout.offload_to_cpu && plan.device == "cpu")
+  if (plan.layout.offload_to_cpu && !plan.layout.offloads(plan.device == "cpu"))
     plan.not_applied.push_back("sharding '" + plan.strategy +
                                "': the compute device is the CPU, where the shards, gradients and optimizer state "
                                "already live; nothing to move (the run is its base strategy's)");

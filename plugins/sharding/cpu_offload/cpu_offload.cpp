@@ -15,16 +15,10 @@ class CpuOffload final : public fsdpx::ShardingStrategy {
  public:
   CpuOffload(std::string base, int shard_size) : base_(std::move(base)), shard_size_(shard_size) {}
   fsdpx::ShardingLayout layout(const fsdpx::Topology& t) const override {
-    fsdpx::ShardingLayout l{t.world_size, 1, true, /*offload_to_cpu=*/true};
-    if (base_ == "shard_grad_op") l.reshard_after_forward = false;
-    if (base_ == "hybrid_shard") {
-      const int s = shard_size_ > 0 ? shard_size_ : t.local_world_size;
-      if (s < 1 || t.world_size % s != 0)
-        throw fsdpx::Error("cpu_offload: shard_size " + std::to_string(s) + " does not divide the world size " +
-                           std::to_string(t.world_size) + "; set --sharding.shard_size to a divisor of it");
-      l.shard_group_size = s;
-      l.replicate_group_size = t.world_size / s;
-    }
+    fsdpx::ShardingLayout l = base_ == "hybrid_shard"
+                                  ? fsdpx::hybrid_layout(t, shard_size_, /*reshard_after_forward=*/true, "cpu_offload")
+                                  : fsdpx::ShardingLayout{t.world_size, 1, base_ != "shard_grad_op", false};
+    l.offload_to_cpu = true;
     return l;
   }
 

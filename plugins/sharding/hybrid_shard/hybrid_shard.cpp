@@ -10,24 +10,11 @@
 
 namespace {
 
-std::string divisors(int n) {
-  std::string out;
-  for (int d = 1; d <= n; ++d)
-    if (n % d == 0) out += (out.empty() ? "" : ", ") + std::to_string(d);
-  return out;
-}
-
 class HybridShard final : public fsdpx::ShardingStrategy {
  public:
   HybridShard(int shard_size, bool reshard) : shard_size_(shard_size), reshard_(reshard) {}
   fsdpx::ShardingLayout layout(const fsdpx::Topology& t) const override {
-    const int s = shard_size_ > 0 ? shard_size_ : t.local_world_size;
-    if (s < 1 || t.world_size % s != 0)
-      throw fsdpx::Error("hybrid_shard: shard_size " + std::to_string(s) +
-                         (shard_size_ > 0 ? "" : " (the ranks per node)") + " does not divide the world size " +
-                         std::to_string(t.world_size) + "; set --sharding.shard_size to a divisor of " +
-                         std::to_string(t.world_size) + ": " + divisors(t.world_size));
-    return fsdpx::ShardingLayout{s, t.world_size / s, reshard_, /*offload_to_cpu=*/false};
+    return fsdpx::hybrid_layout(t, shard_size_, reshard_, "hybrid_shard");
   }
 
  private:

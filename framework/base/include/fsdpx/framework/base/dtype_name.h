@@ -1,7 +1,10 @@
-// The short names of dtypes that fsdpx prints: in the plan, the run's lines and collective records.
+// How fsdpx prints a dtype and a shape: in the plan, the run's lines, collective records and
+// checkpoint messages.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <c10/core/ScalarType.h>
 
@@ -11,5 +14,8 @@ namespace fsdpx {
 
 // "fp32", "bf16", "fp16", "fp64", "int64", "int32", "uint8"; LibTorch's name for any other.
 FSDPX_API std::string dtype_name(c10::ScalarType t);
+
+// "[2, 3]"; "[]" for a scalar.
+FSDPX_API std::string shape_text(const std::vector<int64_t>& shape);
 
 }  // namespace fsdpx

@@ -1,0 +1,53 @@
+// EngineOptions and EngineComms: what a ShardingEngine is built with (sharding_engine.h), in a
+// header of their own, so that the engine's parts read them without the engine's interface.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "fsdpx/framework/runtime/communicator.h"
+#include "fsdpx/framework/runtime/device.h"
+#include "fsdpx/framework/runtime/step_clock.h"
+#include "fsdpx/precision_policy.h"
+#include "fsdpx/sharding_strategy.h"
+
+namespace fsdpx {
+
+struct EngineOptions {
+  ShardingLayout layout;       // from the sharding strategy
+  PrecisionSpec precision;     // from the precision policy (default: fp32 throughout)
+  uint64_t seed = 0;           // parameters are initialised from (seed, parameter name)
+  bool overlap = true;         // gather the next units while the current one computes
+  int prefetch = 1;            // how many units ahead, forward and backward, when overlapping
+  // Each unit's own dtypes (the precision policy's answer for its path, "" for the root); unset:
+  // `precision` for every unit. Units may differ in compute and reduce dtypes, not in storage.
+  std::function<PrecisionSpec(const std::string& unit)> unit_precision;
+  // Layout-invariant sums: each backward is one sample per world rank (rank r's is global sample
+  // j * W + r of the round), and adds every rank's gradient rows of this rank's shard, sent by one
+  // all-to-all over comms.world (unsharded: one all-gather), into the gradient shard in rank
+  // order: a fixed, sequential order over global samples at any world size and strategy. Nothing is averaged (the loss
+  // carries 1 / global samples), and the shards accumulate until zero_grad(). clip_grad_norm sums in exact fixed point.
+  bool deterministic = false;
+  // Where shards, gathered units, gradients and activations live (fsdpx/framework/runtime/
+  // device.h); unset: the CPU. With layout.offload_to_cpu the shards, their gradients (and so the
+  // optimizer's state and step) stay in host memory, and only what a unit computes with moves.
+  std::shared_ptr<const DeviceRuntime> device;
+  // Where the step's time goes (fsdpx/framework/runtime/step_clock.h): the engine marks the compute
+  // stream's waits for all-gathers and reductions on it while a step's span is open; unset: none.
+  std::shared_ptr<StepClock> clock;
+};
+
+// The communicators the engine uses. `shard` has layout.shard_group_size ranks (nullptr when 1);
+// `replicate` has layout.replicate_group_size ranks (nullptr when 1); `world` is every rank. They
+// carry tensors on the engine's device. `control` (every rank, CPU tensors: ProcessGroups::
+// control) carries the engine's metadata; unset: `world`, which must then take CPU tensors.
+struct EngineComms {
+  std::shared_ptr<Communicator> world;
+  std::shared_ptr<Communicator> shard;
+  std::shared_ptr<Communicator> replicate;
+  std::shared_ptr<Communicator> control;
+};
+
+}  // namespace fsdpx
