@@ -1,6 +1,7 @@
 #include "plan_json.h"
 
 #include "format.h"
+#include "fsdpx/framework/trainer/trainer.h"  // device_spec
 
 using json = nlohmann::json;
 
@@ -33,7 +34,7 @@ json plan_json(const RunPlan& p) {
           {"threads_per_rank", p.threads.threads},
           {"memory", {{"peak_bytes", p.memory.peak}, {"peak_where", p.memory.peak_where},
                       {"forward_peak_bytes", p.memory.forward_peak}, {"backward_peak_bytes", p.memory.backward_peak},
-                      {"optimizer_peak_bytes", p.memory.optimizer_peak}, {"device", p.device},
+                      {"optimizer_peak_bytes", p.memory.optimizer_peak}, {"device", device_spec(p.device)},
                       {"host_bytes", p.memory.host_bytes},
                       {"activation_bytes", p.activations_stated ? p.memory.activation_bytes : -1}}},
           {"deterministic", p.deterministic},

@@ -25,6 +25,7 @@
 #include "fsdpx/capabilities.h"
 #include "fsdpx/evaluation.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
+#include "fsdpx/framework/trainer/trainer.h"  // device_spec
 
 using json = nlohmann::json;
 
@@ -56,8 +57,10 @@ double optimizer_bytes_per_element(Optimizer& opt, const PrecisionSpec& p) {
 
 namespace {
 
-// Components, layout and dtypes; the checks that need no data or model.
-void plan_components(const PluginHost& host, const RunConfig& config, const TrainSettings& s, RunPlan& plan) {
+// Components, layout and dtypes; the checks that need no data or model. Returns the precision
+// policy it made, for the units' own dtypes (one per plan).
+std::shared_ptr<PrecisionPolicy> plan_components(const PluginHost& host, const RunConfig& config,
+                                                 const TrainSettings& s, RunPlan& plan) {
   const Topology& topo = plan.topology;
   plan.model = chosen(config, Kind::Model).name;
   plan.data = chosen(config, Kind::Data).name;
@@ -66,7 +69,8 @@ void plan_components(const PluginHost& host, const RunConfig& config, const Trai
   plan.precision = chosen(config, Kind::Precision).name;
   plan.optimizer = chosen(config, Kind::Optimizer).name;
   plan.layout = make<ShardingStrategy>(host, config)->layout(topo);
-  plan.dtypes = make<PrecisionPolicy>(host, config)->spec("");
+  auto precision = make<PrecisionPolicy>(host, config);
+  plan.dtypes = precision->spec("");
   const auto& L = plan.layout;
   if (L.shard_group_size < 1 || L.replicate_group_size < 1 ||
       static_cast<int64_t>(L.shard_group_size) * L.replicate_group_size != topo.world_size)
@@ -79,6 +83,7 @@ void plan_components(const PluginHost& host, const RunConfig& config, const Trai
   if (!config.choice(Kind::Checkpoint) && (s.save_every > 0 || !s.resume.empty()))
     throw Error(std::string(s.resume.empty() ? "--save-every" : "--resume") +
                 " needs a checkpoint component: add --checkpoint.name sharded (or [checkpoint] name=sharded)");
+  return precision;
 }
 
 // --eval-every N > 0 takes effect only where the model evaluates (fsdpx::Evaluable) and the data
@@ -203,7 +208,7 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
   in.deterministic = s.deterministic;
   in.forwards = s.deterministic ? s.grad_accum * s.batch_size : s.grad_accum;
   in.clip_grad_norm = s.clip_grad_norm > 0;
-  in.offload = plan.layout.offloads(s.device == "cpu");
+  in.offload = plan.layout.offloads(s.device == DeviceKind::Cpu);
   if (const auto* a = dynamic_cast<const ActivationMemory*>(&model)) {
     const int64_t seq = plan.samples_per_step > 0 ? plan.tokens_per_step / plan.samples_per_step : 1;
     in.layers = a->activations(s.deterministic ? 1 : s.batch_size, seq, plan.dtypes.compute);
@@ -225,16 +230,16 @@ void plan_cpu(RunPlan& plan) {
 
 // The documented no-ops of this run (RunPlan::not_applied).
 void plan_not_applied(RunPlan& plan) {
-  if (plan.layout.offload_to_cpu && !plan.layout.offloads(plan.device == "cpu"))
+  if (plan.layout.offload_to_cpu && !plan.layout.offloads(plan.device == DeviceKind::Cpu))
     plan.not_applied.push_back("sharding '" + plan.strategy +
                                "': the compute device is the CPU, where the shards, gradients and optimizer state "
                                "already live; nothing to move (the run is its base strategy's)");
-  if (plan.device == "sim") return;
+  if (plan.device == DeviceKind::Sim) return;
   for (const char* name : {"FSDPX_SIM_MEMORY", "FSDPX_SIM_DEVICES", "FSDPX_SIM_LIBRARY", "FSDPX_SIM_PROTECT",
                            "FSDPX_SIM_CACHE", "FSDPX_SIM_POISON", "FSDPX_SIM_STREAM_CHECK"})
     if (const char* value = std::getenv(name))
       plan.not_applied.push_back(std::string(name) + "=" + value + " is a setting of the sim device, and this run's "
-                                 "device is " + plan.device + "; unset it, or run with --device sim");
+                                 "device is " + device_spec(plan.device) + "; unset it, or run with --device sim");
 }
 
 }  // namespace
@@ -247,7 +252,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   // Created in this order, so that the first bad option named is the same as ever.
   auto model = make<Model>(host, config);
   auto wrap = make<WrapPolicy>(host, config);
-  plan_components(host, config, s, plan);
+  const auto precision = plan_components(host, config, s, plan);
   plan_not_applied(plan);
   auto opt_probe = make<Optimizer>(host, config);
   plan.optimizer_runs_on_cpu = runs_on_cpu(*opt_probe);
@@ -263,7 +268,6 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   UnitPlan up = plan_units(*model->module(), select_units(*model, *wrap, s));
   plan.total_params = up.total_params;
   const double opt_per_elt = optimizer_bytes_per_element(*opt_probe, plan.dtypes);
-  auto precision = make<PrecisionPolicy>(host, config);
   check_unit_names(config, *precision, up);
   for (size_t i = 0; i < up.units.size(); ++i) {
     UnitBytes b = unit_bytes(up.units[i], i == 0, plan, unit_precision(*precision, up.units[i].fqn, plan.dtypes));
@@ -356,8 +360,9 @@ std::string RunPlan::text() const {
   o << "  peak unit  " << (peak_unit.empty() ? "none gathered (parameters used in place)" : peak_unit + ", " +
                            human_bytes(static_cast<double>(peak_unit_bytes)) + " gathered")
     << "\n";
+  const std::string on_device = device == DeviceKind::Cpu ? "" : " on " + std::string(device_spec(device));
   o << "  peak       " << human_bytes(static_cast<double>(memory.peak)) << " (" << memory.peak
-    << " B) per rank, allocated" << (device == "cpu" ? "" : " on " + device) << ", at " << memory.peak_where
+    << " B) per rank, allocated" << on_device << ", at " << memory.peak_where
     << "; forward " << human_bytes(static_cast<double>(memory.forward_peak)) << ", backward "
     << human_bytes(static_cast<double>(memory.backward_peak)) << ", optimizer "
     << human_bytes(static_cast<double>(memory.optimizer_peak)) << "; activations "
@@ -408,7 +413,7 @@ std::string joined(const std::vector<std::string>& parts, const char* separator)
 }
 
 // Device memory that is host memory: the CPU's, and sim's (its blocks are the host's pages).
-bool peak_in_host_memory(const RunPlan& plan) { return plan.device != "cuda"; }
+bool peak_in_host_memory(const RunPlan& plan) { return plan.device != DeviceKind::Cuda; }
 
 // The host's side: `ranks` x (the step's peak where it lives in host memory, the offloaded bytes,
 // and `process_bytes`) against available_memory().
@@ -418,8 +423,9 @@ MemorySide host_side(const RunPlan& plan, int ranks, int64_t process_bytes) {
   std::vector<std::string> parts;
   if (peak_in_host_memory(plan)) {
     h.per_rank += plan.memory.peak;
+    const std::string device = device_spec(plan.device);
     parts.push_back("the step's peak " + bytes_text(plan.memory.peak) +
-                    (plan.device == "cpu" ? "" : " in " + plan.device + "'s memory, which is the host's"));
+                    (plan.device == DeviceKind::Cpu ? "" : " in " + device + "'s memory, which is the host's"));
   }
   if (plan.memory.host_bytes > 0) {
     h.per_rank += plan.memory.host_bytes;
@@ -518,12 +524,12 @@ std::string MemoryFit::refusal(const RunPlan& plan) const {
 
 MemoryFit memory_fit_before_launch(const RunPlan& plan, int local_ranks, int64_t process_bytes) {
   MemoryFit f;
-  f.device_name = plan.device;
+  f.device_name = device_spec(plan.device);
   f.host = host_side(plan, local_ranks, std::max<int64_t>(0, process_bytes));
-  if (plan.device == "sim") {
+  if (plan.device == DeviceKind::Sim) {
     f.device = device_side(plan, 1);
     read_sim_budget(nullptr, f.device);
-  } else if (plan.device == "cuda") {
+  } else if (plan.device == DeviceKind::Cuda) {
     f.device = device_side(plan, 1);
     f.device.source = "each rank reads its GPU's free memory once it has opened it";
   } else {
@@ -556,7 +562,7 @@ void check_memory_fits(const RunPlan& plan, const MemoryFit& fit) {
 }
 
 void check_optimizer_runs_here(const RunPlan& plan) {
-  if (!plan.optimizer_runs_on_cpu && (plan.device == "cpu" || plan.layout.offload_to_cpu))
+  if (!plan.optimizer_runs_on_cpu && (plan.device == DeviceKind::Cpu || plan.layout.offload_to_cpu))
     throw Error("optimizer '" + plan.optimizer +
                 "' cannot run on the CPU, where this build's engine computes; choose adamw, anyprecision_adamw or sgd");
 }

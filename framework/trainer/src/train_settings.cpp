@@ -8,6 +8,7 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/plugin_host/host_options.h"
 #include "fsdpx/framework/trainer/lr_schedule.h"
+#include "fsdpx/framework/trainer/train_command.h"  // device_of
 #include "run_paths.h"
 
 namespace po = boost::program_options;
@@ -98,7 +99,7 @@ TrainSettings TrainSettings::from(const HostValues& vm) {
   s.grad_accum = vm["grad-accum"].as<int64_t>();
   const int64_t seed = vm["seed"].as<int64_t>();
   s.out_dir = vm["out"].as<std::string>();
-  if (vm.count("device")) s.device = vm["device"].as<std::string>();
+  if (vm.count("device")) s.device = device_of(vm);
   s.log_every = vm["log-every"].as<int64_t>();
   s.lr_schedule = vm["lr-schedule"].as<std::string>();
   s.warmup_steps = vm["warmup-steps"].as<int64_t>();

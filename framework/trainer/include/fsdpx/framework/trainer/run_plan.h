@@ -50,7 +50,7 @@ struct FSDPX_API RunPlan {
   int64_t samples_per_step = 0, tokens_per_step = 0;
   double flops_per_token = 0;
   bool optimizer_runs_on_cpu = true;  // fsdpx/capabilities.h
-  std::string device = "cpu";        // where the engine computes: memory.peak is that device's
+  DeviceKind device = DeviceKind::Cpu;  // where the engine computes: memory.peak is that device's
   ThreadChoice threads;               // intra-op threads per rank, and why
   bool deterministic = false;         // --deterministic: its gradient exchange is all_to_all_bytes
   std::vector<std::string> warnings;  // what will make the run slow (printed by the plan and the run)

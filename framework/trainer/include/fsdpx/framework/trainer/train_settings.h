@@ -10,6 +10,7 @@
 
 #include "fsdpx/export.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
+#include "fsdpx/framework/runtime/process_groups.h"
 
 namespace fsdpx {
 
@@ -19,7 +20,7 @@ struct FSDPX_API TrainSettings {
   int64_t batch_size = 8;  // samples per rank per micro-batch
   int64_t grad_accum = 1;  // micro-batches per step
   uint64_t seed = 0;       // parameters, data order
-  std::string device = "cpu";  // --device: where the plan's device bytes live (cpu, cuda, sim)
+  DeviceKind device = DeviceKind::Cpu;  // --device: where the plan's device bytes live (device_spec: its word)
   std::string out_dir;     // metrics.jsonl, config.ini, summary.json, plot, checkpoints; "" = none
   int64_t log_every = 10;
   std::string lr_schedule = "constant";  // or "cosine"
