@@ -11,9 +11,9 @@ What is mirrored from fsdpx (the file each piece follows, relative to the reposi
   - the model: plugins/model/gpt/gpt.cpp, op for op and with the same parameter names, so that
     fsdpx's --save-init file loads with load_state_dict as it is;
   - the seeded initialisation (without --init-from): framework/engine/src/sharded_param.cpp and
-    framework/base/src/seeds.cpp (each whole parameter drawn from its own generator seeded with
+    sdk/src/seeds.cpp (each whole parameter drawn from its own generator seeded with
     parameter_seed(seed, name));
-  - the data: plugins/data/tokens/tokens.cpp and framework/base/src/sampler.cpp (the global
+  - the data: plugins/data/tokens/tokens.cpp and sdk/src/sampler.cpp (the global
     batch sampler, Fisher-Yates per epoch from the same --seed);
   - the step and its figures: framework/trainer/src/trainer.cpp and metrics.cpp (loss = mean over
     ranks of each rank's loss, summed in rank order; peak RSS from VmHWM, reset every step;
@@ -163,7 +163,7 @@ def loss_of(model, inputs, targets):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
-# --- seeds and initialisation: framework/base/src/seeds.cpp, Gpt::init_parameter -----------------
+# --- seeds and initialisation: sdk/src/seeds.cpp, Gpt::init_parameter -----------------
 
 
 def parameter_seed(seed, name):
@@ -210,7 +210,7 @@ def load_init(model, path):
         raise SystemExit(f"--init-from {path}: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
 
 
-# --- data: plugins/data/tokens/tokens.cpp, framework/base/src/sampler.cpp ------------------------
+# --- data: plugins/data/tokens/tokens.cpp, sdk/src/sampler.cpp ------------------------
 
 
 class GlobalBatchSampler:

@@ -11,7 +11,7 @@
 #include "fsdpx/framework/runtime/build_info.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 #include "fsdpx/framework/engine/unit_plan.h"
 #include "fsdpx/model.h"
 #include "fsdpx/optimizer.h"

@@ -7,7 +7,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/options.h"
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 
 namespace fsdpx {
 namespace {

@@ -12,7 +12,7 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 #include "format_support.h"
 
 namespace fs = std::filesystem;

@@ -10,7 +10,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/output_paths.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"

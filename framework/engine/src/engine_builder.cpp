@@ -9,7 +9,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 #include "fsdpx/framework/engine/unit_precision.h"
 #include "fsdpx/framework/runtime/every_rank.h"
 #include "module_tree.h"

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "fsdpx/error.h"
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 
 namespace fsdpx {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 
 namespace fsdpx {
 namespace fs = std::filesystem;

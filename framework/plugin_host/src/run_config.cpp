@@ -12,7 +12,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 
 namespace fsdpx {
 namespace po = boost::program_options;

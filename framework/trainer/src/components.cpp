@@ -4,7 +4,7 @@
 #include <map>
 
 #include "fsdpx/capabilities.h"
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 
 namespace fsdpx {
 

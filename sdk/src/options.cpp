@@ -9,7 +9,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/optimizer.h"
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 
 namespace fsdpx {
 namespace {

@@ -1,4 +1,5 @@
-// Closest-name suggestions for error messages.
+// fsdpx/suggest.h: closest-name suggestions for error messages ("did you mean ...?"), as the host
+// gives them; a plugin naming what it accepts may give them too.
 #pragma once
 
 #include <optional>

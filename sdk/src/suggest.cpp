@@ -1,4 +1,4 @@
-#include "fsdpx/framework/base/suggest.h"
+#include "fsdpx/suggest.h"
 
 #include <algorithm>
 #include <cstdint>
