@@ -477,6 +477,36 @@ TEST(EngineSteps, PrecisionCastsBuffersAndParameters) {
   EXPECT_EQ(model->module()->named_parameters()["one.w"].scalar_type(), at::kBFloat16);  // what forward uses
 }
 
+std::vector<std::string> lines_of(const fs::path& p) {
+  std::vector<std::string> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// One description of a step (step_order.h): the memory plan's replay (memory_plan.cpp) and the
+// engine follow the same order. The engine's second step on 2 ranks (gpt tiny of 4 layers) and the
+// replay of a step give the same events, one by one: each all-gather issued, each unit's gathered
+// parameters freed, each reduction issued and finished. A change to the order in one of them only
+// (a prefetch moved, a reshard or a reduction's finish at another point) makes them differ here.
+TEST(EngineSteps, TheMemoryPlanFollowsTheEnginesStep) {
+  const std::vector<std::string> ways = {"--strategy full_shard", "--strategy shard_grad_op",
+                                         "--strategy full_shard --prefetch 2", "--strategy full_shard --overlap 0",
+                                         "--strategy full_shard --accum 2 --global-batch 8",
+                                         "--strategy shard_grad_op --prefetch 2 --accum 2 --global-batch 8"};
+  test::TempDir dir;
+  for (size_t i = 0; i < ways.size(); ++i) {
+    SCOPED_TRACE(ways[i]);
+    const std::string prefix = (dir.path() / ("way" + std::to_string(i))).string();
+    auto r = test::run_command(worker() + " --nproc-per-node 2 --steps 2 --step-trace --model-option layers=4 " +
+                               ways[i] + " --out " + prefix);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const auto engine = lines_of(prefix + ".engine_trace"), plan = lines_of(prefix + ".plan_trace");
+    EXPECT_GE(engine.size(), 20u);  // gathers, frees and reductions of 5 units
+    EXPECT_EQ(plan, engine);
+  }
+}
+
 TEST(EngineSteps, ForwardWithoutBackwardThenANormalStep) {
   Chain fresh, skipped;
   fresh.engine->backward(fresh.forward());

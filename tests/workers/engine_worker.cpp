@@ -30,6 +30,8 @@
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/framework/base/shard_geometry.h"
+#include "fsdpx/activation_memory.h"
+#include "fsdpx/framework/engine/memory_plan.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
@@ -165,6 +167,11 @@ struct Sharded {
   std::shared_ptr<CountingCommunicator> counted, counted_replicate;
   std::unique_ptr<ShardingEngine> engine;
   ShardingLayout layout;
+  EngineOptions options;
+  // --step-trace: the engine's events while `tracing` (the second step: the first forward has no
+  // earlier order to prefetch by).
+  std::shared_ptr<std::vector<std::string>> trace = std::make_shared<std::vector<std::string>>();
+  std::shared_ptr<bool> tracing = std::make_shared<bool>(false);
 };
 
 Sharded build_sharded(Run& r) {
@@ -182,6 +189,11 @@ Sharded build_sharded(Run& r) {
   eo.layout = strategy->layout(topo);
   eo.seed = r.seed;
   eo.overlap = r.vm["overlap"].as<int>() != 0;
+  eo.prefetch = r.vm["prefetch"].as<int>();
+  if (r.vm.count("step-trace"))
+    eo.step_trace = [trace = sh.trace, on = sh.tracing](const std::string& e) {
+      if (*on) trace->push_back(e);
+    };
   eo.precision = r.host.create<PrecisionPolicy>(r.vm["precision"].as<std::string>())->spec("");
   eo.layout.offload_to_cpu = r.vm.count("offload") > 0;
   eo.device = r.device;
@@ -200,6 +212,7 @@ Sharded build_sharded(Run& r) {
       comms.replicate = sh.counted = std::make_shared<CountingCommunicator>(sh.groups->world());
   }
   sh.layout = eo.layout;
+  sh.options = eo;
   sh.engine = std::make_unique<ShardingEngine>(r.model, policy->select(*r.model->module()), comms, eo);
   return sh;
 }
@@ -219,6 +232,31 @@ int64_t expected_comm(const ShardingEngine& engine, const ShardingLayout& layout
     else if (world > 1) expect += ring_sent_bytes(Collective::AllReduce, bytes, world);
   }
   return expect;
+}
+
+// --step-trace: the memory plan's replay of this step (predict_step_memory), its events in
+// `.plan_trace`, beside the engine's second step in `.engine_trace`.
+void write_step_traces(Run& r, const Sharded& sh, int world) {
+  const ShardingEngine& engine = *sh.engine;
+  StepMemoryInput in;
+  in.units = units_for_memory(engine.plan(), sh.layout.shard_group_size,
+                              std::vector<PrecisionSpec>(engine.plan().units.size(), sh.options.precision));
+  in.layout = sh.layout;
+  in.world_size = world;
+  in.overlap = sh.options.overlap;
+  in.prefetch = sh.options.prefetch;
+  in.forwards = r.accum;
+  in.clip_grad_norm = r.clip > 0;
+  in.offload = sh.layout.offloads(r.device->device().is_cpu());
+  const auto* stated = dynamic_cast<const ActivationMemory*>(r.model.get());
+  if (!stated) throw Error("--step-trace needs a model that states its activations (fsdpx/activation_memory.h)");
+  in.layers = stated->activations(r.global / world / r.accum, kSeq, sh.options.precision.compute);
+  std::vector<std::string> replayed;
+  in.step_trace = [&](const std::string& e) { replayed.push_back(e); };
+  predict_step_memory(in);
+  std::ofstream plan(r.out + ".plan_trace"), eng(r.out + ".engine_trace");
+  for (const auto& e : replayed) plan << e << "\n";
+  for (const auto& e : *sh.trace) eng << e << "\n";
 }
 
 // One training step on this rank's share of the global batch; this rank's loss.
@@ -276,7 +314,9 @@ int run_sharded(Run& r) {
     const int64_t before_replicate = sh.counted_replicate ? sh.counted_replicate->stats().sent_bytes() : 0;
     sh.groups->control()->barrier().wait();
     const int64_t wire_before = tcp_bytes_sent();
+    *sh.tracing = s == 1;
     const double step_loss = sharded_step(r, sh, opt.get(), s);
+    *sh.tracing = false;
     sh.groups->control()->barrier().wait();
     if (world > 1) mine << "wire " << tcp_bytes_sent() - wire_before << "\n";  // what the kernel sent
     if (sh.counted) mine << "comm " << sh.counted->stats().sent_bytes() - before << "\n";
@@ -303,6 +343,7 @@ int run_sharded(Run& r) {
   auto full =
       full_parameters(engine, *r.model, r.device->device(), engine.shard_size() > 1 ? sh.counted.get() : nullptr);
   if (rank == 0) write_params(r.out + ".params", full);
+  if (rank == 0 && r.vm.count("step-trace")) write_step_traces(r, sh, world);
   // On sim: the streams that did work and the stream-order hazards seen (fsdpx_sim_stream_report).
   if (r.device->device().type() == c10::DeviceType::PrivateUse1) {
     using Report = const char* (*)();
@@ -328,6 +369,8 @@ int main(int argc, char** argv) {
       ("lr", po::value<double>()->default_value(0.1), "")
       ("seed", po::value<uint64_t>()->default_value(7), "")
       ("overlap", po::value<int>()->default_value(1), "")
+      ("prefetch", po::value<int>()->default_value(1), "units gathered ahead when overlapping")
+      ("step-trace", "rank 0 writes the engine's events of step 2 and the memory plan's replay of a step")
       ("sync-every-micro-batch", "every micro-batch's backward reduces its gradients (added to the last)")
       ("reference", "")
       ("device", po::value<std::string>()->default_value("cpu"), "cpu, sim or cuda")

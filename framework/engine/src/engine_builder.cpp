@@ -13,6 +13,7 @@
 #include "fsdpx/framework/engine/unit_precision.h"
 #include "fsdpx/framework/runtime/every_rank.h"
 #include "module_tree.h"
+#include "step_order.h"
 
 namespace fsdpx {
 namespace {
@@ -149,7 +150,7 @@ void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& sel
     int64_t trainable = 0;
     for (const ShardedParam& p : u->group.params)
       if (p.param.requires_grad()) trainable += numel_of(p.shape);
-    u->progress_elements = (trainable + 1) / 2;
+    u->progress_elements = progress_after(trainable);
   }
   cast_buffers(*root, e.config.options.precision);
   e.plan = tree.plan();  // the plan, in the form wrap policies print it

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <map>
 
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/unit_buffers.h"
+#include "sharded_param.h"  // numel_of
+#include "step_order.h"
 
 namespace fsdpx {
 namespace {
@@ -108,6 +111,8 @@ class Replay {
   void reduce(int u);
   void finish_in_flight();
   void begin_step_state();
+  void trace(const char* what, int u) const { trace_step(in_.step_trace, what, in_.units[static_cast<size_t>(u)].fqn); }
+  bool sharded() const { return in_.layout.shard_group_size > 1; }  // a gather is an all-gather
 
   const StepMemoryInput& in_;
   std::vector<LayerActivations> layers_;
@@ -121,6 +126,7 @@ class Replay {
   std::vector<bool> gathered_, prefetched_, started_, progressed_, done_, grads_held_, shard_held_;
   std::vector<int64_t> seen_;
   int in_flight_ = -1;
+  int64_t in_flight_bytes_ = 0;  // what its finish frees
 };
 
 Replay::Replay(const StepMemoryInput& in) : in_(in), layers_(in.layers) {
@@ -182,7 +188,10 @@ void Replay::map_gradients() {
 void Replay::unshard(int u) {
   const UnitBuffers& b = units_[static_cast<size_t>(u)];
   if (gathered_[static_cast<size_t>(u)] || b.gathered == 0) return;
-  if (!prefetched_[static_cast<size_t>(u)]) ledger_.add(b.gather_in + b.gather_out);
+  if (!prefetched_[static_cast<size_t>(u)]) {
+    if (sharded()) trace("gather", u);
+    ledger_.add(b.gather_in + b.gather_out);
+  }
   ledger_.add(b.gathered);
   ledger_.moment("the copy-out of " + b.name + "'s all-gather");
   ledger_.sub(b.gather_in + b.gather_out);
@@ -190,26 +199,24 @@ void Replay::unshard(int u) {
   prefetched_[static_cast<size_t>(u)] = false;
 }
 
-// ShardingEngine::Impl::prefetch_in: the next `prefetch` units of `order` after u that are
-// not through their backward; those still sharded start their all-gather.
+// ShardingEngine::Impl::prefetch_in, by the same rule (step_order.h): those still sharded start
+// their all-gather.
 void Replay::prefetch_after(int u, const std::vector<int>& order) {
-  if (!in_.overlap) return;
-  auto it = std::find(order.begin(), order.end(), u);
-  if (it == order.end()) return;
-  int issued = 0;
-  for (++it; it != order.end() && issued < in_.prefetch; ++it) {
-    const size_t v = static_cast<size_t>(*it);
-    if (done_[v]) continue;
-    if (!gathered_[v] && !prefetched_[v] && units_[v].gathered > 0) {
-      ledger_.add(units_[v].gather_in + units_[v].gather_out);
-      prefetched_[v] = true;
-    }
-    ++issued;
-  }
+  fsdpx::prefetch_after(
+      order, u, in_.overlap, in_.prefetch, [&](int v) { return done_[static_cast<size_t>(v)]; },
+      [&](int v) {
+        const size_t i = static_cast<size_t>(v);
+        if (gathered_[i] || prefetched_[i] || units_[i].gathered == 0) return;
+        if (sharded()) trace("gather", v);
+        ledger_.add(units_[i].gather_in + units_[i].gather_out);
+        prefetched_[i] = true;
+      });
 }
 
 void Replay::forward_pass() {
-  std::fill(started_.begin(), started_.end(), false);
+  // Unit::begin_step, for every forward (each micro-batch's too): no unit is through its backward.
+  for (auto* flags : {&started_, &progressed_, &done_}) std::fill(flags->begin(), flags->end(), false);
+  std::fill(seen_.begin(), seen_.end(), 0);
   unshard(0);
   std::vector<bool> recomputed_kept(units_.size(), false);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -230,6 +237,7 @@ void Replay::forward_pass() {
     ledger_.moment("the forward of " + layers_[l].path, transient);
     if (u != 0 && l == last_layer_[static_cast<size_t>(u)] && b.reshard_after_forward &&
         gathered_[static_cast<size_t>(u)]) {
+      trace("free", u);
       ledger_.sub(b.gathered);
       gathered_[static_cast<size_t>(u)] = false;
     }
@@ -253,8 +261,7 @@ void Replay::start_backward(int u) {
 void Replay::progress(int u) {
   progressed_[static_cast<size_t>(u)] = true;
   finish_in_flight();
-  std::vector<int> reverse(forward_order_.rbegin(), forward_order_.rend());
-  prefetch_after(u, reverse);
+  prefetch_after(u, backward_order(forward_order_));
 }
 
 void Replay::layer_backward(size_t l, bool sync) {
@@ -269,7 +276,7 @@ void Replay::layer_backward(size_t l, bool sync) {
   if (fresh) ledger_.add(grads);
   ledger_.sub(layers_[l].saved);
   seen_[i] += layer_grad_elements_[l];
-  if (!progressed_[i] && 2 * seen_[i] >= units_[i].grad_elements) progress(u);
+  if (!progressed_[i] && seen_[i] >= progress_after(units_[i].grad_elements)) progress(u);
   if (u != 0 && l == first_layer_[i]) post_backward(u, sync);
   (void)sync;
 }
@@ -279,6 +286,7 @@ void Replay::post_backward(int u, bool sync) {
   if (!progressed_[i]) progress(u);
   done_[i] = true;
   if (gathered_[i]) {
+    trace("free", u);
     ledger_.sub(units_[i].gathered);
     gathered_[i] = false;
   }
@@ -290,6 +298,7 @@ void Replay::reduce(int u) {
   const size_t i = static_cast<size_t>(u);
   const UnitBuffers& b = units_[i];
   finish_in_flight();
+  trace("reduce", u);
   ledger_.add(b.packed);
   ledger_.moment("packing " + b.name + "'s gradients");
   int64_t grads = 0;
@@ -305,19 +314,20 @@ void Replay::reduce(int u) {
   }
   ledger_.add(b.received + b.reduce_out);
   ledger_.moment("the reduction of " + b.name);
+  in_flight_ = u;  // finished when the next unit progresses, or the backward ends
+  in_flight_bytes_ = (b.exchange > 0 ? b.exchange : b.packed) + b.received + b.reduce_out;
   if (in_.layout.shard_group_size == 1 && !in_.deterministic && !averages_on_device(in_)) {
-    ledger_.sub(b.packed);  // copied into the gradient shard at once; averaged there in place
-    ledger_.sub(b.received + b.reduce_out);
-    return;
+    ledger_.sub(in_flight_bytes_);  // copied into the gradient shard at once; averaged there in place
+    in_flight_bytes_ = 0;
   }
-  in_flight_ = u;
 }
 
 void Replay::finish_in_flight() {
   if (in_flight_ < 0) return;
-  const UnitBuffers& b = units_[static_cast<size_t>(in_flight_)];
-  ledger_.sub((b.exchange > 0 ? b.exchange : b.packed) + b.received + b.reduce_out);
+  ledger_.sub(in_flight_bytes_);
+  trace("reduced", in_flight_);
   in_flight_ = -1;
+  in_flight_bytes_ = 0;
 }
 
 void Replay::backward_pass(bool sync) {
@@ -374,5 +384,21 @@ StepMemory Replay::run() {
 }  // namespace
 
 StepMemory predict_step_memory(const StepMemoryInput& input) { return Replay(input).run(); }
+
+std::vector<UnitMemory> units_for_memory(const UnitPlan& plan, int64_t shard_size,
+                                         const std::vector<PrecisionSpec>& dtypes) {
+  std::vector<UnitMemory> units;
+  for (size_t i = 0; i < plan.units.size(); ++i) {
+    const UnitInfo& info = plan.units[i];
+    UnitMemory u;
+    u.fqn = info.fqn;
+    u.shard_numel = padded_shard_numel(info.shapes, shard_size);
+    u.dtypes = dtypes.at(i);
+    u.recompute = info.activation_checkpoint;
+    for (size_t k = 0; k < info.names.size(); ++k) u.params.emplace_back(info.names[k], numel_of(info.shapes[k]));
+    units.push_back(std::move(u));
+  }
+  return units;
+}
 
 }  // namespace fsdpx

@@ -20,6 +20,7 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/base/unit_registry.h"
 #include "fsdpx/framework/runtime/collective_context.h"
+#include "step_order.h"
 
 namespace fsdpx {
 
@@ -95,9 +96,7 @@ InstalledHooks::~InstalledHooks() {
 // ---- The engine's state ------------------------------------------------------------------------
 
 void ShardingEngine::Impl::prefetch_after(Unit& u, bool backward) {
-  if (!config.options.overlap) return;
-  if (!backward) return prefetch_in(&u, last_forward_order);
-  prefetch_in(&u, std::vector<Unit*>(last_forward_order.rbegin(), last_forward_order.rend()));
+  prefetch_in(&u, backward ? backward_order(last_forward_order) : last_forward_order);
 }
 
 void ShardingEngine::Impl::backward_began(uint64_t gen) {
@@ -110,14 +109,12 @@ void ShardingEngine::Impl::backward_began(uint64_t gen) {
 }
 
 void ShardingEngine::Impl::prefetch_in(Unit* u, const std::vector<Unit*>& order) {
-  auto it = std::find(order.begin(), order.end(), u);
-  if (it == order.end()) return;
-  int issued = 0;
-  for (++it; it != order.end() && issued < config.options.prefetch; ++it) {
-    if ((*it)->stage == Unit::BackwardStage::Done) continue;  // already through its backward
-    if ((*it)->group.state == ParamGroup::State::Sharded) (*it)->group.start_gather();
-    ++issued;
-  }
+  fsdpx::prefetch_after(
+      order, u, config.options.overlap, config.options.prefetch,
+      [](Unit* v) { return v->stage == Unit::BackwardStage::Done; },
+      [](Unit* v) {
+        if (v->group.state == ParamGroup::State::Sharded) v->group.start_gather();
+      });
 }
 
 void ShardingEngine::Impl::check_generation(uint64_t gen, const std::string& unit) const {
@@ -134,6 +131,7 @@ void ShardingEngine::Impl::check_generation(uint64_t gen, const std::string& uni
 void ShardingEngine::Impl::reduce(ParamGroup& g) {
   if (!sync) return;
   finish_in_flight_reduce();
+  trace_step(config.options.step_trace, "reduce", g.root ? "" : g.label);
   g.reduce_grads();
   reducing = &g;
 }
@@ -142,6 +140,7 @@ void ShardingEngine::Impl::finish_in_flight_reduce() {
   if (!reducing) return;
   ParamGroup& g = *std::exchange(reducing, nullptr);
   g.finish_reduce();
+  trace_step(config.options.step_trace, "reduced", g.root ? "" : g.label);
   if (!g.needs_replicate()) return;
   if (replicating) std::exchange(replicating, nullptr)->finish_replicate();
   g.start_replicate();

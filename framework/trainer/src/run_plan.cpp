@@ -188,19 +188,9 @@ PrecisionSpec unit_precision(const PrecisionPolicy& policy, const std::string& f
 // activations the model states for one forward (one sample in deterministic mode).
 void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s, RunPlan& plan) {
   StepMemoryInput in;
-  for (size_t i = 0; i < up.units.size(); ++i) {
-    UnitMemory u;
-    u.fqn = up.units[i].fqn;
-    u.shard_numel = plan.units[i].shard_numel;
-    u.dtypes = plan.units[i].dtypes;
-    u.recompute = plan.units[i].recompute;
-    for (size_t k = 0; k < up.units[i].names.size(); ++k) {
-      int64_t n = 1;
-      for (int64_t d : up.units[i].shapes[k]) n *= d;
-      u.params.emplace_back(up.units[i].names[k], n);
-    }
-    in.units.push_back(std::move(u));
-  }
+  std::vector<PrecisionSpec> dtypes;
+  for (const auto& u : plan.units) dtypes.push_back(u.dtypes);
+  in.units = units_for_memory(up, plan.layout.shard_group_size, dtypes);
   in.layout = plan.layout;
   in.world_size = plan.topology.world_size;
   in.optimizer_bytes = std::max<int64_t>(0, plan.optimizer_bytes);

@@ -9,6 +9,7 @@
 
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/runtime/device.h"
+#include "fsdpx/framework/engine/step_trace.h"
 #include "fsdpx/framework/runtime/step_clock.h"
 #include "fsdpx/precision_policy.h"
 #include "fsdpx/sharding_strategy.h"
@@ -37,6 +38,8 @@ struct EngineOptions {
   // Where the step's time goes (fsdpx/framework/runtime/step_clock.h): the engine marks the compute
   // stream's waits for all-gathers and reductions on it while a step's span is open; unset: none.
   std::shared_ptr<StepClock> clock;
+  // The step's events as they happen (step_trace.h), for tests; unset: none.
+  StepTrace step_trace;
 };
 
 // The communicators the engine uses. `shard` has layout.shard_group_size ranks (nullptr when 1);

@@ -4,7 +4,9 @@
 // place of tensors: what each unit gathers, when it frees it, the one reduction in flight and
 // its buffers, the gradient shards held from a unit's reduction to the optimizer step, and the
 // activations the model states (fsdpx/activation_memory.h), layer by layer in the order the
-// forward and the backward run them. A change to the protocol changes this replay with it.
+// forward and the backward run them. The order's rules are written once (the engine's
+// step_order.h), and EngineSteps.TheMemoryPlanFollowsTheEnginesStep compares this replay's events
+// (StepMemoryInput::step_trace) with the engine's, one by one.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,8 @@
 
 #include "fsdpx/activation_memory.h"
 #include "fsdpx/export.h"
+#include "fsdpx/framework/engine/step_trace.h"
+#include "fsdpx/framework/engine/unit_plan.h"
 #include "fsdpx/precision_policy.h"
 #include "fsdpx/sharding_strategy.h"
 
@@ -44,6 +48,8 @@ struct StepMemoryInput {
   // cpu_offload on a device: shards, gradient shards and optimizer state in host memory; a unit's
   // shard comes to the device for its all-gather, its reduced gradient shard goes back.
   bool offload = false;
+  // The replayed step's events (step_trace.h), to compare with the engine's; unset: none.
+  StepTrace step_trace;
 };
 
 // Bytes per rank.
@@ -57,5 +63,11 @@ struct StepMemory {
 };
 
 FSDPX_API StepMemory predict_step_memory(const StepMemoryInput& input);
+
+// The units of `plan` as the memory plan sees them: each one's shard padded over `shard_size`
+// ranks, its parameters, `dtypes[i]` (unit i's), and whether it recomputes. The run plan and
+// tests build StepMemoryInput::units with it.
+FSDPX_API std::vector<UnitMemory> units_for_memory(const UnitPlan& plan, int64_t shard_size,
+                                                   const std::vector<PrecisionSpec>& dtypes);
 
 }  // namespace fsdpx
