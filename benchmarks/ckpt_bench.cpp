@@ -8,6 +8,15 @@
 // memory is the rise of the peak RSS (VmHWM, reset through /proc/self/clear_refs before the load)
 // over the RSS before it, next to this rank's shard: a load that read whole tensors would add the
 // model's size.
+//
+// Then the stall: the time a training step waits for a sharded save, synchronous (the whole save)
+// and asynchronous (--checkpoint.async: staging into the pool; the writer thread then writes and
+// fsyncs), side by side with their ratio, the RSS the asynchronous save adds next to its pool, and
+// the floor: the disk's own fsynced write speed, every rank writing plain files of its checkpoint's
+// size with write(2) and fsync at once.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +26,9 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
+#include "fsdpx/framework/checkpoint/synced_files.h"
+#include "fsdpx/framework/runtime/device.h"
+#include "fsdpx/framework/trainer/checkpoint_saver.h"
 #include "fsdpx/framework/trainer/checkpoint_state.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/interfaces.h"
@@ -45,6 +57,101 @@ int64_t dir_bytes(const fs::path& p) {
   return n;
 }
 
+// A checkpoint's trainer state at step 1 (the trainer writes the data position it stopped at).
+const char* const kTrainerState = R"({"step": 1, "seed": 0, "data": {}})";
+
+// Seconds to write `bytes` to a new file under `dir` with plain write(2)s of 64 MiB and an fsync.
+double plain_write_s(const fs::path& dir, int rank, int64_t bytes) {
+  fs::create_directories(dir);
+  const std::string path = (dir / ("floor-" + std::to_string(rank))).string();
+  std::vector<char> block(size_t{64} << 20, 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(path + ": cannot be written");
+  for (int64_t left = bytes; left > 0; left -= static_cast<int64_t>(block.size()))
+    write_all(fd, block.data(), static_cast<size_t>(std::min<int64_t>(left, block.size())), path);
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fs::remove(path);
+  if (!synced) throw Error(path + ": fsync failed");
+  return s;
+}
+
+// The largest of every rank's `v`.
+double max_over_ranks(ProcessGroups& groups, double v) {
+  at::Tensor t = at::full({1}, v, at::kDouble);
+  groups.world()->all_reduce(t, ReduceOp::Max).wait();
+  return t.item<double>();
+}
+
+// Sync against async stall of a sharded save of `engine`'s and `opt`'s state, and the floor.
+void stall_table(ProcessGroups& groups, PluginHost& host, ShardingEngine& engine, Optimizer& opt,
+                 const fs::path& root, int64_t pool_mib) {
+  const int rank = groups.topology().rank;
+  const CheckpointContext ctx = checkpoint_context(groups, engine);
+  const CheckpointContext bg = checkpoint_context(groups.new_control_group("checkpoint"), engine);
+  const std::shared_ptr<const DeviceRuntime> cpu = open_device("cpu", 0);
+  // [0] sync, [1] async's first save, [2] its second (into the same pool).
+  double stall[3] = {0, 0, 0}, write[3] = {0, 0, 0};
+  int64_t rss_rise = 0, pool_bytes = 0, mine = 0;
+  const auto state = [&] {
+    CheckpointState st = checkpoint_state(engine, opt, /*for_load=*/false);
+    st.step = 1;
+    st.trainer_state_json = kTrainerState;
+    return st;
+  };
+  const std::string dir = (root / "stall" / "step-00000001").string();
+  const auto options = [&](bool async) {
+    return std::map<std::string, std::string>{{"async", async ? "true" : "false"},
+                                              {"pool_mib", std::to_string(pool_mib)}};
+  };
+  groups.world()->barrier().wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  host.create<CheckpointBackend>("sharded", options(false))->save(dir, state(), ctx);
+  stall[0] = write[0] = max_over_ranks(groups, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                                                   .count());
+  auto b = host.create<CheckpointBackend>("sharded", options(true));
+  CheckpointSaver saver(dynamic_cast<StreamedCheckpointBackend&>(*b), ctx, bg, cpu);
+  const int64_t rss_before = status_kib("VmRSS:");
+  reset_peak_rss();
+  const auto r0 = std::chrono::steady_clock::now();
+  saver.reserve(state());  // as fsdpx-train does before its first step
+  const double reserve_s = max_over_ranks(groups, std::chrono::duration<double>(std::chrono::steady_clock::now() - r0)
+                                                      .count());
+  for (int k = 1; k <= 2; ++k) {
+    groups.world()->barrier().wait();
+    saver.save(dir, state());
+    saver.wait();
+    const SaveFigures f = saver.take_finished().at(0);
+    stall[k] = f.stall_s;
+    write[k] = max_over_ranks(groups, f.write_s);
+    mine = f.staged_bytes;
+  }
+  rss_rise = static_cast<int64_t>(max_over_ranks(groups, (status_kib("VmHWM:") - rss_before) * 1024.0));
+  pool_bytes = saver.pool_allocated();
+  groups.world()->barrier().wait();
+  if (rank == 0) fs::remove_all(root / "stall");
+  const double bytes = max_over_ranks(groups, static_cast<double>(mine)) * groups.topology().world_size;
+  groups.world()->barrier().wait();
+  const double floor_s = max_over_ranks(groups, plain_write_s(root / "floor", rank, mine));
+  if (rank != 0) return;
+  std::printf("sharded save stall (the step's wait, slowest rank), %.0f MB over %d rank(s):\n", bytes / 1e6,
+              groups.topology().world_size);
+  std::printf("  sync  %7.3f s (the whole save: %6.0f MB/s)\n", stall[0], bytes / 1e6 / write[0]);
+  for (int k = 1; k <= 2; ++k)
+    std::printf("  async %7.3f s (%s; written in %.2f s in the background: %6.0f MB/s)\n", stall[k],
+                k == 1 ? "first save: staging into the pool" : "second save: the same", write[k],
+                bytes / 1e6 / write[k]);
+  std::printf("  async / sync = %.3f (first save %.3f)\n", stall[2] / stall[0], stall[1] / stall[0]);
+  std::printf("  (the pool was allocated and touched once, before the first save, in %.2f s)\n", reserve_s);
+  std::printf("  async saves add at most %.0f MB of RSS on a rank; the pool holds %.0f MB (bound %ld MiB)\n",
+              rss_rise / 1e6, pool_bytes / 1e6, static_cast<long>(pool_mib));
+  std::printf("  floor: plain write(2) + fsync of the same bytes, every rank at once: %.2f s = %.0f MB/s "
+              "(the sync save is %.2fx the floor)\n",
+              floor_s, bytes / 1e6 / floor_s, write[0] / floor_s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,7 +159,8 @@ int main(int argc, char** argv) {
   desc.add_options()("dir", po::value<std::string>()->default_value("/tmp/fsdpx-ckpt-bench"), "where to write")(
       "dim", po::value<int>()->default_value(1024), "model width")(
       "layers", po::value<int>()->default_value(8), "layers")("vocab", po::value<int>()->default_value(32000),
-                                                              "vocabulary");
+                                                              "vocabulary")(
+      "pool-mib", po::value<int64_t>()->default_value(2048), "the asynchronous save's staging pool (MiB per rank)");
   return tool::main(argc, argv, "fsdpx-ckpt-bench", desc, [](const po::variables_map& vm) {
     auto groups = tool::join_world();
     const int rank = groups->topology().rank, world = groups->topology().world_size;
@@ -93,6 +201,7 @@ int main(int argc, char** argv) {
       const std::string dir = (root / backend / "step-00000001").string();
       CheckpointState st = checkpoint_state(engine, *opt, /*for_load=*/false);
       st.step = 1;
+      st.trainer_state_json = kTrainerState;  // what a load checks for
       const double save_s = timed([&] { b->save(dir, st, ctx); });
       st = CheckpointState();
       const double bytes = static_cast<double>(dir_bytes(dir));
@@ -113,6 +222,7 @@ int main(int argc, char** argv) {
       groups->world()->barrier().wait();
       if (rank == 0) fs::remove_all(root / backend);
     }
+    stall_table(*groups, *host, engine, *opt, root, vm["pool-mib"].as<int64_t>());
     return 0;
   });
 }

@@ -35,7 +35,7 @@ scripts/fsdpx-plot "$RUN"
 
 cat <<MSG
 
-The run is in $RUN: metrics.jsonl (one JSON line per logged step), config.ini (reproduces it),
+The run is in $RUN: metrics.jsonl (one JSON line per logged step and per checkpoint), config.ini (reproduces it),
 summary.json (measured bytes next to the plan), plot.png, checkpoints/step-00000300.
 Three things to try next:
   - resume and train further:  $bin/fsdpx-train --config $RUN/config.ini --nproc-per-node 2 --steps 600 --resume auto

@@ -23,6 +23,8 @@ def main(argv):
             except json.JSONDecodeError as e:
                 print(f"fsdpx-plot: {path}:{n} is not JSON ({e})", file=sys.stderr)
                 return 1
+            if "checkpoint_stall_s" in rec:  # a checkpoint's record, not a step's
+                continue
             (evals if "eval_loss" in rec else train).append(rec)
     if not train:
         print(f"fsdpx-plot: {path} holds no training steps", file=sys.stderr)

@@ -15,6 +15,8 @@ WrapPolicy::~WrapPolicy() = default;
 PrecisionPolicy::~PrecisionPolicy() = default;
 Optimizer::~Optimizer() = default;
 CheckpointBackend::~CheckpointBackend() = default;
+CheckpointWriter::~CheckpointWriter() = default;
+StreamedCheckpointBackend::~StreamedCheckpointBackend() = default;
 Model::~Model() = default;
 DataSource::~DataSource() = default;
 

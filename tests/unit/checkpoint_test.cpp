@@ -2,16 +2,21 @@
 // interrupted save, corruption, and Python interop; and the safetensors reader against hostile
 // files.
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 
 #include <ATen/ops/arange.h>
+#include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
+#include "fsdpx/framework/runtime/device.h"
+#include "fsdpx/framework/trainer/checkpoint_saver.h"
+#include "fsdpx/checkpoint_formats.h"
 #include "test_paths.h"
 
 using namespace fsdpx::test;
@@ -370,4 +375,168 @@ TEST(Checkpoint, IndexFieldsOfAnotherTypeAreNamed) {
   std::ofstream(dir.path() / "index.json") << json{{"format", 3}, {"version", 1}, {"tensors", json::object()}}.dump();
   EXPECT_EQ(error_of([&] { fsdpx::verify_checkpoint(dir.path().string()); }),
             (dir.path() / "index.json").string() + ": \"format\" is number, not string");
+}
+
+namespace {
+
+std::vector<std::string> checkpoint_dirs(const fs::path& root) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+// --checkpoint.async true: saves every 3 steps written in the background, and a run resumed from
+// one, give the losses, weights and optimizer state of synchronous saves bit for bit (every
+// tensor's digest). A model whose tensors are larger than a 1 MiB pool goes through it in parts.
+// Each save has its stall and write time in metrics.jsonl and summary.json; --keep-last removes
+// old ones only once the new one is complete.
+TEST(CheckpointAsync, ResumesBitwiseAsSynchronousSaves) {
+  TempDir sync, async;
+  // dim 512: a rank's share of a feed-forward weight is 1.4 MB, more than the pool's 1 MiB.
+  const std::string run = "timeout 300 " + train() + " --nproc-per-node 2 --batch-size 6 --model.dim 512 " +
+                          "--model.layers 1 --save-every 3 --keep-last 2" + kRun;
+  auto a = run_command(run + "--steps 10 --out " + sync.path().string());
+  ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+  const std::string bg = "--checkpoint.async true --checkpoint.pool_mib 1 --out " + async.path().string();
+  auto b1 = run_command(run + "--steps 7 " + bg);
+  ASSERT_EQ(b1.exit_code, 0) << b1.out << b1.err;
+  EXPECT_NE(b1.out.find("in the background"), std::string::npos) << b1.out;
+  auto b2 = run_command(run + "--steps 10 --resume auto " + bg);
+  ASSERT_EQ(b2.exit_code, 0) << b2.out << b2.err;
+  EXPECT_NE(b2.out.find("resumed from " + (async.path() / "checkpoints" / "step-00000007").string()),
+            std::string::npos)
+      << b2.out;
+  EXPECT_EQ(losses(sync.path()), losses(async.path()));
+  ASSERT_EQ(losses(async.path()).size(), 10u);
+  const fs::path cs = sync.path() / "checkpoints", ca = async.path() / "checkpoints";
+  EXPECT_EQ(checkpoint_dirs(ca), (std::vector<std::string>{"step-00000009", "step-00000010"}));
+  for (const char* step : {"step-00000009", "step-00000010"}) {
+    EXPECT_EQ(tensor_digests(cs / step), tensor_digests(ca / step)) << step;
+    auto v = run_command(ckpt() + " verify " + (ca / step).string());
+    EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
+  }
+  int records = 0;
+  for (const json& j : read_json_lines(async.path() / "metrics.jsonl"))
+    if (j.contains("checkpoint_stall_s")) {
+      ++records;
+      EXPECT_TRUE(j["checkpoint_async"].get<bool>()) << j;
+      EXPECT_GT(j["checkpoint_write_s"].get<double>(), 0.0) << j;
+      EXPECT_GE(j["checkpoint_stall_s"].get<double>(), 0.0) << j;
+    }
+  EXPECT_EQ(records, 5);  // 3, 6 and 7 of the first run, 9 and 10 of the resumed one
+  const json summary = read_json(async.path() / "summary.json");
+  EXPECT_EQ(summary["checkpoints"]["saves"], 2) << summary;
+  EXPECT_NE(b1.out.find("| ckpt stall "), std::string::npos) << b1.out;  // the progress lines after a save
+}
+
+// Rank 1 dies while its writer thread writes (its file half there): the run fails, the checkpoint
+// before stays complete and verifies, the partial one is never taken by --resume auto and
+// fsdpx-ckpt verify refuses it; rank 0 says it was left incomplete.
+TEST(CheckpointAsync, RankKilledDuringTheBackgroundWriteLeavesThePreviousCheckpoint) {
+  TempDir dir;
+  const std::string run = "timeout 300 " + train() + " --nproc-per-node 2 --batch-size 6 --save-every 5" + kRun +
+                          "--checkpoint.async true --out " + dir.path().string();
+  auto a = run_command(run + " --steps 5");
+  ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+  auto b = run_command("env FSDPX_FAULT=save-during-write:1 " + run + " --steps 10 --resume auto");
+  EXPECT_NE(b.exit_code, 0) << b.out << b.err;
+  EXPECT_NE(b.err.find("FSDPX_FAULT=save-during-write:1: rank 1 exits abruptly"), std::string::npos) << b.err;
+  const fs::path root = dir.path() / "checkpoints";
+  EXPECT_TRUE(fs::exists(root / ".tmp-step-00000010" / "rank-00001.safetensors"));
+  EXPECT_FALSE(fs::exists(root / "step-00000010"));
+  // Rank 0 says so: as its run stops (SIGTERM from the launcher, or its writer's error).
+  const std::string said = b.out + b.err, ten = (root / "step-00000010").string();
+  EXPECT_TRUE(said.find("checkpoint " + ten + " is left incomplete") != std::string::npos ||
+              said.find("writing checkpoint " + ten + " failed on rank 1") != std::string::npos)
+      << said;
+  auto partial = run_command(ckpt() + " verify " + (root / ".tmp-step-00000010").string());
+  EXPECT_NE(partial.exit_code, 0) << partial.out;
+  EXPECT_NE(partial.err.find("is not a checkpoint"), std::string::npos) << partial.err;
+  auto v = run_command(ckpt() + " verify " + (root / "step-00000005").string());
+  EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
+  auto c = run_command(run + " --steps 10 --resume auto");
+  ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
+  EXPECT_NE(c.out.find("resumed from " + (root / "step-00000005").string() + " at step 5"), std::string::npos)
+      << c.out;
+  EXPECT_TRUE(fs::exists(root / "step-00000010" / "index.json"));
+}
+
+// A full disk during a background write (FSDPX_FAULT=save-disk-full:1 makes rank 1's write fail
+// with ENOSPC, as a full disk does): one line naming the checkpoint and the free space, every rank
+// stops, and the checkpoint before is intact.
+TEST(CheckpointAsync, FullDiskIsOneLineAndTheRunStops) {
+  TempDir dir;
+  const std::string run = "timeout 300 " + train() + " --nproc-per-node 2 --batch-size 6 --save-every 3" + kRun +
+                          "--checkpoint.async true --out " + dir.path().string();
+  auto a = run_command(run + " --steps 3");
+  ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+  auto b = run_command("env FSDPX_FAULT=save-disk-full:1 " + run + " --steps 12 --resume auto");
+  EXPECT_NE(b.exit_code, 0) << b.out << b.err;
+  const fs::path root = dir.path() / "checkpoints";
+  const std::string line = "checkpoint " + (root / "step-00000006").string() +
+                           ": rank 1 could not write its shards: " + std::strerror(ENOSPC) + " (";
+  EXPECT_NE(b.err.find(line), std::string::npos) << b.err;
+  EXPECT_NE(b.err.find(" MB free on " + root.string() + "); the previous checkpoints are intact"), std::string::npos)
+      << b.err;
+  EXPECT_EQ(b.out.find("step 12/12"), std::string::npos) << b.out;
+  EXPECT_FALSE(fs::exists(root / "step-00000006"));
+  auto v = run_command(ckpt() + " verify " + (root / "step-00000003").string());
+  EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
+}
+
+namespace {
+
+// The sharded format's streamed save, through the SDK's calls, with the pool's bound given.
+class StreamedSharded final : public fsdpx::StreamedCheckpointBackend {
+ public:
+  StreamedSharded(bool async, int64_t pool) : async_(async), pool_(pool) {}
+  bool saves_in_background() const override { return async_; }
+  int64_t staging_bytes() const override { return pool_; }
+  std::unique_ptr<fsdpx::CheckpointWriter> begin_save(const std::string& dir, const fsdpx::CheckpointState& layout,
+                                                      const fsdpx::CheckpointContext& ctx) override {
+    return fsdpx::begin_sharded_save(dir, layout, ctx);
+  }
+
+ private:
+  bool async_;
+  int64_t pool_;
+};
+
+}  // namespace
+
+// The pool bounds a save's host memory: a 4 MB tensor and a scalar go through a 1 MiB pool in
+// parts, read back bit for bit, and the pool never held more than its bound while the tensor
+// changed after staging did not reach the file. A row larger than the pool is refused before
+// anything is written, naming the tensor and the size needed.
+TEST(CheckpointAsync, PoolBoundsStagingAndRefusesARowLargerThanThePool) {
+  TempDir dir;
+  fsdpx::CheckpointContext ctx;
+  ctx.all_sum = [](std::vector<int64_t>&) {};
+  StreamedSharded backend(/*async=*/true, int64_t{1} << 20);
+  fsdpx::CheckpointSaver saver(backend, ctx, ctx, fsdpx::open_device("cpu", 0));
+  at::Tensor big = at::arange(1000 * 1000, at::kFloat).reshape({1000, 1000}), scalar = at::arange(1, at::kLong)[0];
+  fsdpx::CheckpointState st;
+  st.step = 1;
+  st.trainer_state_json = R"({"step": 1, "seed": 0, "data": {}})";
+  st.tensors = {{"big", big, {1000, 1000}, 0}, {"count", scalar, {}, 0}};
+  const std::string ck = (dir.path() / "step-00000001").string();
+  saver.save(ck, st);
+  const at::Tensor expected = big.clone();
+  big.add_(1);  // training goes on: the staged copy is what the file gets
+  saver.wait();
+  EXPECT_LE(saver.pool_allocated(), int64_t{1} << 20);
+  EXPECT_EQ(saver.take_finished().at(0).staged_bytes, 4000000 + 8);
+  fsdpx::SafetensorsReader r((dir.path() / "step-00000001" / "rank-00000.safetensors").string());
+  EXPECT_TRUE(r.read("big").equal(expected));
+  EXPECT_EQ(fsdpx::verify_checkpoint(ck), 2);
+  fsdpx::CheckpointState wide;
+  wide.tensors = {{"wide", at::zeros({2, 300000}), {2, 300000}, 0}};
+  EXPECT_EQ(error_of([&] { saver.save((dir.path() / "step-00000002").string(), wide); }),
+            "checkpoint " + (dir.path() / "step-00000002").string() +
+                ": a row of tensor 'wide' is 1.1 MiB, more than the staging pool (1.0 MiB); raise the checkpoint's "
+                "pool_mib to at least 2");
+  EXPECT_FALSE(fs::exists(dir.path() / ".tmp-step-00000002"));
 }

@@ -25,6 +25,7 @@ using nlohmann::json;
 namespace {
 
 std::string train() { return (bin_dir() / "fsdpx-train").string(); }
+std::string ckpt() { return (bin_dir() / "fsdpx-ckpt").string(); }
 
 const char* const kTiny = " --model.size tiny --data.name synthetic --log-every 1 --clip-grad-norm 0.5 ";
 
@@ -145,6 +146,39 @@ TEST(SimTrainCheckpoints, SaveAndResumeGoThroughHostMemory) {
     EXPECT_NE(tail.find("step 3 loss"), std::string::npos) << tail;
     EXPECT_NE(whole.find(tail), std::string::npos) << d << " resumed:\n" << tail << "uninterrupted:\n" << whole;
   }
+}
+
+// Asynchronous saves on sim: staged from device memory into pinned pool buffers on the compute
+// stream (the stream-order check holds the copies to the protocol), they hold the CPU's synchronous
+// bytes; a rank killed while its writer writes leaves the save before complete, --resume auto
+// takes it, and fsdpx-ckpt verify refuses the partial one.
+TEST(SimTrainCheckpoints, AsyncSavesStageFromTheDeviceAndSurviveAKilledRank) {
+  TempDir dir;
+  const std::string base = "timeout 300 " + train() + " --nproc-per-node 2" + kTiny + "--checkpoint.name sharded ";
+  const std::string async = "--checkpoint.async true --device sim ";
+  auto cpu = run_command(base + "--steps 4 --save-every 2 --device cpu --out " + (dir.path() / "cpu").string());
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  auto sim = run_command(base + "--steps 4 --save-every 2 " + async + "--out " + (dir.path() / "sim").string());
+  ASSERT_EQ(sim.exit_code, 0) << sim.err;
+  EXPECT_NE(sim.out.find("pool of at most 2048 MiB per rank (pinned memory)"), std::string::npos) << sim.out;
+  for (const char* step : {"step-00000002", "step-00000004"})
+    EXPECT_EQ(tensor_digests(dir.path() / "sim" / "checkpoints" / step),
+              tensor_digests(dir.path() / "cpu" / "checkpoints" / step))
+        << step;
+  const std::filesystem::path out = dir.path() / "killed", root = out / "checkpoints";
+  auto a = run_command(base + "--steps 2 " + async + "--out " + out.string());
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  auto b = run_command("env FSDPX_FAULT=save-during-write:1 " + base + "--steps 4 --resume auto " + async + "--out " +
+                       out.string());
+  EXPECT_NE(b.exit_code, 0) << b.out << b.err;
+  EXPECT_FALSE(std::filesystem::exists(root / "step-00000004"));
+  auto partial = run_command(ckpt() + " verify " + (root / ".tmp-step-00000004").string());
+  EXPECT_NE(partial.exit_code, 0) << partial.out;
+  auto c = run_command(base + "--steps 4 --resume auto " + async + "--out " + out.string());
+  ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
+  EXPECT_NE(c.out.find("resumed from " + (root / "step-00000002").string() + " at step 2"), std::string::npos) << c.out;
+  EXPECT_EQ(tensor_digests(root / "step-00000004"),
+            tensor_digests(dir.path() / "cpu" / "checkpoints" / "step-00000004"));
 }
 
 // cpu_offload on sim: the device's allocated peak drops by what the plan says moves to host

@@ -212,6 +212,7 @@ SafetensorsWriter::SafetensorsWriter(const std::string& path, const std::vector<
 
 void SafetensorsWriter::write(const at::Tensor& tensor) {
   if (next_ >= specs_.size()) throw Error(path_ + ": more tensors written than declared");
+  if (part_done_ != 0) throw Error(path_ + ": tensor '" + specs_[next_].name + "' is only partly written");
   const Spec& s = specs_[next_++];
   if (tensor.scalar_type() != s.dtype || tensor.sizes().vec() != s.shape)
     throw Error(path_ + ": tensor '" + s.name + "' written as " + c10::toString(tensor.scalar_type()) + " " +
@@ -219,6 +220,22 @@ void SafetensorsWriter::write(const at::Tensor& tensor) {
                 c10::str(at::IntArrayRef(s.shape)));
   at::Tensor c = tensor.contiguous().cpu();
   write_all(fd_, static_cast<const char*>(c.data_ptr()), c.nbytes(), path_);
+}
+
+void SafetensorsWriter::write_part(const void* data, int64_t bytes) {
+  if (next_ >= specs_.size()) throw Error(path_ + ": more data written than declared");
+  const Spec& s = specs_[next_];
+  int64_t total = static_cast<int64_t>(c10::elementSize(s.dtype));
+  for (int64_t d : s.shape) total *= d;
+  if (bytes < 0 || part_done_ + bytes > total)
+    throw Error(path_ + ": " + std::to_string(part_done_ + bytes) + " bytes written for tensor '" + s.name +
+                "', declared " + std::to_string(total));
+  write_all(fd_, static_cast<const char*>(data), static_cast<size_t>(bytes), path_);
+  part_done_ += bytes;
+  if (part_done_ == total) {
+    part_done_ = 0;
+    ++next_;
+  }
 }
 
 SafetensorsWriter::~SafetensorsWriter() {

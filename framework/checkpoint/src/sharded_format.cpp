@@ -1,6 +1,7 @@
 // The sharded format: every rank writes its rows; an index makes the checkpoint loadable at any
 // world size and strategy (checkpointing.h describes the files).
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 #include "format_support.h"
@@ -29,41 +31,9 @@ std::string rank_file(const char* pattern, int rank) {
   return name;
 }
 
-// This rank's rows as rank-RRRRR.safetensors in `tmp`, and rank-RRRRR.json listing its pieces
-// with their partial digests (for rank 0 to assemble the index).
-void write_rank_piece(const fs::path& tmp, const CheckpointState& st, const CheckpointContext& ctx) {
-  const std::string file = rank_file("rank-%05d.safetensors", ctx.rank);
-  std::vector<SafetensorsWriter::Spec> specs;
-  std::vector<const TensorShard*> mine;
-  json pieces = json::object();
-  for (const auto& t : st.tensors) {
-    if (!owns(t, ctx)) continue;
-    std::vector<int64_t> shape = t.global_shape;
-    if (!shape.empty()) shape[0] = rows_of(t.local);
-    specs.push_back({t.name, t.local.scalar_type(), shape});
-    mine.push_back(&t);
-  }
-  if (!mine.empty()) {
-    SafetensorsWriter w((tmp / file).string(), specs, {{"format", "fsdpx-sharded-piece"}});
-    for (size_t k = 0; k < mine.size(); ++k) {
-      const TensorShard* t = mine[k];
-      at::Tensor c = t->local.contiguous();
-      w.write(c.reshape(specs[k].shape));
-      RowDigest d;
-      d.add_rows(static_cast<const char*>(c.data_ptr()), t->row_offset, rows_of(t->local),
-                 row_bytes_of(t->global_shape, c.scalar_type()));
-      pieces[t->name] = {{"dtype", safetensors_dtype(c.scalar_type())}, {"shape", t->global_shape},
-                         {"row_offset", t->row_offset}, {"rows", rows_of(t->local)}, {"lo", d.lo}, {"hi", d.hi}};
-    }
-    w.close();
-  }
-  write_text(tmp / rank_file("rank-%05d.json", ctx.rank),
-             json{{"file", mine.empty() ? "" : file}, {"pieces", pieces}}.dump());
-}
-
 // Rank 0: the index's tensors and files from every rank's piece list (which it removes), each
 // tensor's rows checked to be covered exactly once and its digest summed.
-json assemble_index(const std::string& dir, const fs::path& tmp, const CheckpointState& st, int world_size) {
+json assemble_index(const std::string& dir, const fs::path& tmp, int64_t step, int world_size) {
   json tensors = json::object(), files = json::object();
   std::map<std::string, RowDigest> digests;
   for (int r = 0; r < world_size; ++r) {
@@ -98,13 +68,147 @@ json assemble_index(const std::string& dir, const fs::path& tmp, const Checkpoin
                   std::to_string(rows_of(shape)) + " rows (a bug)");
     e["digest"] = digests[it.key()].hex();
   }
-  return json{{"format", "fsdpx-sharded"}, {"version", 1},        {"step", st.step},
+  return json{{"format", "fsdpx-sharded"}, {"version", 1},        {"step", step},
               {"world_size", world_size},  {"tensors", tensors}, {"files", files}};
 }
 
+// Free bytes on the filesystem holding `path`, for the message of a write that failed there.
+std::string free_space(const fs::path& path) {
+  std::error_code ec;
+  const fs::space_info sp = fs::space(path, ec);
+  if (ec) return "free space unknown (" + ec.message() + ")";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.1f MB free", static_cast<double>(sp.available) / 1e6);
+  return b;
+}
+
+// One sharded save in its parts (CheckpointWriter): this rank's rows as rank-RRRRR.safetensors
+// in the temporary directory, taken a buffer at a time, and rank-RRRRR.json listing its pieces
+// with their partial digests (for rank 0 to assemble the index).
+class ShardedWriter final : public CheckpointWriter {
+ public:
+  ShardedWriter(const std::string& dir, const CheckpointState& layout, const CheckpointContext& ctx)
+      : dir_(dir), rank_(ctx.rank), world_size_(ctx.world_size), step_(layout.step),
+        trainer_state_(layout.trainer_state_json), config_(layout.config_ini) {
+    const fs::path final_dir(dir);
+    tmp_ = final_dir.parent_path() / (".tmp-" + final_dir.filename().string());
+    for (const auto& t : layout.tensors) {
+      Part p{t.name, t.local.scalar_type(), t.global_shape, t.row_offset, rows_of(t.local), owns(t, ctx)};
+      p.row_bytes = row_bytes_of(t.global_shape, p.dtype);
+      parts_.push_back(std::move(p));
+    }
+  }
+
+  bool writes(size_t i) const override { return i < parts_.size() && parts_[i].owned; }
+
+  void write_rows(size_t i, const void* bytes, int64_t rows) override {
+    if (!writes(i)) throw Error("checkpoint " + dir_ + ": rank " + std::to_string(rank_) + " does not write tensor " +
+                                std::to_string(i) + " (a bug)");
+    if (!file_) open_file();
+    Part& p = parts_[i];
+    if (rows < 0 || p.done + rows > p.rows)
+      throw Error("checkpoint " + dir_ + ": rows of '" + p.name + "' written past its " + std::to_string(p.rows) +
+                  " (a bug)");
+    if (fault_requested("save-disk-full", rank_)) throw write_error(std::strerror(ENOSPC));
+    try {
+      file_->write_part(bytes, rows * p.row_bytes);
+    } catch (const Error& e) {
+      throw write_error(e.what());
+    }
+    p.digest.add_rows(static_cast<const char*>(bytes), p.row_offset + p.done, rows, p.row_bytes);
+    p.done += rows;
+    if (++parts_written_ == 2) maybe_fault("save-during-write", rank_);  // its file half there
+  }
+
+  void finish(const CheckpointContext& ctx, const std::string& error) override {
+    agree(ctx, "writing checkpoint " + dir_, [&] {
+      if (!error.empty()) throw Error(error);
+      close_file();
+      maybe_fault("save-after-write", rank_);
+    });
+    agree(ctx, "completing checkpoint " + dir_, [&] {
+      if (rank_ != 0) return;
+      write_text(tmp_ / "index.json", assemble_index(dir_, tmp_, step_, world_size_).dump(1));
+      write_text(tmp_ / "trainer_state.json", trainer_state_);
+      write_text(tmp_ / "config.ini", config_);
+      fsync_directory(tmp_.string());
+      swap_into_place(tmp_, fs::path(dir_));
+    });
+  }
+
+ private:
+  struct Part {
+    std::string name;
+    c10::ScalarType dtype;
+    std::vector<int64_t> shape;  // global
+    int64_t row_offset = 0, rows = 0;
+    bool owned = false;
+    int64_t row_bytes = 0, done = 0;
+    RowDigest digest;
+  };
+
+  std::string file_name() const { return rank_file("rank-%05d.safetensors", rank_); }
+
+  void open_file() {
+    std::vector<SafetensorsWriter::Spec> specs;
+    for (const Part& p : parts_) {
+      if (!p.owned) continue;
+      std::vector<int64_t> shape = p.shape;
+      if (!shape.empty()) shape[0] = p.rows;
+      specs.push_back({p.name, p.dtype, shape});
+    }
+    try {
+      const std::map<std::string, std::string> meta{{"format", "fsdpx-sharded-piece"}};
+      file_ = std::make_unique<SafetensorsWriter>((tmp_ / file_name()).string(), specs, meta);
+    } catch (const Error& e) {
+      throw write_error(e.what());
+    }
+  }
+
+  // This rank's file fsynced (every owned row written), and its piece list beside it.
+  void close_file() {
+    json pieces = json::object();
+    bool any = false;
+    for (const Part& p : parts_) {
+      if (!p.owned) continue;
+      any = true;
+      if (p.done != p.rows)
+        throw Error("checkpoint " + dir_ + ": " + std::to_string(p.done) + " of " + std::to_string(p.rows) +
+                    " rows of '" + p.name + "' written (a bug)");
+      pieces[p.name] = {{"dtype", safetensors_dtype(p.dtype)}, {"shape", p.shape}, {"row_offset", p.row_offset},
+                        {"rows", p.rows}, {"lo", p.digest.lo}, {"hi", p.digest.hi}};
+    }
+    if (any && !file_) open_file();  // every owned tensor had zero rows
+    try {
+      if (file_) file_->close();
+      const json list{{"file", any ? file_name() : ""}, {"pieces", pieces}};
+      write_text(tmp_ / rank_file("rank-%05d.json", rank_), list.dump());
+    } catch (const Error& e) {
+      throw write_error(e.what());
+    }
+  }
+
+  // A failed write: the checkpoint, the rank, why, and the free space where it was writing.
+  Error write_error(const std::string& why) const {
+    return Error("checkpoint " + dir_ + ": rank " + std::to_string(rank_) + " could not write its shards: " + why +
+                 " (" + free_space(tmp_.parent_path()) + " on " + tmp_.parent_path().string() +
+                 "); the previous checkpoints are intact");
+  }
+
+  const std::string dir_;
+  fs::path tmp_;
+  const int rank_, world_size_;
+  const int64_t step_;
+  const std::string trainer_state_, config_;
+  std::vector<Part> parts_;
+  std::unique_ptr<SafetensorsWriter> file_;
+  int parts_written_ = 0;
+};
+
 }  // namespace
 
-void save_sharded(const std::string& dir, const CheckpointState& st, const CheckpointContext& ctx) {
+std::unique_ptr<CheckpointWriter> begin_sharded_save(const std::string& dir, const CheckpointState& layout,
+                                                     const CheckpointContext& ctx) {
   const fs::path final_dir(dir), root = final_dir.parent_path();
   const fs::path tmp = root / (".tmp-" + final_dir.filename().string());
   agree(ctx, "preparing checkpoint " + dir, [&] {
@@ -114,18 +218,22 @@ void save_sharded(const std::string& dir, const CheckpointState& st, const Check
       fs::create_directories(tmp);
     }
   });
-  agree(ctx, "writing checkpoint " + dir, [&] {
-    write_rank_piece(tmp, st, ctx);
-    maybe_fault("save-after-write", ctx.rank);
-  });
-  agree(ctx, "completing checkpoint " + dir, [&] {
-    if (ctx.rank != 0) return;
-    write_text(tmp / "index.json", assemble_index(dir, tmp, st, ctx.world_size).dump(1));
-    write_text(tmp / "trainer_state.json", st.trainer_state_json);
-    write_text(tmp / "config.ini", st.config_ini);
-    fsync_directory(tmp.string());
-    swap_into_place(tmp, final_dir);
-  });
+  return std::make_unique<ShardedWriter>(dir, layout, ctx);
+}
+
+void save_sharded(const std::string& dir, const CheckpointState& st, const CheckpointContext& ctx) {
+  std::unique_ptr<CheckpointWriter> w = begin_sharded_save(dir, st, ctx);
+  std::string error;
+  try {
+    for (size_t i = 0; i < st.tensors.size(); ++i) {
+      if (!w->writes(i)) continue;
+      const at::Tensor c = st.tensors[i].local.contiguous();
+      w->write_rows(i, c.data_ptr(), rows_of(c));
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  w->finish(ctx, error);
 }
 
 void load_sharded(const std::string& dir, CheckpointState& st, const CheckpointContext& ctx) {

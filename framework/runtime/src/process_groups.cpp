@@ -198,6 +198,12 @@ std::shared_ptr<Communicator> ProcessGroups::new_group(const std::string& name,
   return impl_->make(name, ranks);
 }
 
+std::shared_ptr<Communicator> ProcessGroups::new_control_group(const std::string& name) const {
+  std::vector<int> all(static_cast<size_t>(impl_->options.topology.world_size));
+  for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
+  return impl_->make(name, all, /*host_only=*/true);
+}
+
 ProcessGroups::Hybrid ProcessGroups::hybrid(int shard_size) {
   const Topology& t = impl_->options.topology;
   if (shard_size < 1 || t.world_size % shard_size != 0)

@@ -96,7 +96,10 @@ void HostStaging::copy_back() const {
 }
 
 CheckpointContext checkpoint_context(const ProcessGroups& groups, const ShardingEngine& engine) {
-  auto world = groups.control();
+  return checkpoint_context(groups.control(), engine);
+}
+
+CheckpointContext checkpoint_context(std::shared_ptr<Communicator> world, const ShardingEngine& engine) {
   CheckpointContext ctx;
   ctx.rank = world->rank();
   ctx.world_size = world->size();

@@ -12,6 +12,7 @@
 #include "fsdpx/framework/trainer/checkpoint_state.h"
 #include "fsdpx/hf_interop.h"
 #include "rank_zero.h"
+#include "fsdpx/framework/runtime/device.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -28,7 +29,23 @@ Checkpointer::Checkpointer(std::shared_ptr<CheckpointBackend> backend, const Tra
       run_dir_(run_dir),
       out_(out),
       parts_(parts),
-      writer_(groups.world()->rank() == 0) {}
+      writer_(groups.world()->rank() == 0) {
+  auto* streamed = dynamic_cast<StreamedCheckpointBackend*>(backend_.get());
+  // On the CPU a synchronous save writes the tensors as they are: nothing to stage.
+  if (!streamed || (!streamed->saves_in_background() && parts_.device->is_cpu())) return;
+  const CheckpointContext main = checkpoint_context(groups_, parts_.engine);
+  const CheckpointContext background =
+      streamed->saves_in_background() ? checkpoint_context(groups.new_control_group("checkpoint"), parts_.engine)
+                                      : main;
+  saver_ = std::make_unique<CheckpointSaver>(*streamed, main, background, parts_.device);
+  if (writer_) {
+    char l[200];
+    std::snprintf(l, sizeof l, "checkpoints: %s, staged through a pool of at most %.0f MiB per rank (%s memory)",
+                  saver_->background() ? "written in the background" : "written while the step waits",
+                  static_cast<double>(saver_->pool_limit()) / (1 << 20), parts_.device->is_cpu() ? "host" : "pinned");
+    out_.line(l);
+  }
+}
 
 void Checkpointer::initial_weights() {
   auto* hf = dynamic_cast<HuggingFaceModel*>(&parts_.model);
@@ -62,6 +79,8 @@ void Checkpointer::initial_weights() {
 }
 
 int64_t Checkpointer::restore() {
+  if (saver_ && saver_->background())  // the pool's memory now, not in the first save's stall
+    saver_->reserve(checkpoint_state(parts_.engine, parts_.optimizer, /*for_load=*/false));
   if (s_.resume.empty()) return 0;
   CollectivePhase phase("checkpoint");
   std::string dir = s_.resume;
@@ -109,20 +128,66 @@ void Checkpointer::save(int64_t step) {
   CollectivePhase phase("checkpoint");
   const std::string dir = (fs::path(run_dir_.checkpoints()) / checkpoint_dir_name(step)).string();
   CheckpointState st = checkpoint_state(parts_.engine, parts_.optimizer, /*for_load=*/false);
-  stage_on_host(st);  // copies: the device's tensors stay as they are
   st.step = step;
   st.trainer_state_json = trainer_state(step).to_json();
   st.config_ini = config_ini_;
+  if (saver_) {
+    saver_->save(dir, st, [this] {  // on the writer thread, once the checkpoint is complete
+      if (writer_ && s_.keep_last > 0) prune_checkpoints(run_dir_.checkpoints(), s_.keep_last);
+    });
+    if (!saver_->background()) poll();
+    return;
+  }
   const auto t0 = std::chrono::steady_clock::now();
+  stage_on_host(st);  // copies of the device's tensors, all at once (a backend without streamed saves)
   backend_->save(dir, st, checkpoint_context(groups_, parts_.engine));
+  SaveFigures f;
+  f.step = step;
+  f.dir = dir;
+  f.stall_s = f.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   on_rank_zero(*groups_.control(), [&] {  // the others wait: the checkpoint is complete and pruned when they go on
-    char l[300];
-    std::snprintf(l, sizeof l, "checkpoint at step %ld: %s (%.2f s)", static_cast<long>(step), dir.c_str(),
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    out_.line(l);
+    report(f);
     if (s_.keep_last > 0) prune_checkpoints(run_dir_.checkpoints(), s_.keep_last);
   });
   last_saved_ = dir;
+}
+
+void Checkpointer::poll() {
+  if (!saver_ || saver_->in_flight()) return;
+  for (const SaveFigures& f : saver_->take_finished()) {
+    if (writer_) report(f);
+    last_saved_ = f.dir;
+  }
+}
+
+void Checkpointer::finish() {
+  if (!saver_) return;
+  const std::string dir = saver_->in_flight_dir();
+  const auto t0 = std::chrono::steady_clock::now();
+  saver_->wait();
+  if (writer_ && !dir.empty() && saver_->background()) {
+    char l[300];
+    std::snprintf(l, sizeof l, "the run's end waited %.2f s for checkpoint %s to be written",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), dir.c_str());
+    out_.line(l);
+  }
+  poll();
+}
+
+// Rank 0: the save's line, and its record in metrics.jsonl.
+void Checkpointer::report(const SaveFigures& f) {
+  char l[400];
+  if (f.background) {
+    char waited[80] = "";
+    if (f.wait_s >= 0.001) std::snprintf(waited, sizeof waited, "; waited %.2f s for the save before", f.wait_s);
+    std::snprintf(l, sizeof l, "checkpoint at step %ld: %s (stall %.3f s, written in %.2f s in the background%s)",
+                  static_cast<long>(f.step), f.dir.c_str(), f.stall_s, f.write_s, waited);
+  } else {
+    std::snprintf(l, sizeof l, "checkpoint at step %ld: %s (%.2f s)", static_cast<long>(f.step), f.dir.c_str(),
+                  f.write_s);
+  }
+  out_.line(l);
+  parts_.metrics.log_checkpoint(f);
 }
 
 }  // namespace fsdpx

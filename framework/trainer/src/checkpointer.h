@@ -8,11 +8,14 @@
 #include <string>
 
 #include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/runtime/device.h"
+#include "fsdpx/framework/trainer/checkpoint_saver.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/framework/trainer/run_directory.h"
 #include "fsdpx/framework/trainer/train_settings.h"
 #include "fsdpx/interfaces.h"
 #include "loss_scaling_guard.h"
+#include "metrics_processor.h"
 #include "reporter.h"
 
 namespace fsdpx {
@@ -24,13 +27,17 @@ struct CheckpointParts {
   Optimizer& optimizer;
   DataSource& data;
   LossScalingGuard& scaling;
+  MetricsProcessor& metrics;                     // each save's stall and write time
+  std::shared_ptr<const DeviceRuntime> device;  // where the state lives
 };
 
 class Checkpointer {
  public:
   // `backend`: null when the run has no checkpoint component (save and restore then have nothing
   // to do; the checks before the run refuse the flags that need one). `config_ini`: what
-  // config.ini records, saved with every checkpoint.
+  // config.ini records, saved with every checkpoint. A backend with streamed saves
+  // (StreamedCheckpointBackend) saves through a CheckpointSaver: staged into its pool, and in the
+  // background when the backend says so (then every rank creates the writers' group here).
   Checkpointer(std::shared_ptr<CheckpointBackend> backend, const TrainSettings& settings, std::string config_ini,
                const ProcessGroups& groups, RunDirectory& run_dir, Reporter& out, CheckpointParts parts);
 
@@ -42,12 +49,20 @@ class Checkpointer {
   // --resume: the named checkpoint, or the newest under OUT/checkpoints. Returns the step to
   // start from (0 without one). Collective.
   int64_t restore();
-  // A checkpoint of step `step` under OUT/checkpoints, then --keep-last's pruning. Collective.
+  // A checkpoint of step `step` under OUT/checkpoints, then --keep-last's pruning once it is
+  // complete. Collective. In the background it returns once the state is staged (after waiting
+  // for the save before, which it reports).
   void save(int64_t step);
+  // At a step's end: reports a background save that finished; throws (one line naming the
+  // checkpoint) when it failed. Local: each rank sees its own writer.
+  void poll();
+  // The run's end: waits for the save in flight and reports it.
+  void finish();
   const std::string& last_saved() const { return last_saved_; }  // "" before the first save
 
  private:
   TrainerState trainer_state(int64_t step) const;
+  void report(const SaveFigures& f);
 
   std::shared_ptr<CheckpointBackend> backend_;
   const TrainSettings& s_;
@@ -58,6 +73,7 @@ class Checkpointer {
   CheckpointParts parts_;
   const bool writer_;
   std::string last_saved_;
+  std::unique_ptr<CheckpointSaver> saver_;  // null: the backend's plain save()
 };
 
 }  // namespace fsdpx

@@ -220,6 +220,10 @@ void MetricsProcessor::log(int64_t done, const WorldStep& w, double lr, double g
   p.per_s = static_cast<double>(tokens_matter ? interval_.tokens : interval_.samples) / std::max(elapsed, 1e-9);
   p.unit = tokens_matter ? "tok" : "samples";
   p.eta = seconds_since(train_start_) / static_cast<double>(done - start_step_) * static_cast<double>(s_.steps - done);
+  if (!saves_.empty()) {
+    p.ckpt_stall = saves_.back().stall_s;
+    p.ckpt_write = saves_.back().write_s;
+  }
   if (!log_now) {
     if (!writer()) return;
     p.peak_mem = allocated_run_peak_;
@@ -279,6 +283,35 @@ void MetricsProcessor::log_eval(const json& record) {
   });
 }
 
+void MetricsProcessor::log_checkpoint(const SaveFigures& f) {
+  if (!writer()) return;
+  saves_.push_back(f);
+  run_dir_.append_metrics(json{{"step", f.step},
+                               {"checkpoint", f.dir},
+                               {"checkpoint_async", f.background},
+                               {"checkpoint_stall_s", f.stall_s},
+                               {"checkpoint_write_s", f.write_s},
+                               {"checkpoint_wait_s", f.wait_s},
+                               {"checkpoint_staged_bytes", f.staged_bytes}}
+                              .dump());
+}
+
+// summary.json's "checkpoints": the number of saves, their stall and write times.
+static json checkpoints_json(const std::vector<SaveFigures>& saves) {
+  double stall = 0, stall_max = 0, write_max = 0, wait = 0;
+  for (const SaveFigures& f : saves) {
+    stall += f.stall_s;
+    stall_max = std::max(stall_max, f.stall_s);
+    write_max = std::max(write_max, f.write_s);
+    wait += f.wait_s;
+  }
+  return json{{"saves", saves.size()},          {"async", !saves.empty() && saves.back().background},
+              {"stall_s_total", stall},         {"stall_s_max", stall_max},
+              {"write_s_max", write_max},       {"wait_s_total", wait},
+              {"last_stall_s", saves.empty() ? 0.0 : saves.back().stall_s},
+              {"last_write_s", saves.empty() ? 0.0 : saves.back().write_s}};
+}
+
 void MetricsProcessor::finish(const PersistentBytes& mine, const std::string& last_checkpoint) {
   const json ranks = measured_per_rank(mine);
   on_rank_zero(world_, [&] {
@@ -301,6 +334,7 @@ void MetricsProcessor::finish(const PersistentBytes& mine, const std::string& la
     for (const StepBreakdown& b : breakdown_run_) mean.push_back(b.per_step());
     if (!mean.empty()) summary["step_breakdown_s"] = breakdown_json(mean);
     if (!last_checkpoint.empty()) summary["checkpoint"] = last_checkpoint;
+    if (!saves_.empty()) summary["checkpoints"] = checkpoints_json(saves_);
     run_dir_.write_summary(summary.dump(2));
     closing_lines(wall, last_checkpoint);
   });
@@ -328,6 +362,14 @@ void MetricsProcessor::closing_lines(double wall, const std::string& last_checkp
                 wall, first_loss_, last_loss_);
   out_.line(l);
   if (!breakdown_run_.empty()) out_.line(breakdown_line(breakdown_run_));
+  if (!saves_.empty()) {
+    const json c = checkpoints_json(saves_);
+    std::snprintf(l, sizeof l,
+                  "checkpoints: %zu save(s)%s, stall %.3f s in all (at most %.3f s), written in at most %.2f s",
+                  saves_.size(), c["async"].get<bool>() ? " in the background" : "", c["stall_s_total"].get<double>(),
+                  c["stall_s_max"].get<double>(), c["write_s_max"].get<double>());
+    out_.line(l);
+  }
   if (run_dir_.dir().empty()) return;
   out_.line("metrics:    " + run_dir_.path("metrics.jsonl"));
   out_.line("config:     " + run_dir_.path("config.ini"));

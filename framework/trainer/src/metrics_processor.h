@@ -13,6 +13,7 @@
 #include "comm_counters.h"
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/trainer/run_directory.h"
+#include "fsdpx/framework/trainer/checkpoint_saver.h"
 #include "fsdpx/framework/trainer/run_plan.h"
 #include "fsdpx/framework/trainer/train_settings.h"
 #include "loss_scaling_guard.h"
@@ -60,6 +61,9 @@ class MetricsProcessor {
   void log(int64_t done, const WorldStep& w, double lr, double grad_norm, const LossScalingGuard& scaling);
   // A held-out evaluation's record: its line and metrics.jsonl; summary.json keeps the last.
   void log_eval(const nlohmann::json& record);
+  // Rank 0: a checkpoint's record in metrics.jsonl (checkpoint_stall_s, checkpoint_write_s,
+  // checkpoint_wait_s); the progress line and the summary show them from then on. Local.
+  void log_checkpoint(const SaveFigures& f);
   // summary.json and the closing lines, with every rank's bytes and peaks. Collective.
   void finish(const PersistentBytes& mine, const std::string& last_checkpoint);
 
@@ -104,6 +108,7 @@ class MetricsProcessor {
   CommTotals step_comm_;            // the last step's
   nlohmann::json last_eval_;
   std::vector<StepBreakdown> breakdown_run_;  // per rank: seconds per phase over the logged steps
+  std::vector<SaveFigures> saves_;            // rank 0: the run's checkpoints, as log_checkpoint got them
 };
 
 }  // namespace fsdpx

@@ -1,6 +1,7 @@
 #include "reporter.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "format.h"
 
@@ -19,6 +20,10 @@ void Reporter::update(const Progress& p, bool log_line) {
   std::snprintf(stats, sizeof stats, "loss %.4f | lr %.2e | %s %s/s | %.3f s/step | peak mem %s | ETA %s", p.loss, p.lr,
                 human_count(p.per_s).c_str(), p.unit, p.step_time, human_bytes(static_cast<double>(p.peak_mem)).c_str(),
                 duration_text(p.eta).c_str());
+  if (p.ckpt_stall >= 0) {
+    const size_t n = std::strlen(stats);
+    std::snprintf(stats + n, sizeof stats - n, " | ckpt stall %.3f s, write %.2f s", p.ckpt_stall, p.ckpt_write);
+  }
   if (tty_) {
     const int width = 24;
     const int filled = static_cast<int>(width * p.step / std::max<int64_t>(steps_, 1));

@@ -17,6 +17,8 @@ struct Progress {
   double step_time = 0;      // seconds
   int64_t peak_mem = 0;      // bytes
   double eta = 0;            // seconds
+  double ckpt_stall = -1;    // the last checkpoint's stall and write time (seconds), -1 before one
+  double ckpt_write = -1;
 };
 
 class Reporter {

@@ -88,10 +88,12 @@ class Trainer {
       const int64_t done = step + 1;
       metrics_->log(done, w, lr_, grad_norm_, *scaling_);
       if (s_.eval_every > 0 && done % s_.eval_every == 0 && done != s_.steps) evaluate(done);
+      checkpointer_->poll();  // a background save that finished: reported, or its failure thrown
       if (s_.save_every > 0 && done % s_.save_every == 0 && done != s_.steps) checkpointer_->save(done);
     }
     evaluate(s_.steps);
     checkpointer_->save(s_.steps);
+    checkpointer_->finish();
     metrics_->finish(persistent_bytes(), checkpointer_->last_saved());
   }
 
@@ -183,8 +185,9 @@ class Trainer {
                                              s_.deterministic);
     std::shared_ptr<CheckpointBackend> backend;
     if (config_.choice(Kind::Checkpoint)) backend = make<CheckpointBackend>(host_, config_);
-    checkpointer_ = std::make_unique<Checkpointer>(backend, s_, config_ini(), *groups_, run_dir_, out_,
-                                                   CheckpointParts{*engine_, *model_, *opt_, *data_, *scaling_});
+    checkpointer_ = std::make_unique<Checkpointer>(
+        backend, s_, config_ini(), *groups_, run_dir_, out_,
+        CheckpointParts{*engine_, *model_, *opt_, *data_, *scaling_, *metrics_, device_});
   }
 
   // A precision policy that needs loss scaling owns the scaler (fsdpx/loss_scaling.h).

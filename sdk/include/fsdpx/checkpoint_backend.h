@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,6 +63,43 @@ class FSDPX_API CheckpointBackend {
                     const CheckpointContext& ctx) = 0;
   // The newest complete checkpoint under `root`, if any.
   virtual std::optional<std::string> latest(const std::string& root) const = 0;
+};
+
+// ABI 1.x, appended: a save in its parts, for a save whose writing leaves the training thread
+// (fsdpx-train's --checkpoint.async). StreamedCheckpointBackend::begin_save prepares it on the
+// training thread; then one thread, any one, hands over this rank's rows of each tensor it
+// writes, in layout order and a buffer at a time, and finishes.
+class FSDPX_API CheckpointWriter {
+ public:
+  virtual ~CheckpointWriter();
+  // Whether this rank writes tensor `i` of the layout the save was begun with.
+  virtual bool writes(size_t i) const = 0;
+  // The next `rows` of this rank's rows of tensor `i` (from its first, in order), as host bytes
+  // laid out contiguously in the tensor's dtype. Local; throws fsdpx::Error naming the file.
+  virtual void write_rows(size_t i, const void* bytes, int64_t rows) = 0;
+  // After the last row, or after a failure (`error`: why this rank could not stage or write,
+  // else ""): this rank's files fsynced, every rank's outcome agreed over `ctx` (which may be
+  // another group than the one the save was begun with), then rank 0 makes the checkpoint
+  // complete, or no rank does. Collective over `ctx`. Throws fsdpx::Error when any rank failed.
+  virtual void finish(const CheckpointContext& ctx, const std::string& error) = 0;
+};
+
+// Optional capability of a CheckpointBackend (found with dynamic_cast): saves staged into a
+// bounded pool of host memory, tensor by tensor, and written from it, while training goes on
+// when saves_in_background().
+class FSDPX_API StreamedCheckpointBackend {
+ public:
+  virtual ~StreamedCheckpointBackend();
+  // The backend's option: whether a save writes in the background (the step waits only while
+  // the state is staged), or the step waits until it is written.
+  virtual bool saves_in_background() const = 0;
+  // The bytes of host memory a save stages through, at most (its option).
+  virtual int64_t staging_bytes() const = 0;
+  // A save of `layout` under `dir`, begun: the names, dtypes, shapes and this rank's rows of its
+  // tensors, its step, trainer state and configuration are taken; the tensors' values are not
+  // read. Collective over `ctx`; throws fsdpx::Error on every rank when one cannot begin.
+  virtual std::unique_ptr<CheckpointWriter> begin_save(const std::string& dir, const CheckpointState& layout,
+                                                       const CheckpointContext& ctx) = 0;
 };
 
 }  // namespace fsdpx

@@ -46,6 +46,12 @@ namespace fsdpx {
 // Every rank writes its rows of `state` (the first replica alone, under hybrid sharding) into
 // DIR/rank-RRRRR.safetensors; rank 0 writes the index, trainer_state.json and config.ini.
 FSDPX_API void save_sharded(const std::string& dir, const CheckpointState& state, const CheckpointContext& ctx);
+// The same save in its parts (StreamedCheckpointBackend::begin_save): rank 0 makes the temporary
+// directory (collective over `ctx`); the writer takes this rank's rows a buffer at a time into
+// DIR/.tmp-NAME/rank-RRRRR.safetensors, and its finish() agrees and renames. save_sharded is
+// begin_sharded_save, every owned tensor written whole, and finish over the same `ctx`.
+FSDPX_API std::unique_ptr<CheckpointWriter> begin_sharded_save(const std::string& dir, const CheckpointState& layout,
+                                                               const CheckpointContext& ctx);
 // Fills state.tensors (any layout: each rank reads the byte ranges overlapping its rows),
 // state.step, trainer_state_json and config_ini; then every rank checks the digests of the
 // tensors assembled over all ranks.

@@ -5,6 +5,9 @@
 //   inf-grad:R:STEP         the trainer: rank R finds an inf in its first gradient shard at STEP (from 1)
 //   skip-all-gather:R:UNIT  the engine: rank R skips the first all-gather of UNIT ("root" for the root)
 //   save-after-write:R      a sharded save: rank R exits abruptly after writing its file
+//   save-during-write:R     a sharded save: rank R exits abruptly with its file half written (after
+//                           the second part it wrote: in the background writer with async saves)
+//   save-disk-full:R        a sharded save: rank R's writes fail as on a full disk (ENOSPC)
 #pragma once
 
 #include <optional>

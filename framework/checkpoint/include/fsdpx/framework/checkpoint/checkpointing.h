@@ -45,7 +45,7 @@ FSDPX_API void prune_checkpoints(const std::string& root, int64_t keep);
 
 // Fault injection for the interrupted-save test (fsdpx/framework/base/fault_injection.h):
 // FSDPX_FAULT=save-after-write:R makes rank R exit abruptly after writing its file, before the
-// save completes.
+// save completes; save-during-write:R with its file half written.
 FSDPX_API void maybe_fault(const char* point, int rank);
 
 // --- Offline (one process, no process group) --------------------------------------------------

@@ -75,6 +75,10 @@ class FSDPX_API SafetensorsWriter {
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
   void write(const at::Tensor& tensor);
+  // The next `bytes` bytes of the data, in declaration order: a tensor may come in several parts
+  // (rows staged a buffer at a time), and one part never spans two tensors. The caller lays them
+  // out as the declared dtype, contiguous.
+  void write_part(const void* data, int64_t bytes);
   // Flushes and fsyncs; throws if anything failed or a tensor is missing.
   void close();
 
@@ -82,6 +86,7 @@ class FSDPX_API SafetensorsWriter {
   std::string path_;
   std::vector<Spec> specs_;
   size_t next_ = 0;
+  int64_t part_done_ = 0;  // bytes of specs_[next_] written by write_part so far
   int fd_ = -1;
 };
 

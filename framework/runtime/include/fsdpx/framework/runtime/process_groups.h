@@ -66,6 +66,12 @@ class FSDPX_API ProcessGroups {
   // PrefixStore of the rendezvous store.
   std::shared_ptr<Communicator> new_group(const std::string& name, const std::vector<int>& ranks);
 
+  // Another group of every rank over Gloo on CPU tensors, as control() is, with connections of
+  // its own: for a thread other than the one that issues the run's collectives (a background
+  // checkpoint writer), whose collectives then never interleave with the run's on one group.
+  // Every rank must call it, in the same order relative to other group creations.
+  std::shared_ptr<Communicator> new_control_group(const std::string& name) const;
+
   // Hybrid sharding's groups: `shard` holds the shard_size consecutive ranks that include this
   // one (a node when shard_size = local world size); `replicate` holds the ranks with the same
   // index in every shard group. Every rank calls it. Throws fsdpx::Error if shard_size does not

@@ -2,12 +2,15 @@
 // and what a load hands back to the optimizer.
 #pragma once
 
+#include <memory>
+
 #include "fsdpx/checkpoint_backend.h"
 #include "fsdpx/export.h"
 #include "fsdpx/optimizer.h"
 
 namespace fsdpx {
 
+class Communicator;
 class ShardingEngine;
 class ProcessGroups;
 
@@ -32,6 +35,9 @@ FSDPX_API HostStaging stage_on_host(CheckpointState& st);
 // A context over the ranks (the control group, on the CPU): barrier, all_sum, gather_to_rank0,
 // and primary = first replica.
 FSDPX_API CheckpointContext checkpoint_context(const ProcessGroups& groups, const ShardingEngine& engine);
+// The same over `group` (every rank, Gloo on CPU tensors): a background writer's own
+// (ProcessGroups::new_control_group).
+FSDPX_API CheckpointContext checkpoint_context(std::shared_ptr<Communicator> group, const ShardingEngine& engine);
 // After a load: the optimizer state into the optimizer. (The trainer state, with the data
 // position, is the trainer's TrainerState.)
 FSDPX_API void load_optimizer_state(const CheckpointState& state, Optimizer& optimizer);
