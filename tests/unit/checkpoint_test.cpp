@@ -432,6 +432,28 @@ TEST(CheckpointAsync, ResumesBitwiseAsSynchronousSaves) {
   EXPECT_NE(b1.out.find("| ckpt stall "), std::string::npos) << b1.out;  // the progress lines after a save
 }
 
+// The plan states the staging pool's host memory per rank (the --dry-run text, plan.json, the
+// host side of the memory check), as the saver lays it out for the rank's shards and optimizer
+// state: within a buffer's rounding (1 MiB) of what the run allocates.
+TEST(CheckpointAsync, ThePlanStatesThePoolTheRunAllocates) {
+  TempDir dir;
+  const std::string run = "timeout 300 " + train() + " --nproc-per-node 2 --batch-size 6 --checkpoint.async true" +
+                          kRun + "--steps 2 --save-every 1 ";
+  auto dry = run_command(run + "--dry-run --out " + (dir.path() / "dry").string());
+  ASSERT_EQ(dry.exit_code, 0) << dry.err;
+  EXPECT_NE(dry.out.find("  checkpoint saves stage through "), std::string::npos) << dry.out;
+  EXPECT_NE(dry.out.find(" checkpoint staging pool"), std::string::npos) << dry.out;  // the memory check's host side
+  auto r = run_command(run + "--out " + (dir.path() / "run").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string tag = "checkpoint staging pool: ";
+  const size_t at = r.out.find(tag);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const int64_t allocated = std::stoll(r.out.substr(at + tag.size()));
+  const int64_t planned = read_json(dir.path() / "run" / "plan.json")["checkpoint_pool_bytes"].get<int64_t>();
+  EXPECT_GT(allocated, 0);
+  EXPECT_LE(std::llabs(planned - allocated), int64_t{1} << 20) << planned << " planned, " << allocated << " allocated";
+}
+
 // Rank 1 dies while its writer thread writes (its file half there): the run fails, the checkpoint
 // before stays complete and verifies, the partial one is never taken by --resume auto and
 // fsdpx-ckpt verify refuses it; rank 0 says it was left incomplete.
@@ -454,7 +476,8 @@ TEST(CheckpointAsync, RankKilledDuringTheBackgroundWriteLeavesThePreviousCheckpo
       << said;
   auto partial = run_command(ckpt() + " verify " + (root / ".tmp-step-00000010").string());
   EXPECT_NE(partial.exit_code, 0) << partial.out;
-  EXPECT_NE(partial.err.find("is not a checkpoint"), std::string::npos) << partial.err;
+  EXPECT_NE(partial.err.find("is not a checkpoint: it is a save that never completed (.tmp-"), std::string::npos)
+      << partial.err;
   auto v = run_command(ckpt() + " verify " + (root / "step-00000005").string());
   EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
   auto c = run_command(run + " --steps 10 --resume auto");

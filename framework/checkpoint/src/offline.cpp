@@ -44,6 +44,11 @@ CheckpointInfo inspect_checkpoint(const std::string& path) {
     if (fs::exists(p / "config.ini")) info.config_ini = read_text(p / "config.ini");
     return info;
   }
+  const fs::path named = fs::path(path).lexically_normal();  // "dir/" names dir too
+  const std::string base = (named.has_filename() ? named : named.parent_path()).filename().string();
+  if (fs::is_directory(p) && base.rfind(".tmp-step-", 0) == 0)
+    throw Error(path + " is not a checkpoint: it is a save that never completed (.tmp-: its ranks did not all finish "
+                       "writing), which --resume auto passes over; the last complete one is a step-NNNNNNNN beside it");
   if (fs::is_directory(p)) p /= "model.safetensors";
   if (!fs::exists(p))
     throw Error(path + " is not a checkpoint: no index.json (sharded) or model.safetensors (consolidated)");

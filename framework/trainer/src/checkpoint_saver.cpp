@@ -280,13 +280,19 @@ void CheckpointSaver::prepare(const CheckpointState& st, const std::string& what
     widest = std::max(widest, row_bytes(t));
   }
   if (pool_) return;
-  // As many buffers as this rank's rows fill (each may leave less than a row unused), within the
-  // bound; one buffer of their size when they are fewer than a buffer.
-  const int64_t buffer = std::min({pool_limit(), std::max(kMaxBufferBytes, mib_up(widest)),
-                                   mib_up(std::max<int64_t>(total, 1) + widest)});
-  const int64_t buffers = (total + (buffer - widest) - 1) / std::max<int64_t>(1, buffer - widest);
-  pool_ = std::make_shared<StagingPool>(std::min(pool_limit(), std::max<int64_t>(1, buffers) * buffer), buffer,
+  const PoolLayout layout = staging_pool_layout(pool_limit(), total, widest);
+  pool_ = std::make_shared<StagingPool>(layout.pool_bytes, layout.buffer_bytes,
                                         device_ && !device_->is_cpu() ? device_->host_options() : at::TensorOptions());
+}
+
+PoolLayout staging_pool_layout(int64_t limit, int64_t rank_bytes, int64_t widest_row) {
+  const auto mib_up = [](int64_t bytes) { return ((bytes + (1 << 20) - 1) >> 20) << 20; };
+  const int64_t widest = std::max<int64_t>(1, widest_row), total = rank_bytes;
+  // One buffer of the rows' size when they are fewer than a buffer.
+  const int64_t buffer =
+      std::min({limit, std::max(kMaxBufferBytes, mib_up(widest)), mib_up(std::max<int64_t>(total, 1) + widest)});
+  const int64_t buffers = (total + (buffer - widest) - 1) / std::max<int64_t>(1, buffer - widest);
+  return PoolLayout{buffer, std::min(limit, std::max<int64_t>(1, buffers) * buffer)};
 }
 
 void CheckpointSaver::reserve(const CheckpointState& st) {

@@ -79,8 +79,11 @@ void Checkpointer::initial_weights() {
 }
 
 int64_t Checkpointer::restore() {
-  if (saver_ && saver_->background())  // the pool's memory now, not in the first save's stall
+  if (saver_ && saver_->background()) {  // the pool's memory now, not in the first save's stall
     saver_->reserve(checkpoint_state(parts_.engine, parts_.optimizer, /*for_load=*/false));
+    if (writer_)  // as the plan states it (RunPlan::checkpoint_pool_bytes, plan.json)
+      out_.line("checkpoint staging pool: " + std::to_string(saver_->pool_allocated()) + " B allocated per rank");
+  }
   if (s_.resume.empty()) return 0;
   CollectivePhase phase("checkpoint");
   std::string dir = s_.resume;

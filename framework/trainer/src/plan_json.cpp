@@ -39,7 +39,8 @@ json plan_json(const RunPlan& p) {
                       {"activation_bytes", p.activations_stated ? p.memory.activation_bytes : -1}}},
           {"deterministic", p.deterministic},
           {"warnings", p.warnings},
-          {"not_applied", p.not_applied}};
+          {"not_applied", p.not_applied},
+          {"checkpoint_pool_bytes", p.checkpoint_pool_bytes}};
 }
 
 }  // namespace fsdpx

@@ -25,7 +25,9 @@
 #include "fsdpx/capabilities.h"
 #include "fsdpx/evaluation.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
-#include "fsdpx/framework/trainer/trainer.h"  // device_spec
+#include "fsdpx/checkpoint_backend.h"
+#include "fsdpx/framework/trainer/checkpoint_saver.h"  // staging_pool_layout
+#include "fsdpx/framework/trainer/trainer.h"           // device_spec
 
 using json = nlohmann::json;
 
@@ -218,6 +220,22 @@ void plan_cpu(RunPlan& plan) {
         "about 100x slower than in fp32 here; --precision.name fp32 trains faster on this machine");
 }
 
+// The staging pool a save of this rank's shards and optimizer state goes through, as the saver
+// lays it out (staging_pool_layout): its rows are at most 4 bytes an element (fp32 state).
+void plan_checkpoint_pool(const CheckpointBackend& backend, const UnitPlan& up, RunPlan& plan) {
+  const auto* streamed = dynamic_cast<const StreamedCheckpointBackend*>(&backend);
+  if (!streamed || (!streamed->saves_in_background() && plan.device == DeviceKind::Cpu)) return;
+  int64_t widest = 1;
+  for (const auto& u : up.units)
+    for (const auto& shape : u.shapes) {
+      int64_t row = 4;
+      for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
+      widest = std::max(widest, row);
+    }
+  const int64_t rank_bytes = plan.param_bytes + std::max<int64_t>(0, plan.optimizer_bytes);
+  plan.checkpoint_pool_bytes = staging_pool_layout(streamed->staging_bytes(), rank_bytes, widest).pool_bytes;
+}
+
 // The documented no-ops of this run (RunPlan::not_applied).
 void plan_not_applied(RunPlan& plan) {
   if (plan.layout.offload_to_cpu && !plan.layout.offloads(plan.device == DeviceKind::Cpu))
@@ -283,7 +301,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
     plan.all_reduce_bytes += bytes;
     plan.sent_bytes += ring_sent_bytes(Collective::AllReduce, bytes, S);
   }
-  if (config.choice(Kind::Checkpoint)) make<CheckpointBackend>(host, config);  // its options checked and read
+  if (config.choice(Kind::Checkpoint)) plan_checkpoint_pool(*make<CheckpointBackend>(host, config), up, plan);
   config.refuse_unread();  // every component and the host have read what they use
   return plan;
 }
@@ -380,6 +398,9 @@ std::string RunPlan::text() const {
   }
   o << "\n";
   for (const auto& warning : warnings) o << "  warning    " << warning << "\n";
+  if (checkpoint_pool_bytes > 0)
+    o << "  checkpoint saves stage through " << human_bytes(static_cast<double>(checkpoint_pool_bytes)) << " ("
+      << checkpoint_pool_bytes << " B) of host memory per rank (the checkpoint's pool_mib bounds it)\n";
   for (const auto& what : not_applied) o << "  not applied " << what << "\n";
   return o.str();
 }
@@ -420,6 +441,10 @@ MemorySide host_side(const RunPlan& plan, int ranks, int64_t process_bytes) {
   if (plan.memory.host_bytes > 0) {
     h.per_rank += plan.memory.host_bytes;
     parts.push_back(bytes_text(plan.memory.host_bytes) + " offloaded (cpu_offload)");
+  }
+  if (plan.checkpoint_pool_bytes > 0) {
+    h.per_rank += plan.checkpoint_pool_bytes;
+    parts.push_back(bytes_text(plan.checkpoint_pool_bytes) + " checkpoint staging pool");
   }
   if (process_bytes > 0) {
     h.per_rank += process_bytes;

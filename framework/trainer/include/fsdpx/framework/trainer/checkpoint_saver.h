@@ -46,6 +46,15 @@ class FSDPX_API StagingPool {
   int64_t allocated_ = 0;  // buffers
 };
 
+// The staging pool's layout for a rank writing `rank_bytes` whose widest row is `widest_row`
+// bytes, bounded by `limit`: buffers of 64 MiB (or of the widest row, when wider; never more than
+// the bound), as many as the rows fill (each buffer may leave less than a row unused). The saver
+// allocates this; the run plan states it.
+struct PoolLayout {
+  int64_t buffer_bytes = 0, pool_bytes = 0;
+};
+FSDPX_API PoolLayout staging_pool_layout(int64_t limit, int64_t rank_bytes, int64_t widest_row);
+
 // One save's figures. stall: the training thread's time in save() (the slowest rank's: every
 // rank waits for it at the next collective), less the wait for the previous save; wait: how long
 // save() first waited for the save before it; write: from staging's start until the checkpoint

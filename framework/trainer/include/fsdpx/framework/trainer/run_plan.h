@@ -58,6 +58,9 @@ struct FSDPX_API RunPlan {
   // on the CPU, sim's FSDPX_SIM_* on another device): said once at start, in the plan's text, and
   // in config.ini as "# not applied: ..." (everything else that cannot apply is refused).
   std::vector<std::string> not_applied;
+  // Host memory per rank that checkpoint saves stage through (checkpoint_saver.h): the pool of a
+  // streamed backend saving in the background, or saving from a device; 0 when saves use none.
+  int64_t checkpoint_pool_bytes = 0;
   // The step's predicted bytes per rank, allocated (fsdpx/framework/engine/memory_plan.h), and
   // whether the model stated its activations (fsdpx/activation_memory.h); without, none counted.
   StepMemory memory;
