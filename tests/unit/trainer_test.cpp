@@ -59,6 +59,27 @@ TEST(Trainer, GptTinyLossFallsOverThirtySteps) {
   EXPECT_NE(r.out.find("metrics:    " + (dir.path() / "metrics.jsonl").string()), std::string::npos) << r.out;
 }
 
+// One process makes each component once: the plan makes them and hands them to the run (they
+// were made twice, the precision policy three times). The data source alone is made twice: the
+// plan opens an instance of its own as rank 0 would (DataSource::open: once per instance).
+TEST(Trainer, EachComponentIsMadeOncePerProcess) {
+  TempDir dir;
+  auto r = run_command("env FSDPX_LOG=debug " + train_cmd() + " --data.name synthetic --data.seq 16 --batch-size 2 " +
+                       "--steps 1 --checkpoint.name sharded --out " + dir.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto made = [&](const std::string& title) {
+    int n = 0;
+    const std::string line = "created " + title;
+    for (size_t at = r.err.find(line); at != std::string::npos; at = r.err.find(line, at + 1)) ++n;
+    return n;
+  };
+  for (const std::string title :
+       {"model 'gpt'", "wrap policy 'layer_type'", "optimizer 'adamw'", "precision policy 'fp32'",
+        "sharding strategy 'full_shard'", "checkpoint backend 'sharded'"})
+    EXPECT_EQ(made(title), 1) << title << "\n" << r.err;
+  EXPECT_EQ(made("data source 'synthetic'"), 2) << r.err;
+}
+
 // The resolved configuration in a run's directory reproduces the run.
 TEST(Trainer, ConfigIniReproducesTheRun) {
   TempDir a, b;

@@ -423,6 +423,7 @@ std::shared_ptr<void> PluginHost::create_erased(Kind kind, const std::string& na
     throw Error(c.title() + " could not be created: " + message_of(e));
   }
   if (!object) throw Error(c.title() + ": its factory returned nothing (a bug in the plugin)");
+  services_->log(LogLevel::Debug, "created " + c.title());
   auto keep = std::make_shared<KeepAlive>(KeepAlive{c.plugin->library, services_, std::move(object)});
   void* raw = keep->object.get();
   return std::shared_ptr<void>(std::move(keep), raw);

@@ -6,7 +6,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "components.h"
+#include "engine_comms.h"
 #include "fsdpx/evaluation.h"
 #include "fsdpx/framework/runtime/every_rank.h"
 

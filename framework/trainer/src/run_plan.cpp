@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "components.h"
+#include "unit_selection.h"
 #include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/engine/unit_plan.h"
@@ -252,7 +253,8 @@ void plan_not_applied(RunPlan& plan) {
 
 }  // namespace
 
-RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSettings& s, const Topology& topo) {
+RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSettings& s, const Topology& topo,
+                 PlannedComponents* made) {
   RunPlan plan;
   plan.device = s.device;
   plan.topology = topo;
@@ -301,8 +303,11 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
     plan.all_reduce_bytes += bytes;
     plan.sent_bytes += ring_sent_bytes(Collective::AllReduce, bytes, S);
   }
-  if (config.choice(Kind::Checkpoint)) plan_checkpoint_pool(*make<CheckpointBackend>(host, config), up, plan);
+  std::shared_ptr<CheckpointBackend> checkpoint;
+  if (config.choice(Kind::Checkpoint)) checkpoint = make<CheckpointBackend>(host, config);  // its options read
+  if (checkpoint) plan_checkpoint_pool(*checkpoint, up, plan);
   config.refuse_unread();  // every component and the host have read what they use
+  if (made) *made = PlannedComponents{model, wrap, opt_probe, precision, checkpoint};
   return plan;
 }
 

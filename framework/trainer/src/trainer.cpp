@@ -13,6 +13,8 @@
 
 #include "checkpointer.h"
 #include "components.h"
+#include "engine_comms.h"
+#include "unit_selection.h"
 #include "evaluator.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/collective_context.h"
@@ -126,7 +128,7 @@ class Trainer {
       throw Error("--deterministic needs ATen's unvectorised CPU kernels, and this process already chose " +
                   at::get_cpu_capability() + " ones: set ATEN_CPU_CAPABILITY=default before the first tensor operation "
                   "(fsdpx-train does so itself)");
-    plan_ = plan_run(host_, config_, s_, ro_.topology);
+    plan_ = plan_run(host_, config_, s_, ro_.topology, &made_);
     if (s_.max_memory_mib > 0 && !cpu_memory_accounting_installed())
       throw Error("--max-memory-mib checks the bytes LibTorch allocates, counted from the process's start "
                   "(install_cpu_memory_accounting(), which fsdpx-train calls first); this process did not install it");
@@ -156,11 +158,12 @@ class Trainer {
   // the stages hand their concerns to.
   void build() {
     metrics_ = std::make_unique<MetricsProcessor>(s_, plan_, run_dir_, out_, control(), *device_, wall_start_);
-    model_ = make<Model>(host_, config_);
+    // What the plan made (once per process); the data source is the run's own (DataSource::open).
+    model_ = made_.model;
     data_ = make<DataSource>(host_, config_);
-    auto wrap = make<WrapPolicy>(host_, config_);
-    opt_ = make<Optimizer>(host_, config_);
-    auto precision = make<PrecisionPolicy>(host_, config_);
+    const auto wrap = made_.wrap;
+    opt_ = made_.optimizer;
+    const auto precision = made_.precision;
     build_scaling(*precision);
     EngineOptions eo;
     eo.layout = plan_.layout;
@@ -183,10 +186,8 @@ class Trainer {
     schedule_ = LrSchedule::parse(s_.lr_schedule, opt_->base_lr(), s_.warmup_steps, s_.steps, s_.min_lr_ratio);
     evaluator_ = std::make_unique<Evaluator>(*engine_, *model_, *data_, control(), device_->device(), s_.batch_size,
                                              s_.deterministic);
-    std::shared_ptr<CheckpointBackend> backend;
-    if (config_.choice(Kind::Checkpoint)) backend = make<CheckpointBackend>(host_, config_);
     checkpointer_ = std::make_unique<Checkpointer>(
-        backend, s_, config_ini(), *groups_, run_dir_, out_,
+        made_.checkpoint, s_, config_ini(), *groups_, run_dir_, out_,
         CheckpointParts{*engine_, *model_, *opt_, *data_, *scaling_, *metrics_, device_});
   }
 
@@ -344,6 +345,7 @@ class Trainer {
   RunDirectory run_dir_;
   Reporter out_;
   RunPlan plan_;
+  PlannedComponents made_;  // by plan(), used by build()
   std::shared_ptr<DeviceRuntime> device_;  // where the engine computes
   std::shared_ptr<ProcessGroups> groups_;
   std::shared_ptr<Model> model_;

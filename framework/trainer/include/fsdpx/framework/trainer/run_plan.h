@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
 #include "fsdpx/framework/trainer/train_settings.h"
+#include "fsdpx/interfaces.h"
 #include "fsdpx/precision_policy.h"
 #include "fsdpx/sharding_strategy.h"
 #include "fsdpx/framework/runtime/cpu_resources.h"
@@ -69,11 +71,23 @@ struct FSDPX_API RunPlan {
   std::string text() const;  // the dry-run report
 };
 
+// The components a plan made, handed to the run that follows it, so that a process makes each
+// once. The data source is not among them: the plan opens an instance of its own as rank 0 would
+// (DataSource::open: once per instance), and the run opens its rank's.
+struct PlannedComponents {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<WrapPolicy> wrap;
+  std::shared_ptr<Optimizer> optimizer;
+  std::shared_ptr<PrecisionPolicy> precision;
+  std::shared_ptr<CheckpointBackend> checkpoint;  // null without a checkpoint component
+};
+
 // Resolves and checks every component of `config` against `settings` for `topology` (the data
 // source is opened, so a missing file or a batch larger than the data set is caught here), and
-// plans the run. Throws fsdpx::Error naming what is wrong.
+// plans the run. Throws fsdpx::Error naming what is wrong. With `made`, hands over the components
+// it made.
 FSDPX_API RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSettings& settings,
-                           const Topology& topology);
+                           const Topology& topology, PlannedComponents* made = nullptr);
 
 // The plan as JSON (plan.json in a run directory; exact byte counts for tools and tests).
 FSDPX_API void write_plan_json(const RunPlan& plan, const std::string& path);

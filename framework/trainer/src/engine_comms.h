@@ -1,0 +1,20 @@
+// What the run's engine communicates over, and what it computes on: its communicators over the
+// run's process groups, and a batch on its device.
+#pragma once
+
+#include "fsdpx/framework/engine/engine_options.h"
+#include "fsdpx/framework/runtime/process_groups.h"
+#include "fsdpx/interfaces.h"
+#include "comm_counters.h"
+
+namespace fsdpx {
+
+// The engine's communicators for `layout` over `groups`, each counted into `counters`: the shard
+// and replicate groups, and (deterministic mode, where it carries the gradients) the world.
+EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bool deterministic,
+                         CommCounters& counters);
+
+// `b` with its tensors on `device` (the CPU: as it is).
+Batch on_device(Batch b, const c10::Device& device);
+
+}  // namespace fsdpx

@@ -1,0 +1,36 @@
+#include "unit_selection.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "fsdpx/error.h"
+#include "fsdpx/suggest.h"
+
+namespace fsdpx {
+
+std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, const TrainSettings& s) {
+  auto root = model.module();
+  std::vector<UnitSelection> sel = wrap.select(*root);
+  if (s.checkpoint_layer_types.empty()) return sel;
+  const auto types = model.layer_types();
+  std::map<std::string, std::string> type_of;
+  for (const auto& m : root->named_modules("", /*include_self=*/false)) type_of[m.key()] = layer_type_name(*m.value());
+  std::vector<std::string> unit_types;
+  for (const auto& u : sel) unit_types.push_back(type_of[u.fqn]);
+  for (const auto& t : s.checkpoint_layer_types) {
+    if (std::find(types.begin(), types.end(), t) == types.end())
+      throw Error("--activation-checkpointing " + t + ": the model has no layer type '" + t +
+                  "'; its layer types are: " + join_names(types));
+    bool any = false;
+    for (auto& u : sel)
+      if (type_of[u.fqn] == t) any = u.activation_checkpoint = true;
+    if (!any)
+      throw Error("--activation-checkpointing " + t + ": no unit is a " + t + " (the wrap policy's units are: " +
+                  join_names(distinct(unit_types)) +
+                  "); only units recompute, so make " + t + " a unit too (e.g. --wrap.layer_types " + t + ")");
+  }
+  return sel;
+}
+
+}  // namespace fsdpx

@@ -1,0 +1,16 @@
+// The units a run trains: the wrap policy's, with --activation-checkpointing applied.
+#pragma once
+
+#include <vector>
+
+#include "fsdpx/framework/trainer/train_settings.h"
+#include "fsdpx/interfaces.h"
+
+namespace fsdpx {
+
+// The wrap policy's units, with --activation-checkpointing applied: units whose layer type is
+// named recompute their activations. Throws fsdpx::Error naming a type the model lacks or that
+// no unit has.
+std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, const TrainSettings& s);
+
+}  // namespace fsdpx
