@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/zeros.h>
@@ -17,6 +18,7 @@
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/trainer/checkpoint_saver.h"
 #include "fsdpx/checkpoint_formats.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "test_paths.h"
 
 using namespace fsdpx::test;
@@ -512,21 +514,12 @@ TEST(CheckpointAsync, FullDiskIsOneLineAndTheRunStops) {
 
 namespace {
 
-// The sharded format's streamed save, through the SDK's calls, with the pool's bound given.
-class StreamedSharded final : public fsdpx::StreamedCheckpointBackend {
- public:
-  StreamedSharded(bool async, int64_t pool) : async_(async), pool_(pool) {}
-  bool saves_in_background() const override { return async_; }
-  int64_t staging_bytes() const override { return pool_; }
-  std::unique_ptr<fsdpx::CheckpointWriter> begin_save(const std::string& dir, const fsdpx::CheckpointState& layout,
-                                                      const fsdpx::CheckpointContext& ctx) override {
-    return fsdpx::begin_sharded_save(dir, layout, ctx);
-  }
-
- private:
-  bool async_;
-  int64_t pool_;
-};
+// The sharded plugin, asynchronous, with a pool of `pool_mib`.
+std::shared_ptr<fsdpx::CheckpointBackend> async_sharded(fsdpx::PluginHost& host, int pool_mib) {
+  for (const auto& e : host.discover(fsdpx::PluginSearch{})) ADD_FAILURE() << e;
+  return host.create<fsdpx::CheckpointBackend>(
+      "sharded", std::map<std::string, std::string>{{"async", "true"}, {"pool_mib", std::to_string(pool_mib)}});
+}
 
 }  // namespace
 
@@ -538,8 +531,10 @@ TEST(CheckpointAsync, PoolBoundsStagingAndRefusesARowLargerThanThePool) {
   TempDir dir;
   fsdpx::CheckpointContext ctx;
   ctx.all_sum = [](std::vector<int64_t>&) {};
-  StreamedSharded backend(/*async=*/true, int64_t{1} << 20);
-  fsdpx::CheckpointSaver saver(backend, ctx, ctx, fsdpx::open_device("cpu", 0));
+  fsdpx::PluginHost host;
+  const auto backend = async_sharded(host, 1);
+  auto& streamed = dynamic_cast<fsdpx::StreamedCheckpointBackend&>(*backend);
+  fsdpx::CheckpointSaver saver(streamed, ctx, ctx, fsdpx::open_device("cpu", 0));
   at::Tensor big = at::arange(1000 * 1000, at::kFloat).reshape({1000, 1000}), scalar = at::arange(1, at::kLong)[0];
   fsdpx::CheckpointState st;
   st.step = 1;
