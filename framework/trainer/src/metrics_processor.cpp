@@ -159,6 +159,7 @@ RankStep MetricsProcessor::begin_step() {
   allocated_run_peak_ = std::max(allocated_run_peak_, device_.memory_stats().peak_allocated);  // since the last step
   RankStep mine;
   mine.allocated.begin(device_);
+  step_faults_start_ = minor_page_faults();
   return mine;
 }
 
@@ -172,6 +173,8 @@ WorldStep MetricsProcessor::end_step(int64_t step, RankStep& mine, double ordere
   run_peak_ = std::max(run_peak_, mine.step_peak);
   mine.rss_rise = rss_measured_ ? mine.step_peak - step_rss_start_ : -1;
   mine.run_peak = run_peak_;
+  const int64_t faults = minor_page_faults();
+  mine.minor_faults = faults >= 0 && step_faults_start_ >= 0 ? faults - step_faults_start_ : -1;
   WorldStep w = gather_step(world_, mine);
   if (s_.deterministic) {  // its passes read every sample's loss already
     w.losses = {ordered_loss};
@@ -254,7 +257,8 @@ json MetricsProcessor::metrics_line(int64_t done, const WorldStep& w, double ela
          {"step_peak_allocated_bytes", w.max_allocated_peak},
          {"phase_peak_allocated_bytes", phase_peaks(w)},
          {"peak_rss_bytes", w.run_peaks},
-         {"step_rss_rise_bytes", w.max_rss_rise}};
+         {"step_rss_rise_bytes", w.max_rss_rise},
+         {"minor_faults_per_step", w.minor_faults}};  // per rank, of the logged step
   m.update((counters_.totals() - interval_.comm_start).per(interval_.steps).to_json());
   if (plan_.flops_per_token > 0) {
     // The model plugin's own count of training FLOPs per token, with its definition beside it (the

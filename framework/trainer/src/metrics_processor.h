@@ -99,6 +99,7 @@ class MetricsProcessor {
   // The step being measured: what it started from.
   CommTotals step_comm_start_;
   int64_t step_rss_start_ = -1;
+  int64_t step_faults_start_ = -1;  // minor_page_faults() at the step's start
   bool rss_measured_ = false;
   // The run's figures so far.
   double first_loss_ = std::nan(""), last_loss_ = std::nan("");

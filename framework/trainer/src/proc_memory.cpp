@@ -18,6 +18,12 @@ ProcMemory proc_memory() {
   return m;
 }
 
+int64_t minor_page_faults() {
+  struct rusage u {};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return -1;
+  return static_cast<int64_t>(u.ru_minflt);
+}
+
 int64_t peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);

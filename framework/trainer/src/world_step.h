@@ -22,6 +22,7 @@ struct RankStep {
   PhasePeaks allocated;   // the step's allocated peaks
   int64_t allocated_run_peak = 0;  // the run's allocated peak so far
   StepBreakdown breakdown;         // at log steps: the seconds of each phase since the last (StepClock)
+  int64_t minor_faults = -1;       // the step's minor page faults (-1: unknown)
 };
 
 // The same on every rank (summed in rank order).
@@ -36,6 +37,7 @@ struct WorldStep {
   int64_t max_phase_peaks[kStepPhases] = {0, 0, 0};
   std::vector<int64_t> allocated_run_peaks;
   std::vector<StepBreakdown> breakdowns;  // per rank, seconds per step (at log steps)
+  std::vector<int64_t> minor_faults;      // per rank: the step's minor page faults
 };
 
 // Every rank's `mine`, combined. One all-gather over `world`. Collective.
