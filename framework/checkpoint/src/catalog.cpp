@@ -12,7 +12,9 @@
 #include "fsdpx/files.h"
 #include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
-#include "format_support.h"
+#include "fsdpx/framework/checkpoint/safetensors.h"
+#include "checkpoint_files.h"
+#include "sharded_index.h"
 
 namespace fs = std::filesystem;
 

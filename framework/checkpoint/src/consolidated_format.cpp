@@ -10,10 +10,14 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/dtype_name.h"
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 #include "fsdpx/suggest.h"
-#include "format_support.h"
+#include "checkpoint_files.h"
+#include "checkpoint_tensors.h"
+#include "rank_agreement.h"
 
 namespace fs = std::filesystem;
 

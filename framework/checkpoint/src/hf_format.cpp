@@ -10,11 +10,17 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/suggest.h"
+#include "fsdpx/framework/base/dtype_name.h"
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/output_paths.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
-#include "format_support.h"
+#include "fsdpx/suggest.h"
+#include "checkpoint_files.h"
+#include "checkpoint_tensors.h"
+#include "piece_reader.h"
+#include "rank_agreement.h"
+#include "sharded_index.h"
 
 namespace fs = std::filesystem;
 

@@ -12,10 +12,16 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/dtype_name.h"
 #include "fsdpx/framework/base/fault_injection.h"
+#include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
-#include "format_support.h"
+#include "checkpoint_files.h"
+#include "checkpoint_tensors.h"
+#include "piece_reader.h"
+#include "rank_agreement.h"
+#include "sharded_index.h"
 
 namespace fs = std::filesystem;
 
@@ -93,7 +99,13 @@ class ShardedWriter final : public CheckpointWriter {
     const fs::path final_dir(dir);
     tmp_ = final_dir.parent_path() / (".tmp-" + final_dir.filename().string());
     for (const auto& t : layout.tensors) {
-      Part p{t.name, t.local.scalar_type(), t.global_shape, t.row_offset, rows_of(t.local), owns(t, ctx)};
+      Part p;
+      p.name = t.name;
+      p.dtype = t.local.scalar_type();
+      p.shape = t.global_shape;
+      p.row_offset = t.row_offset;
+      p.rows = rows_of(t.local);
+      p.owned = owns(t, ctx);
       p.row_bytes = row_bytes_of(t.global_shape, p.dtype);
       parts_.push_back(std::move(p));
     }
@@ -139,7 +151,7 @@ class ShardedWriter final : public CheckpointWriter {
  private:
   struct Part {
     std::string name;
-    c10::ScalarType dtype;
+    c10::ScalarType dtype = c10::ScalarType::Undefined;
     std::vector<int64_t> shape;  // global
     int64_t row_offset = 0, rows = 0;
     bool owned = false;

@@ -5,7 +5,7 @@
 #include <map>
 #include <sstream>
 
-#include "diagnostics.h"
+#include "message_text.h"
 
 namespace fsdpx {
 

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "diagnostics.h"
+#include "environment_values.h"
 #include "fsdpx/error.h"
 
 namespace fsdpx {

@@ -4,7 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "diagnostics.h"
+#include "environment_values.h"
 #include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
 

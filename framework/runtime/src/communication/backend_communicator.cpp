@@ -9,8 +9,9 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "diagnostics.h"
+#include "failure_flag.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
+#include "message_text.h"
 
 namespace fsdpx {
 namespace {

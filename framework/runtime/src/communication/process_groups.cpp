@@ -11,10 +11,11 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "backend_communicator.h"
-#include "diagnostics.h"
+#include "failure_flag.h"
 #include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/c10d_backends.h"
 #include "fsdpx/framework/runtime/device.h"
+#include "message_text.h"
 #include "peer_monitor.h"
 #include "staged_communicator.h"
 

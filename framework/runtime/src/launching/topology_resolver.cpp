@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "diagnostics.h"
+#include "environment_values.h"
 #include "fsdpx/error.h"
 
 extern char** environ;

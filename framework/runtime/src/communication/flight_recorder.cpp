@@ -4,9 +4,9 @@
 #include <cstdio>
 #include <sstream>
 
-#include "diagnostics.h"
 #include "fsdpx/framework/base/dtype_name.h"
 #include "fsdpx/framework/runtime/collective_context.h"
+#include "message_text.h"
 
 namespace fsdpx {
 
