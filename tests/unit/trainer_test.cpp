@@ -57,10 +57,10 @@ TEST(Trainer, GptTinyLossFallsOverThirtySteps) {
   // Minor page faults per step and rank: once the first steps have taken their pages, a step
   // takes few new ones (the CPU block cache keeps freed blocks instead of re-faulting them).
   ASSERT_EQ(train.back()["minor_faults_per_step"].size(), 2u);
-  for (int r = 0; r < 2; ++r)
-    EXPECT_LE(train.back()["minor_faults_per_step"][r].get<int64_t>(),
-              train.front()["minor_faults_per_step"][r].get<int64_t>())
-        << "rank " << r;
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_LE(train.back()["minor_faults_per_step"][rank].get<int64_t>(),
+              train.front()["minor_faults_per_step"][rank].get<int64_t>())
+        << "rank " << rank;
   EXPECT_GT(train.back()["peak_memory_bytes"][1].get<int64_t>(), 0);
   EXPECT_TRUE(std::filesystem::exists(dir.path() / "config.ini"));
   EXPECT_NE(r.out.find("metrics:    " + (dir.path() / "metrics.jsonl").string()), std::string::npos) << r.out;
