@@ -33,12 +33,6 @@ std::string plugins_tool() { return (test::bin_dir() / "fsdpx-plugins").string()
 // A quick run's configuration: small data, one step.
 const std::string kQuick = " --data.name synthetic --data.seq 16 --batch-size 2 --steps 1 ";
 
-int count_of(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
-  return n;
-}
-
 int lines(const std::string& text) {
   int n = 0;
   for (char c : text) n += c == '\n';
@@ -550,7 +544,7 @@ TEST(OptionEffects, SimSettingsOnAnotherDeviceAreNotAppliedAndSaySo) {
                            "is cpu; unset it, or run with --device sim";
   auto r = run_command("env FSDPX_SIM_MEMORY=1GiB " + train() + kQuick + "--out " + dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(count_of(r.out + r.err, note), 1) << r.out << r.err;
+  EXPECT_EQ(test::count_of(r.out + r.err, note), 1) << r.out << r.err;
   EXPECT_NE(test::read_file(dir.path() / "config.ini").find("# " + note + "\n"), std::string::npos);
   r = run_command("env FSDPX_SIM_MEMORY=1GiB " + train() + kQuick + "--dry-run");
   EXPECT_NE(r.out.find("  not applied FSDPX_SIM_MEMORY=1GiB"), std::string::npos) << r.out;

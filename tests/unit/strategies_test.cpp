@@ -18,12 +18,6 @@ namespace {
 
 std::string train() { return (bin_dir() / "fsdpx-train").string(); }
 
-int count(const std::string& text, const std::string& what) {
-  int n = 0;
-  for (size_t p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
-  return n;
-}
-
 const std::string kSmall = " --steps 3 --log-every 1 --data.seq 32 --clip-grad-norm 1e9 ";
 
 }  // namespace
@@ -134,8 +128,8 @@ TEST(CpuOffload, OnTheCpuItIsTheBaseStrategyBitForBit) {
     ASSERT_EQ(ra.exit_code, 0) << ra.out << ra.err;
     auto rb = run_command(train() + " " + c.offload + kSmall + "--checkpoint.name sharded --out " + b.path().string());
     ASSERT_EQ(rb.exit_code, 0) << rb.out << rb.err;
-    EXPECT_EQ(count(rb.out, "nothing to move"), 1) << rb.out;
-    EXPECT_EQ(count(ra.out, "nothing to move"), 0) << ra.out;
+    EXPECT_EQ(count_of(rb.out, "nothing to move"), 1) << rb.out;
+    EXPECT_EQ(count_of(ra.out, "nothing to move"), 0) << ra.out;
     EXPECT_NE(read_file(b.path() / "config.ini").find("\n# not applied: sharding 'cpu_offload': the compute "
                                                              "device is the CPU"),
               std::string::npos);

@@ -130,4 +130,10 @@ std::map<std::string, std::string> tensor_digests(const fs::path& checkpoint, bo
   return out;
 }
 
+int count_of(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace fsdpx::test

@@ -35,6 +35,9 @@ void write_file(const std::filesystem::path& p, const std::string& text);
 // The whole file ("" if it cannot be read).
 std::string read_file(const std::filesystem::path& p);
 
+// How many times `what` occurs in `text` (overlapping occurrences counted).
+int count_of(const std::string& text, const std::string& what);
+
 // The message of the fsdpx::Error that `f` throws, or "(no error)".
 std::string error_of(const std::function<void()>& f);
 // The message of the c10::Error (LibTorch's) that `f` throws, without its backtrace, or "(no error)".

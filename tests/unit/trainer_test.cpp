@@ -74,12 +74,7 @@ TEST(Trainer, EachComponentIsMadeOncePerProcess) {
   auto r = run_command("env FSDPX_LOG=debug " + train_cmd() + " --data.name synthetic --data.seq 16 --batch-size 2 " +
                        "--steps 1 --checkpoint.name sharded --out " + dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  auto made = [&](const std::string& title) {
-    int n = 0;
-    const std::string line = "created " + title;
-    for (size_t at = r.err.find(line); at != std::string::npos; at = r.err.find(line, at + 1)) ++n;
-    return n;
-  };
+  auto made = [&](const std::string& title) { return count_of(r.err, "created " + title); };
   for (const std::string title :
        {"model 'gpt'", "wrap policy 'layer_type'", "optimizer 'adamw'", "precision policy 'fp32'",
         "sharding strategy 'full_shard'", "checkpoint backend 'sharded'"})

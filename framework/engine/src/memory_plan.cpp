@@ -111,7 +111,9 @@ class Replay {
   void reduce(int u);
   void finish_in_flight();
   void begin_step_state();
-  void trace(const char* what, int u) const { trace_step(in_.step_trace, what, in_.units[static_cast<size_t>(u)].fqn); }
+  void trace(const char* what, int u) const {
+    trace_step(in_.step_trace, what, u == 0, in_.units[static_cast<size_t>(u)].fqn);
+  }
   bool sharded() const { return in_.layout.shard_group_size > 1; }  // a gather is an all-gather
 
   const StepMemoryInput& in_;

@@ -101,7 +101,7 @@ void ParamGroup::start_gather() {
   if (state != State::Sharded) return;
   state = State::Gathering;
   if (!sharded_layout()) return;
-  trace_step(config->options.step_trace, "gather", root ? "" : label);
+  trace_step(config->options.step_trace, "gather", root, label);
   const DeviceRuntime& dev = *config->device;
   // The copy-in waits for the shard as the compute stream last wrote it (the optimizer's step).
   dev.wait_stream(StreamRole::AllGatherCopyIn, StreamRole::Compute);
@@ -153,7 +153,7 @@ void ParamGroup::unshard() {
 
 void ParamGroup::reshard() {
   if (!separate() || state != State::Unsharded) return;
-  trace_step(config->options.step_trace, "free", root ? "" : label);
+  trace_step(config->options.step_trace, "free", root, label);
   resize_storage(unsharded, 0);
   for (const ShardedParam& p : params) p.release();
   state = State::Sharded;

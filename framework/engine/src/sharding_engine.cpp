@@ -131,7 +131,7 @@ void ShardingEngine::Impl::check_generation(uint64_t gen, const std::string& uni
 void ShardingEngine::Impl::reduce(ParamGroup& g) {
   if (!sync) return;
   finish_in_flight_reduce();
-  trace_step(config.options.step_trace, "reduce", g.root ? "" : g.label);
+  trace_step(config.options.step_trace, "reduce", g.root, g.label);
   g.reduce_grads();
   reducing = &g;
 }
@@ -140,7 +140,7 @@ void ShardingEngine::Impl::finish_in_flight_reduce() {
   if (!reducing) return;
   ParamGroup& g = *std::exchange(reducing, nullptr);
   g.finish_reduce();
-  trace_step(config.options.step_trace, "reduced", g.root ? "" : g.label);
+  trace_step(config.options.step_trace, "reduced", g.root, g.label);
   if (!g.needs_replicate()) return;
   if (replicating) std::exchange(replicating, nullptr)->finish_replicate();
   g.start_replicate();

@@ -52,9 +52,10 @@ void prefetch_after(const std::vector<U>& order, const U& u, bool overlap, int p
 // their gradients: half (and at once for a unit without any).
 inline int64_t progress_after(int64_t grad_elements) { return (grad_elements + 1) / 2; }
 
-// Records one event of the step (step_trace.h) for the unit with path `unit`.
-inline void trace_step(const StepTrace& sink, const char* what, const std::string& unit) {
-  if (sink) sink(std::string(what) + " " + (unit.empty() ? "(root)" : unit));
+// Records one event of the step (step_trace.h) for the root, or the unit with path `unit`.
+// Nothing is built without a sink: the engine calls it on every gather, free and reduction.
+inline void trace_step(const StepTrace& sink, const char* what, bool root, const std::string& unit) {
+  if (sink) sink(std::string(what) + " " + (root ? std::string("(root)") : unit));
 }
 
 }  // namespace fsdpx

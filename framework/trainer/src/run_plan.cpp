@@ -228,11 +228,7 @@ void plan_checkpoint_pool(const CheckpointBackend& backend, const UnitPlan& up, 
   if (!streamed || (!streamed->saves_in_background() && plan.device == DeviceKind::Cpu)) return;
   int64_t widest = 1;
   for (const auto& u : up.units)
-    for (const auto& shape : u.shapes) {
-      int64_t row = 4;
-      for (size_t d = 1; d < shape.size(); ++d) row *= shape[d];
-      widest = std::max(widest, row);
-    }
+    for (const auto& shape : u.shapes) widest = std::max(widest, 4 * row_numel(shape));
   const int64_t rank_bytes = plan.param_bytes + std::max<int64_t>(0, plan.optimizer_bytes);
   plan.checkpoint_pool_bytes = staging_pool_layout(streamed->staging_bytes(), rank_bytes, widest).pool_bytes;
 }
@@ -244,11 +240,11 @@ void plan_not_applied(RunPlan& plan) {
                                "': the compute device is the CPU, where the shards, gradients and optimizer state "
                                "already live; nothing to move (the run is its base strategy's)");
   if (plan.device == DeviceKind::Sim) return;
-  for (const char* name : {"FSDPX_SIM_MEMORY", "FSDPX_SIM_DEVICES", "FSDPX_SIM_LIBRARY", "FSDPX_SIM_PROTECT",
-                           "FSDPX_SIM_CACHE", "FSDPX_SIM_POISON", "FSDPX_SIM_STREAM_CHECK"})
-    if (const char* value = std::getenv(name))
-      plan.not_applied.push_back(std::string(name) + "=" + value + " is a setting of the sim device, and this run's "
-                                 "device is " + device_spec(plan.device) + "; unset it, or run with --device sim");
+  // Every FSDPX_SIM_* set (a misspelt one is refused by RunConfig::refuse_unread, last in the plan).
+  for (const auto& [name, value] : process_environment())
+    if (name.rfind("FSDPX_SIM_", 0) == 0)
+      plan.not_applied.push_back(name + "=" + value + " is a setting of the sim device, and this run's device is " +
+                                 device_spec(plan.device) + "; unset it, or run with --device sim");
 }
 
 }  // namespace
