@@ -376,7 +376,7 @@ setup_rundir() {
 }
 
 write_config() {
-  local node=$1 cpus mem_mb ctld_host node_lines timeouts i
+  local node=$1 cpus mem_mb ctld_host node_lines timeouts min_job_age=30 i
   cpus=${FSDPX_SLURM_CPUS:-$(nproc)}
   ((cpus >= 8)) || [[ -n ${FSDPX_SLURM_CPUS:-} ]] || cpus=8
   # Declared so that --mem requests can be satisfied; 90% of the machine leaves room for us.
@@ -395,6 +395,12 @@ write_config() {
     # was already running again on that node would get it (seen once: the restarted step was
     # SIGKILLed). DebugFlags=Agent logs those retries.
     timeouts="SlurmdTimeout=10"$'\n'"JobRequeue=0"$'\n'"DebugFlags=Agent"
+    # A batch job starts within a second of its submission or of its begin time (by default,
+    # up to 3 s later, batch_sched_delay, and a requeued one up to 30 s, bf_interval); cheap
+    # with two nodes and a few jobs. And a job's record outlives its end by 5 minutes, so that
+    # a test may look at a job that ended while it was busy with another.
+    timeouts+=$'\n'"SchedulerParameters=batch_sched_delay=0,bf_interval=1"
+    min_job_age=300
   else
     ctld_host="$node(127.0.0.1)"
     node_lines="NodeName=$node NodeAddr=127.0.0.1 NodeHostname=$node CPUs=$cpus Sockets=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem_mb State=UNKNOWN"$'\n'
@@ -449,7 +455,7 @@ ReturnToService=2
 MessageTimeout=10
 KillWait=5
 InactiveLimit=0
-MinJobAge=30
+MinJobAge=$min_job_age
 SlurmctldTimeout=30
 $timeouts
 
@@ -566,7 +572,8 @@ print_env() {
   printf 'export SLURM_CONF=%q\n' "$CONF" >&3
 }
 
-# Waits until node $1 is idle; fails with its state otherwise.
+# Waits until node $1 is idle (or mixed or allocated: up, and already given a job that waited
+# for it); fails with its state otherwise.
 wait_idle() {
   local node=$1 daemon=$2 state="" deadline=$((SECONDS + START_TIMEOUT))
   while ((SECONDS < deadline)); do
@@ -574,7 +581,7 @@ wait_idle() {
     launched_alive "$daemon" || fail "$daemon exited during startup"
     state=$(client 5 sinfo -h -N -n "$node" -o %T 2>/dev/null) || state=""
     state=${state%%$'\n'*}
-    [[ $state == idle ]] && return 0
+    [[ $state =~ ^(idle|mixed|allocated)$ ]] && return 0
     sleep 0.5
   done
   client 10 scontrol show node "$node" >&2 || true
