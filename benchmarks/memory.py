@@ -2,13 +2,14 @@
 """Memory per rank, fsdpx against PyTorch FSDP2, side by side in one run (a benchmark: it prints
 figures and asserts nothing).
 
-gpt at 1b width (2048 wide, vocabulary 32000), fp32, SGD, 2 CPU ranks, one sample of 32 tokens per
-rank: fsdpx-train and the FSDP2 mirror (benchmarks/vs_fsdp2/gpt_fsdp2.py) with the same model,
+gpt at 1b width (2048 wide, vocabulary 32000), fp32, SGD (--optimizer adamw for AdamW), 2 CPU ranks,
+one sample of 32 tokens per rank: fsdpx-train and the FSDP2 mirror (benchmarks/vs_fsdp2/gpt_fsdp2.py) with the same model,
 units (every Block, the rest in the root), seeded weights and batches.
 
   1. Peak per rank at 2 and 8 layers, the growth per added layer, and the ratio fsdpx/FSDP2. Both
      sides count allocated bytes with fsdpx's counting CPU allocator (the mirror loads it from
-     libfsdpx.so through ctypes), and RSS beside it.
+     libfsdpx.so through ctypes), and RSS beside it. Then at the deeper depth, fsdpx with each
+     memory option of --options (default --optimizer-in-backward), one at a time.
   2. The largest gpt at 1b width, by layers, that trains one step on 2 ranks within a budget per
      node (--budget-gib, 16 by default), enforced by a memory cgroup that this script creates
      (root and a writable cgroup v1 or v2 memory controller), else by RLIMIT_DATA per process
@@ -17,6 +18,8 @@ units (every Block, the rest in the root), seeded weights and batches.
      is killed or cannot allocate.
   3. With --before BUILD (an older fsdpx build directory): step time of this build and that one,
      interleaved, on gpt small and at 1b width with 2 layers, and their ratio.
+  4. With --option-cost: the step time of gpt small with each memory option of --options against
+     without, interleaved rounds, and their ratio.
 
 Every run has a time limit (--timeout). Needs the torch venv (scripts/setup.sh) and a built fsdpx.
 """
@@ -48,11 +51,16 @@ def parse_args():
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--steps", type=int, default=3, help="steps of the 2- and 8-layer runs (the peak is their largest)")
     p.add_argument("--layers", default="2,8", help="the two depths of part 1")
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"), help="both sides' optimizer")
+    p.add_argument("--options", default="--optimizer-in-backward",
+                   help="fsdpx-train memory options measured one at a time at part 1's deeper depth "
+                        "(comma-separated; '' for none)")
     p.add_argument("--budget-gib", type=float, default=16.0, help="memory per node for part 2")
     p.add_argument("--max-layers", type=int, default=96, help="part 2 searches 1..this")
     p.add_argument("--skip-largest", action="store_true", help="leave out part 2 (it takes tens of minutes)")
     p.add_argument("--before", default="", help="an older fsdpx build directory to time against (part 3)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of part 3")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of parts 3 and 4")
+    p.add_argument("--option-cost", action="store_true", help="part 4: the step time each option costs")
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each run")
     p.add_argument("--work", default="", help="keep every run's files here (default: a temporary directory)")
     p.add_argument("--json", default="", help="also write the figures as JSON to this file")
@@ -145,7 +153,7 @@ class Bench:
     def fsdpx_cmd(self, train, layers, out, steps, extra=(), size="1b"):
         return [train, "--nproc-per-node", str(self.a.nproc), "--model.size", size, "--model.layers", str(layers),
                 "--data.name", "tokens", "--data.path", self.data, "--data.dtype", "uint16", "--data.seq",
-                str(self.a.seq), "--batch-size", "1", "--optimizer.name", "sgd", "--wrap.layer_types", "Block",
+                str(self.a.seq), "--batch-size", "1", "--optimizer.name", self.a.optimizer, "--wrap.layer_types", "Block",
                 "--steps", str(steps), "--log-every", "1", "--peak-tflops", "1", "--skip-memory-check",
                 "--out", out, *extra]
 
@@ -153,15 +161,16 @@ class Bench:
         return [self.a.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.a.nproc),
                 os.path.join(HERE, "vs_fsdp2", "gpt_fsdp2.py"), "--size", "1b", "--layers", str(layers),
                 "--data", self.data, "--seq", str(self.a.seq), "--batch-size", "1", "--steps", str(steps),
-                "--sharding", "full_shard", "--precision", "fp32", "--optimizer", "sgd", "--out", out, "--quiet",
+                "--sharding", "full_shard", "--precision", "fp32", "--optimizer", self.a.optimizer, "--out", out, "--quiet",
                 "--fsdpx-lib", self.lib]
 
-    def peaks(self, side, layers):
+    def peaks(self, side, layers, option=""):
         """The largest allocated step peak and the peak RSS over the run's steps (max over ranks)."""
-        d = os.path.join(self.a.work, f"{side}-{layers}")
+        d = os.path.join(self.a.work, f"{side}-{layers}{option}")
         shutil.rmtree(d, ignore_errors=True)
         if side == "fsdpx":
-            compare.run(self.fsdpx_cmd(self.train, layers, d, self.a.steps), d + ".log", self.a.timeout, self.env)
+            extra = [option] if option else []
+            compare.run(self.fsdpx_cmd(self.train, layers, d, self.a.steps, extra), d + ".log", self.a.timeout, self.env)
             steps = compare.read_steps(os.path.join(d, "metrics.jsonl"), self.a.steps)
             rss = max(max(s["peak_rss_bytes"]) for s in steps)
         else:
@@ -174,12 +183,19 @@ class Bench:
         lo, hi = (int(x) for x in self.a.layers.split(","))
         fig = {side: {L: self.peaks(side, L) for L in (lo, hi)} for side in ("fsdpx", "fsdp2")}
         shard = self.layer_shard_bytes()
-        print(f"\n1. Peak per rank, gpt 1b width, fp32, SGD, {self.a.nproc} ranks, 1 x {self.a.seq} tokens per rank "
+        options = [o for o in self.a.options.split(",") if o]
+        with_option = {o: self.peaks("fsdpx", hi, o) for o in options}
+        name = {"sgd": "SGD", "adamw": "AdamW"}[self.a.optimizer]
+        print(f"\n1. Peak per rank, gpt 1b width, fp32, {name}, {self.a.nproc} ranks, 1 x {self.a.seq} tokens per rank "
               f"(allocated: fsdpx's counting allocator on both sides; RSS beside it)")
         print(f"   {'':22} {'fsdpx alloc':>12} {'FSDP2 alloc':>12} {'ratio':>6}   {'fsdpx RSS':>10} {'FSDP2 RSS':>10} {'ratio':>6}")
         for L in (lo, hi):
             (fa, fr), (ta, tr) = fig["fsdpx"][L], fig["fsdp2"][L]
             print(f"   {f'{L} layers':22} {fa / GiB:9.2f} GiB {ta / GiB:8.2f} GiB {fa / ta:6.2f}   "
+                  f"{fr / GiB:7.2f} GiB {tr / GiB:6.2f} GiB {fr / tr:6.2f}")
+        for o, (fa, fr) in with_option.items():
+            ta, tr = fig["fsdp2"][hi]
+            print(f"   {hi} layers, fsdpx with {o}:\n   {'':22} {fa / GiB:9.2f} GiB {ta / GiB:8.2f} GiB {fa / ta:6.2f}   "
                   f"{fr / GiB:7.2f} GiB {tr / GiB:6.2f} GiB {fr / tr:6.2f}")
         growth = {s: [(fig[s][hi][k] - fig[s][lo][k]) / (hi - lo) for k in (0, 1)] for s in fig}
         print(f"   {'growth per layer':22} {growth['fsdpx'][0] / MiB:8.0f} MiB {growth['fsdp2'][0] / MiB:7.0f} MiB "
@@ -187,7 +203,8 @@ class Bench:
               f"{growth['fsdp2'][1] / MiB:5.0f} MiB {growth['fsdpx'][1] / growth['fsdp2'][1]:6.2f}")
         print(f"   one layer's shards per rank (parameters and gradients): {shard / MiB:.0f} MiB; fsdpx's growth is "
               f"{growth['fsdpx'][0] / shard:.3f}x that")
-        return {"depths": [lo, hi], "layer_shard_bytes": shard,
+        return {"depths": [lo, hi], "layer_shard_bytes": shard, "optimizer": self.a.optimizer,
+                "options": {o: {"allocated": v[0], "rss": v[1]} for o, v in with_option.items()},
                 "peaks": {s: {str(L): {"allocated": v[0], "rss": v[1]} for L, v in fig[s].items()} for s in fig},
                 "growth_per_layer": {s: {"allocated": g[0], "rss": g[1]} for s, g in growth.items()}}
 
@@ -245,9 +262,10 @@ class Bench:
             print(f"   {side:9} {n:3d} layers ({n / max(most['fsdp2'], 1):.2f}x FSDP2's)")
         return {"budget": budget.describe(), "layers": most}
 
-    def step_time(self, train, size, layers, d):
+    def step_time(self, train, size, layers, d, option=""):
         shutil.rmtree(d, ignore_errors=True)
         extra = ["--skip-memory-check"] if train == self.train else []
+        extra += [option] if option else []
         cmd = [x for x in self.fsdpx_cmd(train, layers, d, 6, size=size) if x != "--skip-memory-check"] + extra
         if size == "small":
             cmd[cmd.index("--batch-size") + 1] = "8"
@@ -275,6 +293,23 @@ class Bench:
         return out
 
 
+    def part4(self):
+        options = [o for o in self.a.options.split(",") if o]
+        print(f"\n4. Step time of each memory option, gpt small (8 x 128 tokens per rank), {self.a.nproc} ranks "
+              f"(median of steps 2-6; median of {self.a.rounds} interleaved rounds)")
+        times = {o: [] for o in [""] + options}
+        for r in range(self.a.rounds):
+            for o in times:
+                times[o].append(self.step_time(self.train, "small", 4, os.path.join(self.a.work, f"cost-{r}{o}"), o))
+        base = statistics.median(times[""])
+        out = {"without_s": base}
+        for o in options:
+            t = statistics.median(times[o])
+            print(f"   {o:36} {t:.3f} s/step against {base:.3f} s/step without: {t / base:.2f}x")
+            out[o] = {"s": t, "ratio": t / base}
+        return out
+
+
 def main():
     a = parse_args()
     tmp = None
@@ -289,6 +324,8 @@ def main():
             results["part2"] = b.part2()
         if a.before:
             results["part3"] = b.part3()
+        if a.option_cost:
+            results["part4"] = b.part4()
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(results, f, indent=2)

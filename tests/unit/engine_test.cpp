@@ -487,19 +487,27 @@ std::vector<std::string> lines_of(const fs::path& p) {
 // One description of a step (step_order.h): the memory plan's replay (memory_plan.cpp) and the
 // engine follow the same order. The engine's second step on 2 ranks (gpt tiny of 4 layers) and the
 // replay of a step give the same events, one by one: each all-gather issued, each unit's gathered
-// parameters freed, each reduction issued and finished. A change to the order in one of them only
-// (a prefetch moved, a reshard or a reduction's finish at another point) makes them differ here.
+// parameters freed, each reduction issued and finished, and (the optimizer step inside backward)
+// each unit's step. A change to the order in one of them only (a prefetch moved, a reshard or a
+// reduction's finish at another point) makes them differ here.
 TEST(EngineSteps, TheMemoryPlanFollowsTheEnginesStep) {
   const std::vector<std::string> ways = {"--strategy full_shard", "--strategy shard_grad_op",
                                          "--strategy full_shard --prefetch 2", "--strategy full_shard --overlap 0",
                                          "--strategy full_shard --accum 2 --global-batch 8",
-                                         "--strategy shard_grad_op --prefetch 2 --accum 2 --global-batch 8"};
+                                         "--strategy shard_grad_op --prefetch 2 --accum 2 --global-batch 8",
+                                         // The optimizer step inside backward: each unit's "step" event.
+                                         "--strategy full_shard --optimizer adamw --step-in-backward",
+                                         "--strategy shard_grad_op --optimizer sgd --step-in-backward --accum 2 "
+                                         "--global-batch 8",
+                                         "--nproc-per-node 4 --strategy full_shard --hybrid-shard 2 --optimizer adamw "
+                                         "--step-in-backward"};
   test::TempDir dir;
   for (size_t i = 0; i < ways.size(); ++i) {
     SCOPED_TRACE(ways[i]);
     const std::string prefix = (dir.path() / ("way" + std::to_string(i))).string();
-    auto r = test::run_command(worker() + " --nproc-per-node 2 --steps 2 --step-trace --model-option layers=4 " +
-                               ways[i] + " --out " + prefix);
+    const std::string ranks = ways[i].find("--nproc-per-node") == std::string::npos ? " --nproc-per-node 2" : "";
+    auto r = test::run_command(worker() + ranks + " --steps 2 --step-trace --model-option layers=4 " + ways[i] +
+                               " --out " + prefix);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     const auto engine = lines_of(prefix + ".engine_trace"), plan = lines_of(prefix + ".plan_trace");
     EXPECT_GE(engine.size(), 20u);  // gathers, frees and reductions of 5 units

@@ -59,7 +59,7 @@ TEST(PluginErrors, AbiMajorMismatchGivesBothNumbers) {
   PluginHost host;
   const fs::path p = fixture("wrong_abi_major");
   EXPECT_EQ(error_of([&] { host.load_file(p); }),
-            p.string() + ": built for fsdpx plugin ABI 2.0, this host speaks 1.1; rebuild the "
+            p.string() + ": built for fsdpx plugin ABI 2.0, this host speaks 1.2; rebuild the "
                          "plugin against this fsdpx SDK");
 }
 
@@ -67,7 +67,7 @@ TEST(PluginErrors, NewerAbiMinorIsRefused) {
   PluginHost host;
   const fs::path p = fixture("wrong_abi_minor");
   EXPECT_EQ(error_of([&] { host.load_file(p); }),
-            p.string() + ": built for fsdpx plugin ABI 1.7, this host speaks 1.1; rebuild the "
+            p.string() + ": built for fsdpx plugin ABI 1.7, this host speaks 1.2; rebuild the "
                          "plugin against this fsdpx SDK");
 }
 

@@ -18,6 +18,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 
 #include <ATen/ops/empty.h>
@@ -172,6 +173,9 @@ struct Sharded {
   // earlier order to prefetch by).
   std::shared_ptr<std::vector<std::string>> trace = std::make_shared<std::vector<std::string>>();
   std::shared_ptr<bool> tracing = std::make_shared<bool>(false);
+  // --step-in-backward: the optimizer's step of a range of shards, set once the optimizer exists.
+  std::shared_ptr<std::function<void(size_t, size_t)>> step_shards =
+      std::make_shared<std::function<void(size_t, size_t)>>();
 };
 
 Sharded build_sharded(Run& r) {
@@ -194,6 +198,8 @@ Sharded build_sharded(Run& r) {
     eo.step_trace = [trace = sh.trace, on = sh.tracing](const std::string& e) {
       if (*on) trace->push_back(e);
     };
+  if (r.vm.count("step-in-backward"))
+    eo.step_in_backward = [step = sh.step_shards](size_t first, size_t count) { (*step)(first, count); };
   eo.precision = r.host.create<PrecisionPolicy>(r.vm["precision"].as<std::string>())->spec("");
   eo.layout.offload_to_cpu = r.vm.count("offload") > 0;
   eo.device = r.device;
@@ -247,6 +253,7 @@ void write_step_traces(Run& r, const Sharded& sh, int world) {
   in.prefetch = sh.options.prefetch;
   in.forwards = r.accum;
   in.clip_grad_norm = r.clip > 0;
+  in.step_in_backward = r.vm.count("step-in-backward") > 0;
   in.offload = sh.layout.offloads(r.device->device().is_cpu());
   const auto* stated = dynamic_cast<const ActivationMemory*>(r.model.get());
   if (!stated) throw Error("--step-trace needs a model that states its activations (fsdpx/activation_memory.h)");
@@ -278,7 +285,7 @@ double sharded_step(Run& r, Sharded& sh, Optimizer* opt, int s) {
   }
   if (r.clip > 0) engine.clip_grad_norm(r.clip);
   if (opt) {
-    opt->step(r.lr);
+    if (!r.vm.count("step-in-backward")) opt->step(r.lr);  // else the backward stepped every unit
   } else {
     at::NoGradGuard no_grad;
     for (auto& p : engine.shards()) p.param.sub_(p.param.grad() * r.lr);
@@ -308,7 +315,9 @@ int run_sharded(Run& r) {
     oo["lr"] = std::to_string(r.lr);
     opt = r.host.create<Optimizer>(r.vm["optimizer"].as<std::string>(), oo);
     opt->init(engine.shards());
+    *sh.step_shards = [opt, lr = r.lr](size_t first, size_t count) { opt->step_shards(lr, first, count); };
   }
+  if (r.vm.count("step-in-backward") && !opt) throw Error("--step-in-backward needs --optimizer");
   for (int s = 0; s < r.steps; ++s) {
     const int64_t before = sh.counted ? sh.counted->stats().sent_bytes() : 0;
     const int64_t before_replicate = sh.counted_replicate ? sh.counted_replicate->stats().sent_bytes() : 0;
@@ -381,6 +390,7 @@ int main(int argc, char** argv) {
        "shard over groups of this many ranks and replicate across them (the engine's hybrid layout)")
       ("optimizer", po::value<std::string>(), "an optimizer plugin instead of the built-in SGD")
       ("optimizer-option", po::value<std::vector<std::string>>()->default_value({}, ""), "key=value")
+      ("step-in-backward", "the optimizer steps each unit inside backward (EngineOptions::step_in_backward)")
       ("skew-rank1", "rank 1 builds a model with one more layer (a deliberate mismatch)")
       ("out", po::value<std::string>()->required(), "");
   return tool::main(argc, argv, "engine_worker", desc, [](const po::variables_map& vm) {

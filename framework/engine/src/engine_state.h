@@ -50,6 +50,8 @@ struct ShardingEngine::Impl final : StepContext {
   // all-reduce across replicas. The next unit's reduction waits for the previous one first.
   ParamGroup* reducing = nullptr;
   ParamGroup* replicating = nullptr;
+  // Each unit's first shard in ShardingEngine::shards() (EngineOptions::step_in_backward's ranges).
+  std::vector<size_t> first_shard;
 
   // StepContext (step_context.h). reduce: `g`'s reduction is issued after waiting for the one in
   // flight (which overlapped the backward compute of `g`'s unit) and freeing its buffers.
@@ -62,8 +64,13 @@ struct ShardingEngine::Impl final : StepContext {
   void backward_began(uint64_t gen) override;
   void finish_in_flight_reduce() override;
   void reduce(ParamGroup& g) override;
+  // Waits for the all-reduce across replicas in flight, if any; its gradients are then final.
+  void finish_replicate();
   // Issues the gathers of the next `prefetch` units after `u` in `order` that still need one.
   void prefetch_in(Unit* u, const std::vector<Unit*>& order);
+  // `g`'s gradient shard is final for this step (reduced, and averaged across replicas): with
+  // EngineOptions::step_in_backward, its unit's shards are stepped and its gradient shard freed.
+  void gradients_final(ParamGroup& g);
   // The end of a backward: units whose post-backward did not fire finished, reductions waited.
   void finish_backward();
   // Brings every unit back to rest after a forward without backward or a failed backward:

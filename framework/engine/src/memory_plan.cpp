@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/unit_buffers.h"
@@ -91,6 +92,17 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
   return b;
 }
 
+// A gradient shard kept in a lower dtype than its parameter (bf16_mixed's keep_low_precision_grads)
+// is widened one parameter shard at a time for the optimizer's kernel: the largest of `u`'s (in
+// host memory when offloading).
+int64_t widened_gradient(const UnitMemory& u, const StepMemoryInput& in) {
+  if (u.dtypes.gradient == u.dtypes.storage || in.offload) return 0;
+  const int64_t S = in.layout.shard_group_size;
+  int64_t most = 0;
+  for (const auto& p : u.params) most = std::max(most, (p.second + S - 1) / S);
+  return most * elt(u.dtypes.storage);
+}
+
 // The engine's step, replayed in bytes.
 class Replay {
  public:
@@ -110,7 +122,8 @@ class Replay {
   void prefetch_after(int u, const std::vector<int>& order);
   void reduce(int u);
   void finish_in_flight();
-  void begin_step_state();
+  void finish_replicate();
+  void gradients_final(int u);
   void trace(const char* what, int u) const {
     trace_step(in_.step_trace, what, u == 0, in_.units[static_cast<size_t>(u)].fqn);
   }
@@ -129,6 +142,7 @@ class Replay {
   std::vector<int64_t> seen_;
   int in_flight_ = -1;
   int64_t in_flight_bytes_ = 0;  // what its finish frees
+  int replicating_ = -1;         // hybrid: the unit whose all-reduce across replicas is in flight
 };
 
 Replay::Replay(const StepMemoryInput& in) : in_(in), layers_(in.layers) {
@@ -324,12 +338,32 @@ void Replay::reduce(int u) {
   }
 }
 
+// ShardingEngine::Impl::finish_in_flight_reduce: hybrid, the reduced shard's all-reduce across
+// replicas starts (in place: no bytes), after the one in flight is finished.
 void Replay::finish_in_flight() {
   if (in_flight_ < 0) return;
+  const int u = std::exchange(in_flight_, -1);
   ledger_.sub(in_flight_bytes_);
-  trace("reduced", in_flight_);
-  in_flight_ = -1;
   in_flight_bytes_ = 0;
+  trace("reduced", u);
+  if (in_.layout.shard_group_size == 1 || in_.layout.replicate_group_size == 1 || in_.deterministic)
+    return gradients_final(u);
+  finish_replicate();
+  replicating_ = u;
+}
+
+void Replay::finish_replicate() {
+  if (replicating_ >= 0) gradients_final(std::exchange(replicating_, -1));
+}
+
+void Replay::gradients_final(int u) {
+  const size_t i = static_cast<size_t>(u);
+  if (!in_.step_in_backward) return;
+  trace("step", u);
+  ledger_.moment("the optimizer step of " + units_[i].name + " (inside backward)",
+                 widened_gradient(in_.units[i], in_));
+  if (shard_held_[i]) ledger_.sub(units_[i].grad_shard);
+  shard_held_[i] = false;
 }
 
 void Replay::backward_pass(bool sync) {
@@ -337,6 +371,7 @@ void Replay::backward_pass(bool sync) {
   for (size_t l = layers_.size(); l-- > 0;) layer_backward(l, sync);
   post_backward(0, sync);  // finish_backward: the root last
   finish_in_flight();
+  finish_replicate();
 }
 
 StepMemory Replay::run() {
@@ -375,7 +410,9 @@ StepMemory Replay::run() {
   // Clipping squares a chunk of at most 2^20 elements of a gradient shard at a time, in a double copy.
   int64_t chunk = 0;
   for (const auto& u : in_.units) chunk = std::max(chunk, std::min<int64_t>(u.shard_numel, int64_t{1} << 20));
-  ledger_.moment("the optimizer step", in_.clip_grad_norm && !in_.offload ? 8 * chunk : 0);
+  int64_t widened = 0;
+  for (const auto& u : in_.units) widened = std::max(widened, widened_gradient(u, in_));
+  ledger_.moment("the optimizer step", std::max(in_.clip_grad_norm && !in_.offload ? 8 * chunk : 0, widened));
   m.optimizer_peak = ledger_.peak();
   m.peak = std::max({m.forward_peak, m.backward_peak, m.optimizer_peak});
   if (m.peak == m.optimizer_peak && m.optimizer_peak > std::max(m.forward_peak, m.backward_peak))

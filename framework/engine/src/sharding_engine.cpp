@@ -141,10 +141,29 @@ void ShardingEngine::Impl::finish_in_flight_reduce() {
   ParamGroup& g = *std::exchange(reducing, nullptr);
   g.finish_reduce();
   trace_step(config.options.step_trace, "reduced", g.root, g.label);
-  if (!g.needs_replicate()) return;
-  if (replicating) std::exchange(replicating, nullptr)->finish_replicate();
+  if (!g.needs_replicate()) return gradients_final(g);
+  finish_replicate();
   g.start_replicate();
   replicating = &g;
+}
+
+void ShardingEngine::Impl::finish_replicate() {
+  if (!replicating) return;
+  ParamGroup& g = *std::exchange(replicating, nullptr);
+  g.finish_replicate();
+  gradients_final(g);
+}
+
+void ShardingEngine::Impl::gradients_final(ParamGroup& g) {
+  const auto& step = config.options.step_in_backward;
+  if (!step) return;
+  for (const auto& u : units) {
+    if (&u->group != &g) continue;
+    trace_step(config.options.step_trace, "step", g.root, g.label);
+    step(first_shard[static_cast<size_t>(u->index)], g.params.size());
+    g.release_gradients();
+    return;
+  }
 }
 
 void ShardingEngine::Impl::finish_backward() {
@@ -153,7 +172,7 @@ void ShardingEngine::Impl::finish_backward() {
   // and the root), latest first.
   for (auto it = units.rbegin(); it != units.rend(); ++it) (*it)->post_backward();
   finish_in_flight_reduce();
-  if (replicating) std::exchange(replicating, nullptr)->finish_replicate();
+  finish_replicate();
   abort_step(/*drop_grads=*/false);  // gathers prefetched for units whose backward never came
   finished_generation = current;
   state = TrainingState::Idle;
@@ -178,6 +197,11 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
   impl_->config.options = options;
   impl_->config.device = options.device ? options.device : open_device("cpu", 0);
   build_engine(*impl_, selected);
+  size_t first = 0;
+  for (const auto& u : impl_->units) {
+    impl_->first_shard.push_back(first);
+    first += u->group.params.size();
+  }
 }
 
 ShardingEngine::~ShardingEngine() = default;

@@ -286,6 +286,7 @@ std::shared_ptr<PluginRecord> plugin_record(const std::string& where, const fsdp
   record->version = str(info->plugin_version);
   record->fsdpx_version = str(info->fsdpx_version);
   record->torch_version = str(info->torch_version);
+  record->abi_minor = static_cast<int>(info->abi_minor);
   const std::string plugin = where + ": plugin '" + record->name + "'";
   if (record->torch_version != TORCH_VERSION) {
     throw Error(plugin + " was built against LibTorch " + record->torch_version +

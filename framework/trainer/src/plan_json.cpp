@@ -14,6 +14,8 @@ json plan_json(const RunPlan& p) {
                      {"gathered_bytes", u.unsharded_bytes}, {"reshard_after_forward", u.reshard_after_forward},
                      {"recompute", u.recompute}, {"compute", dtype_name(u.dtypes.compute)},
                      {"reduce", dtype_name(u.dtypes.reduce)}});
+  json savings = json::object();
+  for (const auto& [option, bytes] : p.option_savings) savings[option] = bytes;
   return {{"world_size", p.topology.world_size},
           {"shard_group_size", p.layout.shard_group_size},
           {"replicate_group_size", p.layout.replicate_group_size},
@@ -38,6 +40,8 @@ json plan_json(const RunPlan& p) {
                       {"host_bytes", p.memory.host_bytes},
                       {"activation_bytes", p.activations_stated ? p.memory.activation_bytes : -1}}},
           {"deterministic", p.deterministic},
+          {"optimizer_in_backward", p.optimizer_in_backward},
+          {"option_savings", savings},
           {"warnings", p.warnings},
           {"not_applied", p.not_applied},
           {"checkpoint_pool_bytes", p.checkpoint_pool_bytes}};

@@ -146,7 +146,11 @@ UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan, const Pr
   b.reshard_after_forward = reshards_after_forward(plan.layout, root);
   b.recompute = u.activation_checkpoint;
   b.dtypes = dtypes;
-  b.unsharded_bytes = gathered_bytes(b.shard_numel, S, dtypes);
+  // Offloading on a device, every unit comes to the device in the compute dtype, one rank too (the
+  // memory plan's rule, memory_plan.cpp).
+  b.unsharded_bytes = plan.layout.offloads(plan.device == DeviceKind::Cpu)
+                          ? S * b.shard_numel * static_cast<int64_t>(c10::elementSize(dtypes.compute))
+                          : gathered_bytes(b.shard_numel, S, dtypes);
   return b;
 }
 
@@ -201,6 +205,7 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
   in.deterministic = s.deterministic;
   in.forwards = s.deterministic ? s.grad_accum * s.batch_size : s.grad_accum;
   in.clip_grad_norm = s.clip_grad_norm > 0;
+  in.step_in_backward = s.optimizer_in_backward;
   in.offload = plan.layout.offloads(s.device == DeviceKind::Cpu);
   if (const auto* a = dynamic_cast<const ActivationMemory*>(&model)) {
     const int64_t seq = plan.samples_per_step > 0 ? plan.tokens_per_step / plan.samples_per_step : 1;
@@ -208,6 +213,10 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
     plan.activations_stated = true;
   }
   plan.memory = predict_step_memory(in);
+  if (in.step_in_backward) {
+    in.step_in_backward = false;
+    plan.option_savings.emplace_back("--optimizer-in-backward", predict_step_memory(in).peak - plan.memory.peak);
+  }
 }
 
 // Threads per rank, and a warning when the compute dtype has no fast path on this CPU.
@@ -231,6 +240,28 @@ void plan_checkpoint_pool(const CheckpointBackend& backend, const UnitPlan& up, 
     for (const auto& shape : u.shapes) widest = std::max(widest, 4 * row_numel(shape));
   const int64_t rank_bytes = plan.param_bytes + std::max<int64_t>(0, plan.optimizer_bytes);
   plan.checkpoint_pool_bytes = staging_pool_layout(streamed->staging_bytes(), rank_bytes, widest).pool_bytes;
+}
+
+// --optimizer-in-backward needs an optimizer that steps a range of shards (Optimizer::
+// step_shards, plugin ABI 1.2; the host never calls it on an older plugin's object) and no inf
+// check over every gradient before the step (fp16's loss scaling).
+void check_optimizer_in_backward(const PluginHost& host, const TrainSettings& s, const Optimizer& opt,
+                                 RunPlan& plan) {
+  plan.optimizer_in_backward = s.optimizer_in_backward;
+  if (!s.optimizer_in_backward) return;
+  if (plan.dtypes.loss_scaling)
+    throw Error("--optimizer-in-backward steps each unit as soon as its gradients are reduced, and precision '" +
+                plan.precision + "' scales the loss, whose step must first check every gradient for inf/NaN; drop "
+                "one of them (bf16_mixed needs no loss scaling)");
+  const ComponentRecord& rec = host.find(Kind::Optimizer, plan.optimizer);
+  if (rec.plugin && rec.plugin->abi_minor < 2)
+    throw Error("--optimizer-in-backward: " + rec.title() + " was built against plugin ABI 1." +
+                std::to_string(rec.plugin->abi_minor) + ", before Optimizer::step_shards (1.2); rebuild it against "
+                "this SDK, or drop --optimizer-in-backward");
+  if (!opt.can_step_shards())
+    throw Error("--optimizer-in-backward: optimizer '" + plan.optimizer + "' updates all its shards at once only "
+                "(it does not implement Optimizer::step_shards); choose adamw, sgd or anyprecision_adamw, or drop "
+                "--optimizer-in-backward");
 }
 
 // The documented no-ops of this run (RunPlan::not_applied).
@@ -269,6 +300,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
                 plan.optimizer +
                 "' cannot run on the CPU; choose one that can (adamw, "
                 "anyprecision_adamw, sgd) or a strategy without offload");
+  check_optimizer_in_backward(host, s, *opt_probe, plan);
   plan_data(host, config, s, *model, plan);
   plan.flops_per_token = model->flops_per_token();
   UnitPlan up = plan_units(*model->module(), select_units(*model, *wrap, s));
@@ -378,6 +410,9 @@ std::string RunPlan::text() const {
     << (activations_stated ? human_bytes(static_cast<double>(memory.activation_bytes)) + " per forward"
                            : std::string("not counted (the model does not state them)"))
     << "\n";
+  for (const auto& [option, saved] : option_savings)
+    o << "  saves      " << option << ": " << human_bytes(static_cast<double>(saved)) << " (" << saved
+      << " B) of the peak per rank\n";
   if (memory.host_bytes > 0)
     o << "  host       " << human_bytes(static_cast<double>(memory.host_bytes)) << " (" << memory.host_bytes
       << " B) per rank in pinned host memory: shards, gradient shards and optimizer state (cpu_offload)\n";

@@ -42,6 +42,18 @@ void check_save_init(const std::string& save_init, const std::string& out_dir) {
                 ", which the save replaces as a whole; put them side by side");
 }
 
+// What needs every gradient shard before any is stepped cannot run with the step inside backward.
+void check_optimizer_in_backward(const TrainSettings& s) {
+  if (!s.optimizer_in_backward) return;
+  if (s.clip_grad_norm > 0)
+    throw Error("--optimizer-in-backward steps each unit as soon as its gradients are reduced, and "
+                "--clip-grad-norm needs the norm of every gradient before any step; drop one of them");
+  if (s.deterministic)
+    throw Error("--optimizer-in-backward steps each unit as soon as its gradients are reduced, and --deterministic "
+                "adds every sample's gradients into the shards one backward at a time before the step; drop one of "
+                "them");
+}
+
 }  // namespace
 
 po::options_description TrainSettings::options() {
@@ -71,6 +83,10 @@ po::options_description TrainSettings::options() {
       "given seed and global batch: one sample per forward, one thread per rank, gradients summed in global-sample "
       "order "
       "(slower; --dry-run shows the cost in bytes)")(
+      "optimizer-in-backward", po::bool_switch(),
+      "update each unit's shards as soon as its gradients are reduced, inside backward, and free its gradient "
+      "shard at once: no rank ever holds every gradient shard (the same bits as the step after backward; not with "
+      "--clip-grad-norm, --deterministic or fp16's loss scaling, which need every gradient first)")(
       "activation-checkpointing", po::value<std::string>()->default_value(""),
       "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")(
       "max-memory-mib", int_value<int64_t>({0, int64_t{1} << 30})->default_value(0),
@@ -140,6 +156,8 @@ TrainSettings TrainSettings::from(const HostValues& vm) {
   s.seed = static_cast<uint64_t>(seed);
   s.overlap = overlap == 1;
   s.deterministic = vm["deterministic"].as<bool>();
+  s.optimizer_in_backward = vm["optimizer-in-backward"].as<bool>();
+  check_optimizer_in_backward(s);
   // The schedule's own checks (kind, warm-up within the run, floor in [0, 1]).
   LrSchedule::parse(s.lr_schedule, 1.0, s.warmup_steps, s.steps, s.min_lr_ratio);
   check_save_init(s.save_init, s.out_dir);
@@ -164,6 +182,7 @@ std::string TrainSettings::to_ini() const {
     o << "\n";
   }
   if (deterministic) o << "deterministic=true\n";
+  if (optimizer_in_backward) o << "optimizer-in-backward=true\n";
   if (!out_dir.empty()) o << "out=" << out_dir << "\n";
   if (!init_from.empty()) o << "init-from=" << init_from << "\n";
   return o.str();

@@ -175,6 +175,8 @@ class Trainer {
     eo.device = device_;
     clock_ = std::make_shared<StepClock>(device_);
     eo.clock = clock_;
+    if (s_.optimizer_in_backward)  // plan_run checked that the optimizer can (Optimizer::step_shards)
+      eo.step_in_backward = [this](size_t first, size_t count) { opt_->step_shards(lr_, first, count); };
     EngineComms comms = engine_comms(*groups_, eo.layout, s_.deterministic, metrics_->counters());
     engine_ = std::make_unique<ShardingEngine>(model_, select_units(*model_, *wrap, s_), comms, eo);
     shards_ = engine_->shards();
@@ -310,10 +312,11 @@ class Trainer {
   }
 
   // Unscale and check (a step with inf/NaN is skipped on every rank), clip, the optimizer; then
-  // the gradient shards' bytes are free until the next reduction.
+  // the gradient shards' bytes are free until the next reduction. --optimizer-in-backward: the
+  // backward has stepped every unit (no loss scaling, no clipping: refused with it).
   void optimizer_step(int64_t step) {
     TimedSpan optimizer(clock_.get(), TimedPhase::Optimizer);
-    if (!scaling_->unscale_and_check(shards_, step)) {
+    if (!s_.optimizer_in_backward && !scaling_->unscale_and_check(shards_, step)) {
       grad_norm_ = s_.clip_grad_norm > 0 ? engine_->clip_grad_norm(s_.clip_grad_norm) : -1;
       opt_->step(lr_);
     }

@@ -38,10 +38,16 @@ class AdamW final : public fsdpx::Optimizer {
     }
   }
 
-  void step(double lr) override {
+  void step(double lr) override { step_shards(lr, 0, params_.size()); }
+  bool can_step_shards() const override { return true; }
+  // One fused call over the range. Elementwise, so a range gets the bits that the whole step
+  // gives it.
+  void step_shards(double lr, size_t first, size_t count) override {
+    fsdpx::check_shard_range("adamw", first, count, params_.size());
     at::NoGradGuard no_grad;
     std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
-    for (auto& p : params_) {
+    for (size_t i = first; i < first + count; ++i) {
+      auto& p = params_[i];
       if (!p.param.requires_grad() || !p.param.grad().defined()) continue;
       State& s = state_.at(p.name);
       s.step += 1;
@@ -53,8 +59,19 @@ class AdamW final : public fsdpx::Optimizer {
       steps.push_back(s.step_t);
     }
     if (params.empty()) return;
-    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, b1_, b2_, wd_, eps_,
-                      /*amsgrad=*/false, /*maximize=*/false);
+    bool widen = false;  // gradient shards kept in a lower dtype (bf16_mixed's keep_low_precision_grads)
+    for (size_t i = 0; i < params.size(); ++i) widen = widen || grads[i].scalar_type() != params[i].scalar_type();
+    if (!widen) {
+      at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, b1_, b2_, wd_, eps_,
+                        /*amsgrad=*/false, /*maximize=*/false);
+      return;
+    }
+    // The kernel takes gradients in the parameter's dtype: each widened, one shard at a time, so
+    // that the step holds one widened copy at most (the same bits: the update is elementwise).
+    for (size_t i = 0; i < params.size(); ++i)
+      at::_fused_adamw_({params[i]}, {grads[i].to(params[i].scalar_type())}, {exp_avgs[i]}, {exp_avg_sqs[i]},
+                        /*max_exp_avg_sqs=*/{}, {steps[i]}, lr, b1_, b2_, wd_, eps_, /*amsgrad=*/false,
+                        /*maximize=*/false);
   }
 
   double base_lr() const override { return lr_; }

@@ -63,9 +63,14 @@ class AnyPrecisionAdamW final : public fsdpx::Optimizer {
     }
   }
 
-  void step(double lr) override {
+  void step(double lr) override { step_shards(lr, 0, params_.size()); }
+  bool can_step_shards() const override { return true; }
+  // Shard by shard in either case, so a range gets the bits that the whole step gives it.
+  void step_shards(double lr, size_t first, size_t count) override {
+    fsdpx::check_shard_range("anyprecision_adamw", first, count, params_.size());
     at::NoGradGuard no_grad;
-    for (auto& p : params_) {
+    for (size_t i = first; i < first + count; ++i) {
+      auto& p = params_[i];
       if (!p.param.requires_grad() || !p.param.grad().defined()) continue;
       State& s = state_.at(p.name);
       s.step += 1;

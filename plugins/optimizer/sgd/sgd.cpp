@@ -5,6 +5,7 @@
 // or loaded before any step holds them. One step is ATen's fused SGD kernel over every shard at
 // once (at::_fused_sgd_, torch.optim.SGD(fused=True)'s, on the CPU and CUDA).
 #include <map>
+#include <vector>
 
 #include <ATen/ops/_fused_sgd.h>
 #include <ATen/ops/scalar_tensor.h>
@@ -29,26 +30,45 @@ class Sgd final : public fsdpx::Optimizer {
           buffers_[p.name] = Buffer{at::zeros_like(p.param, at::MemoryFormat::Contiguous), false};
   }
 
-  void step(double lr) override {
+  void step(double lr) override { step_shards(lr, 0, params_.size()); }
+  bool can_step_shards() const override { return true; }
+  // Elementwise, so a range gets the bits that the whole step gives it.
+  void step_shards(double lr, size_t first, size_t count) override {
+    fsdpx::check_shard_range("sgd", first, count, params_.size());
     at::NoGradGuard no_grad;
     // Shards whose momentum buffer starts this step (b = g), and the others: one fused call each.
     std::vector<at::Tensor> params[2], grads[2], bufs[2];
-    for (auto& p : params_) {
+    for (size_t i = first; i < first + count; ++i) {
+      auto& p = params_[i];
       if (!p.param.requires_grad() || !p.param.grad().defined()) continue;
-      int first = 0;
+      int starts = 0;  // 1: its momentum buffer starts this step
       if (mu_ != 0) {
         Buffer& b = buffers_.at(p.name);
-        first = b.initialised ? 0 : 1;
-        bufs[first].push_back(b.buf);
+        starts = b.initialised ? 0 : 1;
+        bufs[starts].push_back(b.buf);
         b.initialised = true;
       }
-      params[first].push_back(p.param);
-      grads[first].push_back(p.param.grad());
+      params[starts].push_back(p.param);
+      grads[starts].push_back(p.param.grad());
     }
-    for (int first = 0; first < 2; ++first)
-      if (!params[first].empty())
-        at::_fused_sgd_(params[first], grads[first], bufs[first], wd_, mu_, lr, damp_, nesterov_, /*maximize=*/false,
-                        /*is_first_step=*/first == 1);
+    for (int starts = 0; starts < 2; ++starts) {
+      if (params[starts].empty()) continue;
+      bool widen = false;  // gradient shards kept in a lower dtype (bf16_mixed's keep_low_precision_grads)
+      for (size_t i = 0; i < params[starts].size(); ++i)
+        widen = widen || grads[starts][i].scalar_type() != params[starts][i].scalar_type();
+      if (!widen) {
+        at::_fused_sgd_(params[starts], grads[starts], bufs[starts], wd_, mu_, lr, damp_, nesterov_,
+                        /*maximize=*/false, /*is_first_step=*/starts == 1);
+        continue;
+      }
+      // The kernel takes gradients in the parameter's dtype: each widened, one shard at a time.
+      for (size_t i = 0; i < params[starts].size(); ++i) {
+        std::vector<at::Tensor> buf;
+        if (!bufs[starts].empty()) buf.push_back(bufs[starts][i]);
+        at::_fused_sgd_({params[starts][i]}, {grads[starts][i].to(params[starts][i].scalar_type())}, buf, wd_, mu_,
+                        lr, damp_, nesterov_, /*maximize=*/false, /*is_first_step=*/starts == 1);
+      }
+    }
   }
 
   double base_lr() const override { return lr_; }

@@ -1,6 +1,7 @@
 // bf16_mixed: FSDP2's MixedPrecisionPolicy. fp32 master shards; each shard is cast to param_dtype
 // before its all-gather (half the bytes on the wire for bf16), forward and backward run in
-// param_dtype, gradients are reduced in reduce_dtype and kept in fp32 for the optimizer.
+// param_dtype, gradients are reduced in reduce_dtype and kept in fp32 for the optimizer (or in
+// reduce_dtype with keep_low_precision_grads, which the optimizers widen as they step).
 #include <regex>
 
 #include <fsdpx/capabilities.h>
@@ -67,6 +68,9 @@ void register_components(fsdpx::Registrar& r) {
        fsdpx::choice_option("buffer_dtype", "fp32", low, "dtype of module buffers"),
        fsdpx::choice_option("output_dtype", "fp32", low, "dtype the model's floating output (the loss) is cast to"),
        fsdpx::flag_option("cast_forward_inputs", true, "cast each unit's floating inputs to param_dtype"),
+       fsdpx::flag_option("keep_low_precision_grads", false,
+                          "keep the gradient shards in reduce_dtype instead of fp32 (half their bytes for bf16); "
+                          "the optimizer widens them as it steps"),
        fsdpx::list_option("fp32_units", "",
                           "units kept in fp32 compute and reduce: their paths or regular expressions matching them "
                           "whole, 'root' for the root unit (e.g. root,layers\\.0)")},
@@ -83,6 +87,12 @@ void register_components(fsdpx::Registrar& r) {
         if (s.compute == c10::kHalf || s.reduce == c10::kHalf)
           throw fsdpx::Error(
               "fp16 needs loss scaling, which bf16_mixed does not do; use bf16, or --precision.name fp16_mixed");
+        if (o.get_bool("keep_low_precision_grads")) {
+          if (s.reduce == c10::kFloat)
+            throw fsdpx::Error("keep_low_precision_grads keeps the gradient shards in reduce_dtype, which is fp32 "
+                               "here: nothing to keep lower; set reduce_dtype bf16 as well");
+          s.gradient = s.reduce;
+        }
         std::vector<std::regex> fp32;
         const std::vector<std::string>& texts = o.get_list("fp32_units");
         for (const auto& u : texts) {

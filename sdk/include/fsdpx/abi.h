@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #define FSDPX_ABI_MAJOR 1
-#define FSDPX_ABI_MINOR 1
+#define FSDPX_ABI_MINOR 2
 #define FSDPX_PLUGIN_ENTRY_SYMBOL "fsdpx_plugin_entry"
 
 #ifdef __cplusplus

@@ -1,6 +1,7 @@
 // fsdpx/optimizer.h: the update rule, applied to the local shards only.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,10 @@ using ShardState = std::vector<std::pair<std::string, at::Tensor>>;
 // fsdpx::Error naming the bad value otherwise.
 FSDPX_API std::pair<double, double> adam_betas(const Options& options);
 
+// For Optimizer::step_shards: throws fsdpx::Error naming `optimizer` when [first, first + count)
+// is not a range of the `size` shards init() took.
+FSDPX_API void check_shard_range(const std::string& optimizer, size_t first, size_t count, size_t size);
+
 class FSDPX_API Optimizer {
  public:
   static constexpr Kind kKind = Kind::Optimizer;
@@ -56,6 +61,16 @@ class FSDPX_API Optimizer {
   // keep the tensors it is given); it throws fsdpx::Error for a key or shape it cannot take.
   virtual ShardState state(const std::string& param_name) const = 0;
   virtual void load_state(const std::string& param_name, const ShardState& state) = 0;
+
+  // ABI 1.2, for the optimizer step inside backward (--optimizer-in-backward): one update of the
+  // shards [first, first + count) of the vector init() took, at learning rate `lr`, exactly as
+  // step() updates them. The engine calls it for each unit's shards (a contiguous range) as soon
+  // as their gradients are reduced, each shard once per step, and then frees those gradients, so
+  // no rank holds every gradient shard at once. An optimizer that answers true to
+  // can_step_shards() implements it; the defaults say no, and step_shards then throws
+  // fsdpx::Error. The host calls neither on a plugin built against ABI 1.0 or 1.1.
+  virtual bool can_step_shards() const;
+  virtual void step_shards(double lr, size_t first, size_t count);
 };
 
 }  // namespace fsdpx

@@ -38,6 +38,12 @@ struct EngineOptions {
   // Where the step's time goes (fsdpx/framework/runtime/step_clock.h): the engine marks the compute
   // stream's waits for all-gathers and reductions on it while a step's span is open; unset: none.
   std::shared_ptr<StepClock> clock;
+  // The optimizer step inside backward: called with each unit's shards, the range [first, first +
+  // count) of ShardingEngine::shards(), once their gradients are final in a synchronised backward
+  // (reduced, and averaged across replicas; the compute stream has waited for them), after which
+  // the engine frees that unit's gradient shard: no rank holds every gradient shard at once.
+  // Unset: the gradient shards stay until release_gradients().
+  std::function<void(size_t first, size_t count)> step_in_backward;
   // The step's events as they happen (step_trace.h), for tests; unset: none.
   StepTrace step_trace;
 };

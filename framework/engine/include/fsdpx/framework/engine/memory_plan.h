@@ -48,6 +48,9 @@ struct StepMemoryInput {
   // cpu_offload on a device: shards, gradient shards and optimizer state in host memory; a unit's
   // shard comes to the device for its all-gather, its reduced gradient shard goes back.
   bool offload = false;
+  // The optimizer step inside backward (EngineOptions::step_in_backward): each unit's gradient
+  // shard goes once its reduction (and, hybrid, its all-reduce across replicas) is finished.
+  bool step_in_backward = false;
   // The replayed step's events (step_trace.h), to compare with the engine's; unset: none.
   StepTrace step_trace;
 };

@@ -19,6 +19,7 @@ struct FSDPX_API PluginRecord {
   std::string version;
   std::string fsdpx_version;
   std::string torch_version;
+  int abi_minor = 0;  // FSDPX_ABI_MINOR it was built with: what of the interfaces it knows (abi.h)
   std::filesystem::path path;
   std::shared_ptr<PluginLibrary> library;
 };

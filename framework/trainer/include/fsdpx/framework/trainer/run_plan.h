@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdpx/export.h"
@@ -55,6 +56,7 @@ struct FSDPX_API RunPlan {
   DeviceKind device = DeviceKind::Cpu;  // where the engine computes: memory.peak is that device's
   ThreadChoice threads;               // intra-op threads per rank, and why
   bool deterministic = false;         // --deterministic: its gradient exchange is all_to_all_bytes
+  bool optimizer_in_backward = false; // --optimizer-in-backward
   std::vector<std::string> warnings;  // what will make the run slow (printed by the plan and the run)
   // Settings the run reads that cannot apply to it, where the docs call them no-ops (cpu_offload
   // on the CPU, sim's FSDPX_SIM_* on another device): said once at start, in the plan's text, and
@@ -67,6 +69,9 @@ struct FSDPX_API RunPlan {
   // whether the model stated its activations (fsdpx/activation_memory.h); without, none counted.
   StepMemory memory;
   bool activations_stated = false;
+  // What each memory option of the run saves of the step's peak per rank: the option as the
+  // command line spells it, and the planned peak without it less the peak with it.
+  std::vector<std::pair<std::string, int64_t>> option_savings;
 
   std::string text() const;  // the dry-run report
 };

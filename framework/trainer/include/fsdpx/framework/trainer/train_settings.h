@@ -33,6 +33,9 @@ struct FSDPX_API TrainSettings {
   // Bitwise-identical losses and weights at every world size and strategy (EngineOptions::
   // deterministic): one sample per forward, one thread per rank, sums in global-sample order.
   bool deterministic = false;
+  // The optimizer step inside backward (EngineOptions::step_in_backward): each unit's shards are
+  // updated once its gradients are reduced, and its gradient shard freed at once.
+  bool optimizer_in_backward = false;
   std::vector<std::string> checkpoint_layer_types;  // recompute these layer types' activations
   int64_t max_memory_mib = 0;  // stop when a rank's peak RSS in a step exceeds this (0: no limit)
   int64_t profile_step = 0;    // rank 0 profiles this step (1-based; 0: none): profile.json
