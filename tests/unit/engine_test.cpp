@@ -515,6 +515,38 @@ TEST(EngineSteps, TheMemoryPlanFollowsTheEnginesStep) {
   }
 }
 
+// The optimizer step inside backward: each unit (the root too) once per synchronised backward, by
+// its range of shards(); unsynchronised micro-batches step nothing; a second synchronised backward
+// before release_gradients() is refused (it would step every unit again), and so is the
+// deterministic mode (one synchronised backward per sample).
+TEST(EngineSteps, TheStepInsideBackwardStepsEachUnitOncePerStep) {
+  EngineOptions o = one_process();
+  auto ranges = std::make_shared<std::vector<std::pair<size_t, size_t>>>();
+  o.step_in_backward = [ranges](size_t first, size_t count) { ranges->emplace_back(first, count); };
+  Chain c(o);
+  c.engine->set_requires_gradient_sync(false);
+  c.engine->backward(c.forward());
+  EXPECT_TRUE(ranges->empty());
+  c.engine->set_requires_gradient_sync(true);
+  c.engine->backward(c.forward());
+  // Units in backward order: "two", "one", then the root (no parameters: an empty range).
+  const std::vector<std::pair<size_t, size_t>> expected = {{1, 1}, {0, 1}, {0, 0}};
+  EXPECT_EQ(*ranges, expected);
+  try {
+    c.engine->backward(c.forward());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("call release_gradients() before the next one"), std::string::npos)
+        << e.what();
+  }
+  c.engine->release_gradients();
+  ranges->clear();
+  c.engine->backward(c.forward());
+  EXPECT_EQ(*ranges, expected);
+  o.deterministic = true;
+  EXPECT_THROW(Chain{o}, Error);
+}
+
 TEST(EngineSteps, ForwardWithoutBackwardThenANormalStep) {
   Chain fresh, skipped;
   fresh.engine->backward(fresh.forward());

@@ -50,8 +50,10 @@ struct ShardingEngine::Impl final : StepContext {
   // all-reduce across replicas. The next unit's reduction waits for the previous one first.
   ParamGroup* reducing = nullptr;
   ParamGroup* replicating = nullptr;
-  // Each unit's first shard in ShardingEngine::shards() (EngineOptions::step_in_backward's ranges).
+  // Each unit's first shard in ShardingEngine::shards() (EngineOptions::step_in_backward's ranges),
+  // and whether a unit was stepped since the last release_gradients().
   std::vector<size_t> first_shard;
+  bool stepped = false;
 
   // StepContext (step_context.h). reduce: `g`'s reduction is issued after waiting for the one in
   // flight (which overlapped the backward compute of `g`'s unit) and freeing its buffers.

@@ -160,6 +160,7 @@ void ShardingEngine::Impl::gradients_final(ParamGroup& g) {
   for (const auto& u : units) {
     if (&u->group != &g) continue;
     trace_step(config.options.step_trace, "step", g.root, g.label);
+    stepped = true;
     step(first_shard[static_cast<size_t>(u->index)], g.params.size());
     g.release_gradients();
     return;
@@ -196,6 +197,9 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
   impl_->config.comms = std::move(comms);
   impl_->config.options = options;
   impl_->config.device = options.device ? options.device : open_device("cpu", 0);
+  if (options.step_in_backward && options.deterministic)
+    throw Error("the optimizer step inside backward needs one synchronised backward per step, and the deterministic "
+                "mode runs one per sample; drop one of them");
   build_engine(*impl_, selected);
   size_t first = 0;
   for (const auto& u : impl_->units) {
@@ -249,6 +253,10 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
 
 void ShardingEngine::backward(const at::Tensor& loss) {
   Impl& e = *impl_;
+  if (e.stepped && e.sync)
+    throw Error("the optimizer step inside backward stepped every unit in the last synchronised backward; call "
+                "release_gradients() before the next one (micro-batches before a step's last run with "
+                "set_requires_gradient_sync(false))");
   try {
     loss.backward();
     // The final callback did not run: no unit's hook fired (the loss does not depend on them).
@@ -264,6 +272,7 @@ void ShardingEngine::set_requires_gradient_sync(bool sync) { impl_->sync = sync;
 
 void ShardingEngine::release_gradients() {
   for (auto& u : impl_->units) u->group.release_gradients();
+  impl_->stepped = false;
 }
 
 void ShardingEngine::zero_grad() {

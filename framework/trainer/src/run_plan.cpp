@@ -25,6 +25,7 @@
 #include "fsdpx/activation_memory.h"
 #include "fsdpx/capabilities.h"
 #include "fsdpx/evaluation.h"
+#include "fsdpx/loss_scaling.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "fsdpx/checkpoint_backend.h"
 #include "fsdpx/framework/trainer/checkpoint_saver.h"  // staging_pool_layout
@@ -246,10 +247,10 @@ void plan_checkpoint_pool(const CheckpointBackend& backend, const UnitPlan& up, 
 // step_shards, plugin ABI 1.2; the host never calls it on an older plugin's object) and no inf
 // check over every gradient before the step (fp16's loss scaling).
 void check_optimizer_in_backward(const PluginHost& host, const TrainSettings& s, const Optimizer& opt,
-                                 RunPlan& plan) {
+                                 const PrecisionPolicy& precision, RunPlan& plan) {
   plan.optimizer_in_backward = s.optimizer_in_backward;
   if (!s.optimizer_in_backward) return;
-  if (plan.dtypes.loss_scaling)
+  if (plan.dtypes.loss_scaling || dynamic_cast<const LossScalingPolicy*>(&precision))
     throw Error("--optimizer-in-backward steps each unit as soon as its gradients are reduced, and precision '" +
                 plan.precision + "' scales the loss, whose step must first check every gradient for inf/NaN; drop "
                 "one of them (bf16_mixed needs no loss scaling)");
@@ -300,7 +301,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
                 plan.optimizer +
                 "' cannot run on the CPU; choose one that can (adamw, "
                 "anyprecision_adamw, sgd) or a strategy without offload");
-  check_optimizer_in_backward(host, s, *opt_probe, plan);
+  check_optimizer_in_backward(host, s, *opt_probe, *precision, plan);
   plan_data(host, config, s, *model, plan);
   plan.flops_per_token = model->flops_per_token();
   UnitPlan up = plan_units(*model->module(), select_units(*model, *wrap, s));

@@ -91,6 +91,9 @@ void register_components(fsdpx::Registrar& r) {
           if (s.reduce == c10::kFloat)
             throw fsdpx::Error("keep_low_precision_grads keeps the gradient shards in reduce_dtype, which is fp32 "
                                "here: nothing to keep lower; set reduce_dtype bf16 as well");
+          if (!o.get_list("fp32_units").empty())  // a run has one gradient dtype (check_unit_precision)
+            throw fsdpx::Error("keep_low_precision_grads keeps every unit's gradient shard in bf16, and fp32_units "
+                               "asks for fp32 gradients of some units; drop one of them");
           s.gradient = s.reduce;
         }
         std::vector<std::regex> fp32;

@@ -16,7 +16,10 @@ namespace fsdpx {
 
 // A parameter shard as the optimizer sees it: an ordinary leaf tensor, updated in place, whose
 // .grad() is this rank's reduced gradient shard (zeros where no rank produced a gradient;
-// undefined for a frozen parameter, which keeps requires_grad() false). Modify the gradient in
+// undefined for a frozen parameter, which keeps requires_grad() false). The gradient's dtype is
+// the precision policy's gradient dtype, which may be lower than the parameter's (bf16_mixed's
+// keep_low_precision_grads: bf16 gradients of fp32 shards): widen it where a kernel needs both
+// alike. Modify the gradient in
 // place only: the engine writes the next step's gradient into the same memory.
 struct ParamShard {
   std::string name;  // fully-qualified parameter name, e.g. "blocks.0.attn.wq.weight"

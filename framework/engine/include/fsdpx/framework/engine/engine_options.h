@@ -42,6 +42,9 @@ struct EngineOptions {
   // count) of ShardingEngine::shards(), once their gradients are final in a synchronised backward
   // (reduced, and averaged across replicas; the compute stream has waited for them), after which
   // the engine frees that unit's gradient shard: no rank holds every gradient shard at once.
+  // One synchronised backward per step: a second one before release_gradients() is refused (it
+  // would step every unit again), and so is `deterministic` (one synchronised backward per
+  // sample). A backward that fails half-way leaves the units it stepped stepped.
   // Unset: the gradient shards stay until release_gradients().
   std::function<void(size_t first, size_t count)> step_in_backward;
   // The step's events as they happen (step_trace.h), for tests; unset: none.
