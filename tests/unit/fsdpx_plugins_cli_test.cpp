@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "fsdpx/abi.h"
 #include "test_paths.h"
 
 namespace fsdpx {
@@ -120,7 +121,8 @@ TEST(FsdpxPluginsCli, ExplainShowsEachUnitsDtypes) {
 TEST(FsdpxPluginsCli, InfoReportsVersions) {
   auto r = test::run_command(tool() + " info");
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("plugin ABI    1.1"), std::string::npos) << r.out;
+  const std::string abi = std::to_string(FSDPX_ABI_MAJOR) + "." + std::to_string(FSDPX_ABI_MINOR);
+  EXPECT_NE(r.out.find("plugin ABI    " + abi + "\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("LibTorch      2.11.0 (_GLIBCXX_USE_CXX11_ABI=1)"), std::string::npos) << r.out;
 }
 
