@@ -5,6 +5,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
@@ -159,6 +160,10 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A rank whose peer died writes to a closed socket: the write must fail (EPIPE, a collective
+  // error that names the lost ranks) instead of ending this rank at once by SIGPIPE's default,
+  // before it can say anything (slurm_two_nodes saw rank 0 end as "task 0: Broken pipe").
+  std::signal(SIGPIPE, SIG_IGN);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   fsdpx::install_cpu_memory_accounting();  // before the first tensor: every CPU byte is counted
   ::mallopt(M_MMAP_THRESHOLD, 1 << 20);
