@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -239,9 +240,21 @@ size_t release_cache_locked(PerDevice& pd) {
   TORCH_CHECK_WITH(OutOfMemoryError, false, msg.str());
 }
 
+// CUDA's caching allocator has no per-device state until the device type is initialised: its
+// statistics before then are refused (CUDACachingAllocator's assertValidDevice). sim refuses alike,
+// so that a path reading them before anything initialised the device fails here, not first on a GPU.
+std::atomic<bool> g_initialised{false};
+
+void check_initialised(c10::DeviceIndex i) {
+  TORCH_CHECK(g_initialised.load(), "Invalid device argument ", static_cast<int>(i),
+              ": did you call init? (sim, as CUDA's caching allocator: no statistics before the device type is "
+              "initialised by at::globalContext().lazyInitDevice or a first allocation)");
+}
+
 class SimDeviceAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
+    note_initialised();
     const c10::DeviceIndex idx = current_device();
     const c10::Device dev = device(idx);
     if (nbytes == 0) return c10::DataPtr(nullptr, nullptr, &sim_free, dev);
@@ -303,17 +316,27 @@ class SimDeviceAllocator final : public c10::DeviceAllocator {
     std::memcpy(acc.host(dst), acc.host(src), n);
   }
 
-  bool initialized() override { return true; }
+  bool initialized() override { return g_initialised.load(); }
   void emptyCache(c10::MempoolId_t) override { empty_cache(); }
   // Nothing is ever reused while a stream could still use it: frees are
   // immediate and all work is complete at issue time.
   void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
     order_stream_recorded(ptr.get(), stream);  // the stream-order check's record of it
   }
-  DeviceStats getDeviceStats(c10::DeviceIndex i) override { return device_stats(i); }
-  void resetAccumulatedStats(c10::DeviceIndex i) override { reset_accumulated_stats(i); }
-  void resetPeakStats(c10::DeviceIndex i) override { reset_peak_stats(i); }
+  DeviceStats getDeviceStats(c10::DeviceIndex i) override {
+    check_initialised(i);
+    return device_stats(i);
+  }
+  void resetAccumulatedStats(c10::DeviceIndex i) override {
+    check_initialised(i);
+    reset_accumulated_stats(i);
+  }
+  void resetPeakStats(c10::DeviceIndex i) override {
+    check_initialised(i);
+    reset_peak_stats(i);
+  }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex i) override {
+    check_initialised(i);
     PerDevice& pd = devices()[i < 0 ? current_device() : i];
     std::lock_guard<std::mutex> g(pd.mu);
     const size_t used = static_cast<size_t>(pd.stats.reserved_bytes[kAgg].current);
@@ -369,6 +392,7 @@ Protection protection_mode() {
 }
 
 c10::DeviceAllocator* allocator() { return &g_allocator; }
+void note_initialised() { g_initialised.store(true); }
 bool caching_enabled() { return cache_enabled(); }
 
 size_t empty_cache() {

@@ -7,7 +7,7 @@
 // AcceleratorHooksInterface, throwing in PU1's), resizePrivateUse1Bytes.
 // deviceCount/setCurrentDevice/getCurrentDevice/exchangeDevice/
 // maybeExchangeDevice fall to AcceleratorHooksInterface, which throws or
-// returns 0. isPinnedPtr defaults to false, init() to a no-op.
+// returns 0. isPinnedPtr defaults to false; init() marks the allocator initialised.
 //
 // Who calls what (2.11):
 //   hasPrimaryContext  autograd engine (GraphTask::stash_current_streams,
@@ -30,7 +30,7 @@ namespace fsdpx::sim {
 namespace {
 
 struct SimHooks final : public at::PrivateUse1HooksInterface {
-  void init() const override { }  // nothing to do lazily
+  void init() const override { note_initialised(); }  // the allocator's statistics exist from now on
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return device_count() > 0; }
   // No lazily created per-device context: every device is always "active".

@@ -82,6 +82,10 @@ constexpr size_t kAggregate = static_cast<size_t>(c10::CachingAllocator::StatTyp
 class AcceleratorRuntime final : public DeviceRuntime {
  public:
   explicit AcceleratorRuntime(c10::Device device) : device_(device), guard_(device.type()) {
+    // CUDA's caching allocator exists only once the device type is initialised (the first tensor
+    // does it); its statistics before then fail ("Invalid device argument"), and the memory check
+    // reads them before the run allocates anything.
+    at::globalContext().lazyInitDevice(device_.type());
     guard_.setDevice(device_);
     streams_.push_back(guard_.getStream(device_));  // StreamRole::Compute
     for (int r = 1; r < kStreamRoles; ++r)

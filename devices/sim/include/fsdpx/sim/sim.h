@@ -87,7 +87,13 @@ FSDPX_SIM_API bool poison_enabled();   // env FSDPX_SIM_POISON (default 0): new 
 
 // The allocator registered for PrivateUse1 (also returned by
 // c10::GetAllocator(kPrivateUse1) and at::getDeviceAllocator(kPrivateUse1)).
+// Like CUDA's caching allocator, it exists only once the device type is initialised
+// (at::globalContext().lazyInitDevice, which the first tensor's factory calls on CUDA, or the
+// first allocation): before then its statistics and memory info through the c10 interface are a
+// c10::Error ("Invalid device argument ...: did you call init?"), as CUDA's are. The functions
+// above read them at any time.
 FSDPX_SIM_API c10::DeviceAllocator* allocator();
+FSDPX_SIM_API void note_initialised();  // what the hooks' init() and the first allocation do
 
 // The stream-order check (src/sim_order.h; on unless FSDPX_SIM_STREAM_CHECK=0): a kernel on one
 // stream touching memory another stream used last with no event waited on between, or memory
