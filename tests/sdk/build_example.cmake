@@ -1,6 +1,6 @@
 # Installs the SDK from the build tree into a fresh prefix, then configures and builds each of
-# sdk/examples/ (top_level_wrap, counting_data) as a separate CMake project against that prefix,
-# as a third party would. Run by CTest (sdk_consumer_build) with cmake -P.
+# sdk/examples/ (top_level_wrap, counting_data) and examples/train_loop as a separate CMake project
+# each against that prefix, as a third party would. Run by CTest (sdk_consumer_build) with cmake -P.
 foreach(v FSDPX_BUILD_DIR FSDPX_SOURCE_DIR WORK_DIR FSDPX_PYTHON)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "build_example.cmake needs -D${v}=...")
@@ -35,3 +35,13 @@ foreach(example top_level_wrap:top_level counting_data:counting)
   # The installed host loads it.
   run("${prefix}/bin/fsdpx-plugins" --no-default-plugins --plugin "${WORK_DIR}/${dir}/${dir}.so" show ${component})
 endforeach()
+# The library in a user's own training loop (examples/train_loop), against the same prefix; the
+# LibraryExample tests run it.
+# It is an executable: built with fsdpx's own compiler (a sanitized libfsdpx needs its runtime).
+set(compiler)
+if(CXX)
+  set(compiler -DCMAKE_CXX_COMPILER=${CXX})
+endif()
+run(${CMAKE_COMMAND} -S "${FSDPX_SOURCE_DIR}/examples/train_loop" -B "${WORK_DIR}/train_loop"
+    -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${prefix} ${launcher} ${compiler})
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/train_loop")

@@ -1,0 +1,119 @@
+// fsdpx as a library: FSDP for any torch::nn::Module in your own LibTorch training loop, with the
+// same plugins (sharding strategy, wrap policy, precision policy, optimizer) chosen by name at run
+// time, and the same engine fsdpx-train runs (ShardingEngine). docs/library.md has the example.
+//
+//   fsdpx::Runtime rt;                                   // torchrun's, Slurm's or one process
+//   auto model = std::make_shared<Net>();                // layers declared with FSDPX_MODULE
+//   auto fsdp = fsdpx::fully_shard(rt, model, {"full_shard", {}, "layer_type", {{"layer_types", "Block"}}});
+//   auto opt = fsdp->optimizer("adamw", {{"lr", "1e-3"}});
+//   for (...) {
+//     at::Tensor loss = fsdp->forward([&] { return loss_of(model->forward(x), y); });
+//     fsdp->backward(loss);
+//     opt->step(opt->base_lr());
+//     fsdp->zero_grad();
+//   }
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include "fsdpx/export.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/optimizer.h"
+#include "fsdpx/topology.h"
+
+namespace fsdpx {
+
+class PluginHost;
+
+struct RuntimeSettings {
+  std::string device = "cpu";  // "cpu", "cuda" (a GPU per local rank) or "sim"
+  std::chrono::milliseconds rendezvous_timeout{60000};
+  std::chrono::milliseconds collective_timeout{300000};
+  // Plugin folders besides <prefix>/lib/fsdpx/plugins and FSDPX_PLUGIN_PATH's.
+  std::vector<std::filesystem::path> plugin_dirs;
+};
+
+// This process among the training processes: its topology (torchrun's RANK, WORLD_SIZE, ...,
+// Slurm's SLURM_PROCID, ..., or one process, as fsdpx-train reads them), its device, the process
+// groups (the rendezvous happens here: every rank of the job must construct one), and the plugins.
+class FSDPX_API Runtime {
+ public:
+  explicit Runtime(RuntimeSettings settings = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const Topology& topology() const;
+  int rank() const { return topology().rank; }
+  int world_size() const { return topology().world_size; }
+  c10::Device device() const;
+  PluginHost& plugins() const;
+
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// The plugins a module is sharded with, and their options as strings (as fsdpx-train's
+// --<section>.<option> takes them; fsdpx-plugins show NAME lists each one's).
+struct ShardOptions {
+  std::string sharding = "full_shard";
+  std::map<std::string, std::string> sharding_options;
+  std::string wrap = "layer_type";  // units by layer type (FSDPX_MODULE's name), path or size
+  std::map<std::string, std::string> wrap_options;
+  std::string precision = "fp32";
+  std::map<std::string, std::string> precision_options;
+  bool overlap = true;  // gather the next units while the current one computes
+  int prefetch = 1;     // units gathered ahead, forward and backward, when overlapping
+};
+
+// A module sharded in place: each rank keeps its rows of every parameter, unit by unit.
+class FSDPX_API ShardedModule {
+ public:
+  ~ShardedModule();
+  // Runs `forward` (the module's forward and the loss) with every unit's gathering around it.
+  at::Tensor forward(const std::function<at::Tensor()>& forward);
+  // loss.backward(), then each unit's gradients reduced into its gradient shards.
+  void backward(const at::Tensor& loss);
+  // Off: backward accumulates locally (micro-batches); the next synchronised backward reduces.
+  void set_requires_gradient_sync(bool sync);
+  // Clips the sharded gradients to a global L2 norm of max_norm; returns the norm before. Collective.
+  double clip_grad_norm(double max_norm);
+  // An optimizer plugin by name over this rank's shards (its init done); step(lr) updates them.
+  std::shared_ptr<Optimizer> optimizer(const std::string& name, const std::map<std::string, std::string>& options = {});
+  // Frees the gradient shards (FSDP2's zero_grad(set_to_none=True)): call it after the step.
+  void zero_grad();
+  MemoryReport memory() const;
+  std::vector<ParamShard> shards() const;
+  ShardingEngine& engine();
+
+  struct Impl;
+  explicit ShardedModule(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Shards `module` over `runtime`'s ranks: the wrap plugin picks the units among its layers
+// declared with FSDPX_MODULE (fsdpx/unit.h; the root is always one), the sharding plugin the
+// layout, the precision plugin the dtypes. The module's parameters may be materialised (each rank
+// keeps its rows and frees the rest, unit by unit) and must then be equal on every rank (the same
+// seed); a model too large for one rank's memory uses the SDK's deferred parameters
+// (fsdpx::deferred_tensor) through a Model plugin and fsdpx-train instead. Collective. Throws
+// fsdpx::Error naming what is wrong: an unknown plugin or option, a parameter shared between
+// units, a deferred parameter, ranks whose modules differ.
+FSDPX_API std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+                                                     const ShardOptions& options = {});
+
+}  // namespace fsdpx

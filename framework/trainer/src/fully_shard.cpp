@@ -1,0 +1,157 @@
+// fsdpx::fully_shard (fsdpx/framework/trainer/fully_shard.h): the user's module behind the SDK's
+// Model interface, so that the library and fsdpx-train build one ShardingEngine the same way
+// (plugins by name, engine_comms, select_units).
+#include "fsdpx/framework/trainer/fully_shard.h"
+
+#include <algorithm>
+
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "comm_counters.h"
+#include "engine_comms.h"
+#include "fsdpx/error.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/runtime/device.h"
+#include "fsdpx/framework/runtime/process_groups.h"
+#include "fsdpx/framework/runtime/topology_resolver.h"
+#include "fsdpx/framework/trainer/train_settings.h"
+#include "fsdpx/framework/trainer/trainer.h"
+#include "fsdpx/unit.h"
+#include "fsdpx/model.h"
+#include "fsdpx/precision_policy.h"
+#include "fsdpx/sharding_strategy.h"
+#include "fsdpx/wrap_policy.h"
+#include "unit_selection.h"
+
+namespace fsdpx {
+
+struct Runtime::Impl {
+  ResolvedTopology topology;
+  std::shared_ptr<DeviceRuntime> device;
+  std::shared_ptr<ProcessGroups> groups;
+  PluginHost host;
+};
+
+namespace {
+
+DeviceKind device_kind(const std::string& device) {
+  if (device == "cpu") return DeviceKind::Cpu;
+  if (device == "cuda") return DeviceKind::Cuda;
+  if (device == "sim") return DeviceKind::Sim;
+  throw Error("fsdpx::Runtime: device must be cpu, cuda or sim, got '" + device + "'");
+}
+
+// A module the user built and initialised: the engine's Model, whose parameters are their own values.
+class ModuleModel final : public Model {
+ public:
+  explicit ModuleModel(std::shared_ptr<torch::nn::Module> module) : module_(std::move(module)) {
+    for (const auto& p : module_->named_parameters(/*recurse=*/true)) {
+      const at::Tensor& t = p.value();
+      if (t.numel() > 0 && (!t.has_storage() || t.storage().nbytes() == 0))
+        throw Error("fully_shard: parameter '" + p.key() + "' has no values (an fsdpx::deferred_tensor?): the "
+                    "library shards parameters the module has materialised; a model built with deferred "
+                    "parameters is a Model plugin for fsdpx-train");
+      values_[p.key()] = t;
+    }
+  }
+  std::shared_ptr<torch::nn::Module> module() override { return module_; }
+  void init_parameter(const std::string& name, at::Tensor& param, at::Generator&) const override {
+    const auto it = values_.find(name);
+    if (it == values_.end())
+      throw Error("fully_shard: the engine asked for parameter '" + name + "', which the module lacks");
+    at::NoGradGuard no_grad;
+    param.copy_(it->second);
+  }
+  // The engine's parameter values are taken: the module's own storages are the engine's from now on.
+  void forget_values() { values_.clear(); }
+  at::Tensor loss(const Batch&) override {
+    throw Error("fully_shard: the loss is the caller's (ShardedModule::forward runs it)");
+  }
+  std::vector<std::string> layer_types() const override {
+    std::vector<std::string> types;
+    for (const auto& m : module_->named_modules("", /*include_self=*/false)) {
+      const std::string t = layer_type_name(*m.value());
+      if (is_wrappable(*m.value()) && std::find(types.begin(), types.end(), t) == types.end()) types.push_back(t);
+    }
+    return types;
+  }
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::map<std::string, at::Tensor> values_;
+};
+
+}  // namespace
+
+Runtime::Runtime(RuntimeSettings settings) : impl_(std::make_unique<Impl>()) {
+  const DeviceKind kind = device_kind(settings.device);
+  impl_->topology = resolve_topology(TopologyFlags{}, process_environment());
+  PluginSearch search;
+  search.dirs = settings.plugin_dirs;
+  impl_->host.discover(search);
+  RuntimeOptions ro;
+  ro.topology = impl_->topology.topology;
+  ro.device = kind;
+  ro.rendezvous_timeout = settings.rendezvous_timeout;
+  ro.collective_timeout = settings.collective_timeout;
+  check_device_trains(kind, Backend::Default, ro.topology.local_world_size);
+  impl_->device = open_device(settings.device, ro.topology.local_rank);
+  impl_->groups = ProcessGroups::create(ro);
+}
+Runtime::~Runtime() = default;
+const Topology& Runtime::topology() const { return impl_->topology.topology; }
+c10::Device Runtime::device() const { return impl_->device->device(); }
+PluginHost& Runtime::plugins() const { return impl_->host; }
+
+struct ShardedModule::Impl {
+  Runtime::Impl& runtime;
+  std::shared_ptr<ModuleModel> model;
+  CommCounters counters;
+  std::unique_ptr<ShardingEngine> engine;
+};
+
+ShardedModule::ShardedModule(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ShardedModule::~ShardedModule() = default;
+at::Tensor ShardedModule::forward(const std::function<at::Tensor()>& f) { return impl_->engine->forward(f); }
+void ShardedModule::backward(const at::Tensor& loss) { impl_->engine->backward(loss); }
+void ShardedModule::set_requires_gradient_sync(bool sync) { impl_->engine->set_requires_gradient_sync(sync); }
+double ShardedModule::clip_grad_norm(double max_norm) { return impl_->engine->clip_grad_norm(max_norm); }
+void ShardedModule::zero_grad() { impl_->engine->release_gradients(); }
+MemoryReport ShardedModule::memory() const { return impl_->engine->memory(); }
+std::vector<ParamShard> ShardedModule::shards() const { return impl_->engine->shards(); }
+ShardingEngine& ShardedModule::engine() { return *impl_->engine; }
+
+std::shared_ptr<Optimizer> ShardedModule::optimizer(const std::string& name,
+                                                    const std::map<std::string, std::string>& options) {
+  auto opt = impl_->runtime.host.create<Optimizer>(name, options);
+  opt->init(impl_->engine->shards());
+  return opt;
+}
+
+std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+                                           const ShardOptions& options) {
+  if (!module) throw Error("fully_shard: the module is null");
+  Runtime::Impl& rt = runtime.impl();
+  auto impl =
+      std::make_unique<ShardedModule::Impl>(ShardedModule::Impl{rt, std::make_shared<ModuleModel>(module), {}, {}});
+  const auto strategy = rt.host.create<ShardingStrategy>(options.sharding, options.sharding_options);
+  const auto wrap = rt.host.create<WrapPolicy>(options.wrap, options.wrap_options);
+  const auto precision = std::shared_ptr<const PrecisionPolicy>(
+      rt.host.create<PrecisionPolicy>(options.precision, options.precision_options));
+  EngineOptions eo;
+  eo.layout = strategy->layout(rt.topology.topology);
+  eo.precision = precision->spec("");
+  eo.unit_precision = [precision](const std::string& unit) { return precision->spec(unit); };
+  eo.overlap = options.overlap;
+  eo.prefetch = options.prefetch;
+  eo.device = rt.device;
+  const EngineComms comms = engine_comms(*rt.groups, eo.layout, /*deterministic=*/false, impl->counters);
+  const TrainSettings no_recompute;
+  impl->engine = std::make_unique<ShardingEngine>(impl->model, select_units(*impl->model, *wrap, no_recompute),
+                                                  comms, eo);
+  impl->model->forget_values();
+  return std::make_unique<ShardedModule>(std::move(impl));
+}
+
+}  // namespace fsdpx

@@ -1,0 +1,71 @@
+"""fsdpx as a library (examples/train_loop, built against the installed package by sdk_consumer_build):
+its losses, sharded over 1, 2 and 4 CPU ranks and 2 sim ranks under torchrun, equal the same loop
+without fsdpx in one process within 1e-6 (fp32), for full_shard, shard_grad_op, hybrid_shard and
+cpu_offload; each rank holds 1/S of the parameter bytes (S: its shard group's size, plus padding);
+a bad plugin name is one line naming the right one.
+usage: train_loop_test.py EXAMPLE PYTHON"""
+import re
+import socket
+import subprocess
+import sys
+
+example, python = sys.argv[1], sys.argv[2]
+failures = []
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(ranks, args):
+    cmd = [example] + args
+    if ranks:
+        cmd = [python, "-m", "torch.distributed.run", "--no-python", "--nproc-per-node", str(ranks),
+               "--master-port", str(free_port())] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr[-3000:]}")
+    losses, held = {}, {}
+    for line in p.stdout.splitlines():
+        m = re.match(r"rank (\d+) step (\d+) loss (\S+)", line)
+        if m:
+            losses.setdefault(int(m.group(2)), []).append(float(m.group(3)))
+        m = re.match(r"rank (\d+) holds (\d+) parameter bytes of the model's (\d+)", line)
+        if m:
+            held[int(m.group(1))] = (int(m.group(2)), int(m.group(3)))
+    # Each rank's loss is the mean over its equal part of the batch: their mean is the batch's.
+    return [sum(v) / len(v) for _, v in sorted(losses.items())], held
+
+
+plain, _ = run(0, ["--plain"])
+print(f"plain loop: {len(plain)} steps, losses {', '.join(f'{x:.9g}' for x in plain)}")
+cases = [(1, "cpu", "full_shard", [], 1), (2, "cpu", "full_shard", [], 2), (2, "cpu", "shard_grad_op", [], 2),
+         (2, "cpu", "hybrid_shard", ["shard_size=1"], 1), (2, "cpu", "cpu_offload", [], 2),
+         (4, "cpu", "full_shard", [], 4), (4, "cpu", "hybrid_shard", ["shard_size=2"], 2),
+         (4, "cpu", "cpu_offload", ["base=hybrid_shard", "shard_size=2"], 2),
+         (2, "sim", "full_shard", [], 2), (2, "sim", "cpu_offload", [], 2)]
+for ranks, device, sharding, options, shard_size in cases:
+    args = ["--device", device, "--sharding", sharding]
+    for o in options:
+        args += ["--option", o]
+    name = ' '.join([sharding] + options) + f" at {ranks} {device} rank(s)"
+    losses, held = run(ranks, args)
+    diff = max(abs(a - b) for a, b in zip(losses, plain)) if len(losses) == len(plain) else float("inf")
+    worst = max(abs(h / (m / shard_size) - 1) for h, m in held.values()) if len(held) == ranks else float("inf")
+    print(f"{name}: max |loss - plain| {diff:.2e}; parameter bytes per rank / (model's / {shard_size}) - 1 "
+          f"at most {worst:.4f}")
+    if not diff <= 1e-6:
+        failures.append(f"{name}: losses {losses} differ from the plain loop's {plain} by {diff:.2e} (> 1e-6)")
+    if not worst <= 0.01:  # padding to equal shards: 0.2% here
+        failures.append(f"{name}: a rank holds {held}, not 1/{shard_size} of the model's parameter bytes")
+
+bad = subprocess.run([example, "--sharding", "full_shrd"], capture_output=True, text=True, timeout=60)
+print(f"--sharding full_shrd: exit {bad.returncode}, {bad.stderr.strip()}")
+if bad.returncode != 1 or "full_shard" not in bad.stderr or len(bad.stderr.strip().splitlines()) != 1:
+    failures.append(f"a misspelt sharding plugin: exit {bad.returncode}, stderr {bad.stderr!r}")
+
+for f in failures:
+    print("FAILED:", f)
+sys.exit(1 if failures else 0)
