@@ -1,12 +1,17 @@
 // A torch::nn model trained in a plain LibTorch loop, and the same loop sharded by fsdpx: the
 // lines marked "fsdpx" are all it adds (--plain runs the loop without them, in one process).
 //   train_loop [--plain] [--sharding full_shard|shard_grad_op|hybrid_shard|cpu_offload]
-//              [--option KEY=VALUE ...] [--device cpu|sim|cuda] [--steps N]
-// Each rank prints its loss on its part of the global batch of 16 samples at each step, and at
-// the end the bytes of the parameters it holds against the model's.
+//              [--option KEY=VALUE ...] [--device cpu|sim|cuda] [--steps N] [--prefetch N]
+//              [--load DIR] [--save DIR] [--halve-head]
+// Each rank prints its loss on its part of the global batch of 12 samples at each step, and at
+// the end the bytes of the parameters it holds against the model's. --load starts from a
+// checkpoint (at its step), --save writes one after the last step; --halve-head then halves the
+// head's weight (fsdpx: inside a writable summon_full_params) and prints the sum of every weight
+// and the loss of the next batch.
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <string>
 
 #include <torch/torch.h>
@@ -38,63 +43,106 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-int main(int argc, char** argv) {
-  std::string sharding = "full_shard", device = "cpu";
-  std::map<std::string, std::string> options;  // the sharding plugin's (fsdpx-plugins show NAME)
-  bool plain = false;
-  int steps = 5;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--plain")) plain = true;
-    else if (!std::strcmp(argv[i], "--sharding") && i + 1 < argc) sharding = argv[++i];
-    else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
-    else if (!std::strcmp(argv[i], "--option") && i + 1 < argc && std::strchr(argv[i + 1], '=')) {
-      const std::string kv = argv[++i];
-      options[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
-    }
-    else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::stoi(argv[++i]);
-    else return std::fprintf(stderr, "train_loop: unknown argument %s\n", argv[i]), 2;
+// Halves the head's weight, then prints the sum of every weight and the next batch's loss: with
+// fsdpx, the write goes through a writable summon_full_params and reaches every rank's shards.
+void halve_head(Net& net, fsdpx::ShardedModule* fsdp, const std::pair<at::Tensor, at::Tensor>& b, int rank) {
+  torch::NoGradGuard no_grad;
+  double sum = 0;
+  if (fsdp) {
+    { fsdp->summon_full_params(/*writable=*/true)["head.weight"].mul_(0.5); }
+    for (const auto& [name, t] : fsdp->summon_full_params().all()) sum += t.sum().item<double>();
+  } else {
+    net->head->weight.mul_(0.5);
+    for (const auto& p : net->parameters()) sum += p.sum().item<double>();
   }
-  try {
-    torch::manual_seed(0);  // the same initial weights on every rank
-    Net net;
-    int64_t model_bytes = 0;
-    for (const auto& p : net->parameters()) model_bytes += p.numel() * p.element_size();
-    std::unique_ptr<fsdpx::Runtime> rt;          // fsdpx
-    std::unique_ptr<fsdpx::ShardedModule> fsdp;  // fsdpx
-    std::shared_ptr<fsdpx::Optimizer> opt;       // fsdpx
-    std::unique_ptr<torch::optim::SGD> plain_opt;
-    if (plain) {
-      plain_opt = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05));
+  auto loss_of = [&] { return torch::mse_loss(net->forward(b.first), b.second); };
+  const at::Tensor loss = fsdp ? fsdp->forward(loss_of) : loss_of();
+  std::printf("rank %d weights sum %.9g next loss %.9g\n", rank, sum, loss.item<double>());
+}
+
+struct Args {
+  bool plain = false, halve_head = false;
+  std::string sharding = "full_shard", device = "cpu", load, save;
+  std::map<std::string, std::string> options;  // the sharding plugin's (fsdpx-plugins show NAME)
+  int steps = 5, prefetch = 1;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i], next = i + 1 < argc ? argv[i + 1] : "";
+    if (arg == "--plain") a.plain = true;
+    else if (arg == "--halve-head") a.halve_head = true;
+    else if (next.empty()) throw std::invalid_argument("unknown argument or no value: " + arg);
+    else if (arg == "--sharding") a.sharding = argv[++i];
+    else if (arg == "--device") a.device = argv[++i];
+    else if (arg == "--load") a.load = argv[++i];
+    else if (arg == "--save") a.save = argv[++i];
+    else if (arg == "--steps") a.steps = std::stoi(argv[++i]);
+    else if (arg == "--prefetch") a.prefetch = std::stoi(argv[++i]);
+    else if (arg == "--option" && next.find('=') != std::string::npos)
+      a.options[next.substr(0, next.find('='))] = next.substr(next.find('=') + 1), ++i;
+    else throw std::invalid_argument("unknown argument: " + arg);
+  }
+  return a;
+}
+
+// The global batch of step `step`, the same on every rank; this rank's part of it on `dev`.
+std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int world, const c10::Device& dev) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
+  const at::Tensor x = at::randn({12, 32}, g), y = x.sum(1, true).sin();
+  const int64_t n = 12 / world;
+  return {x.narrow(0, rank * n, n).to(dev), y.narrow(0, rank * n, n).to(dev)};
+}
+
+void run(const Args& a) {
+  torch::manual_seed(0);  // the same initial weights on every rank
+  Net net;
+  int64_t model_bytes = 0;
+  for (const auto& p : net->parameters()) model_bytes += p.numel() * p.element_size();
+  std::unique_ptr<fsdpx::Runtime> rt;          // fsdpx
+  std::unique_ptr<fsdpx::ShardedModule> fsdp;  // fsdpx
+  std::shared_ptr<fsdpx::Optimizer> opt;       // fsdpx
+  std::unique_ptr<torch::optim::SGD> plain_opt;
+  int first = 0;
+  if (a.plain) {
+    plain_opt = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05));
+  } else {
+    rt = std::make_unique<fsdpx::Runtime>(fsdpx::RuntimeSettings{a.device});  // fsdpx, and the next 3 lines
+    fsdp = fsdpx::fully_shard(*rt, net.ptr(), {a.sharding, a.options, "layer_type", {{"layer_types", "Block"}},
+                                               "fp32", {}, true, a.prefetch});
+    opt = fsdp->optimizer("sgd", {{"lr", "0.05"}});
+    if (!a.load.empty()) first = static_cast<int>(fsdp->load(a.load, *opt));  // fsdpx: a checkpoint
+  }
+  const int rank = rt ? rt->rank() : 0, world = rt ? rt->world_size() : 1;
+  const c10::Device dev = rt ? rt->device() : c10::Device(c10::kCPU);
+  for (int step = first; step < a.steps; ++step) {
+    const auto [xs, ys] = batch(step, rank, world, dev);
+    auto loss_of = [&, &xs = xs, &ys = ys] { return torch::mse_loss(net->forward(xs), ys); };
+    at::Tensor loss;
+    if (a.plain) {
+      loss = loss_of();
+      plain_opt->zero_grad();
+      loss.backward();
+      plain_opt->step();
     } else {
-      rt = std::make_unique<fsdpx::Runtime>(fsdpx::RuntimeSettings{device});  // fsdpx, and the next 2 lines
-      fsdp = fsdpx::fully_shard(*rt, net.ptr(), {sharding, options, "layer_type", {{"layer_types", "Block"}}});
-      opt = fsdp->optimizer("sgd", {{"lr", "0.05"}});
+      loss = fsdp->forward(loss_of);  // fsdpx
+      fsdp->backward(loss);           // fsdpx
+      opt->step(opt->base_lr());      // fsdpx
+      fsdp->zero_grad();              // fsdpx
     }
-    const int rank = rt ? rt->rank() : 0, world = rt ? rt->world_size() : 1;
-    const c10::Device dev = rt ? rt->device() : c10::Device(c10::kCPU);
-    for (int step = 0; step < steps; ++step) {
-      auto g = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
-      const at::Tensor x = at::randn({16, 32}, g), y = x.sum(1, true).sin();
-      const int64_t n = 16 / world;  // this rank's part of the global batch
-      const at::Tensor xs = x.narrow(0, rank * n, n).to(dev), ys = y.narrow(0, rank * n, n).to(dev);
-      auto loss_of = [&] { return torch::mse_loss(net->forward(xs), ys); };
-      at::Tensor loss;
-      if (plain) {
-        loss = loss_of();
-        plain_opt->zero_grad();
-        loss.backward();
-        plain_opt->step();
-      } else {
-        loss = fsdp->forward(loss_of);  // fsdpx
-        fsdp->backward(loss);           // fsdpx
-        opt->step(opt->base_lr());      // fsdpx
-        fsdp->zero_grad();              // fsdpx
-      }
-      std::printf("rank %d step %d loss %.9g\n", rank, step, loss.item<double>());
-    }
-    std::printf("rank %d holds %lld parameter bytes of the model's %lld\n", rank,
-                static_cast<long long>(fsdp ? fsdp->memory().param_bytes : model_bytes),
-                static_cast<long long>(model_bytes));
+    std::printf("rank %d step %d loss %.9g\n", rank, step, loss.item<double>());
+  }
+  if (!a.save.empty() && fsdp) fsdp->save(a.save, *opt, a.steps);  // fsdpx: a checkpoint
+  std::printf("rank %d holds %lld parameter bytes of the model's %lld\n", rank,
+              static_cast<long long>(fsdp ? fsdp->memory().param_bytes : model_bytes),
+              static_cast<long long>(model_bytes));
+  if (a.halve_head) halve_head(net, fsdp.get(), batch(a.steps, rank, world, dev), rank);
+}
+
+int main(int argc, char** argv) {
+  try {
+    run(parse(argc, argv));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_loop: %s\n", e.what());
     return 1;

@@ -1,5 +1,7 @@
 #include "engine_comms.h"
 
+#include "unit_selection.h"
+
 #include <memory>
 
 namespace fsdpx {
@@ -33,6 +35,14 @@ EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bo
   }
   if (deterministic) comms.world = counted(groups.world());  // it carries the gradients then
   return comms;
+}
+
+std::unique_ptr<ShardingEngine> build_engine(std::shared_ptr<Model> model, const WrapPolicy& wrap,
+                                             const TrainSettings& s, ProcessGroups& groups, EngineOptions options,
+                                             CommCounters& counters) {
+  const EngineComms comms = engine_comms(groups, options.layout, options.deterministic, counters);
+  std::vector<UnitSelection> units = select_units(*model, wrap, s);
+  return std::make_unique<ShardingEngine>(std::move(model), units, comms, std::move(options));
 }
 
 }  // namespace fsdpx

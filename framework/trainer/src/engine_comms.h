@@ -2,7 +2,11 @@
 // run's process groups, and a batch on its device.
 #pragma once
 
+#include <memory>
+
 #include "fsdpx/framework/engine/engine_options.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/framework/trainer/train_settings.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/interfaces.h"
 #include "comm_counters.h"
@@ -14,6 +18,12 @@ namespace fsdpx {
 EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bool deterministic,
                          CommCounters& counters);
 
+// The engine over `model`: the wrap policy's units (select_units: with s's recompute), its
+// communicators over `groups` (engine_comms: `options`' layout and deterministic mode). The one
+// way fsdpx-train and fsdpx::fully_shard build theirs.
+std::unique_ptr<ShardingEngine> build_engine(std::shared_ptr<Model> model, const WrapPolicy& wrap,
+                                             const TrainSettings& s, ProcessGroups& groups, EngineOptions options,
+                                             CommCounters& counters);
 // `b` with its tensors on `device` (the CPU: as it is).
 Batch on_device(Batch b, const c10::Device& device);
 

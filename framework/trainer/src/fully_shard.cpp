@@ -12,6 +12,8 @@
 #include "engine_comms.h"
 #include "fsdpx/error.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/runtime/communicator.h"
+#include "fsdpx/framework/trainer/checkpoint_state.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
@@ -20,9 +22,10 @@
 #include "fsdpx/unit.h"
 #include "fsdpx/model.h"
 #include "fsdpx/precision_policy.h"
+#include "fsdpx/suggest.h"
 #include "fsdpx/sharding_strategy.h"
 #include "fsdpx/wrap_policy.h"
-#include "unit_selection.h"
+#include "trainer_state.h"
 
 namespace fsdpx {
 
@@ -122,6 +125,66 @@ MemoryReport ShardedModule::memory() const { return impl_->engine->memory(); }
 std::vector<ParamShard> ShardedModule::shards() const { return impl_->engine->shards(); }
 ShardingEngine& ShardedModule::engine() { return *impl_->engine; }
 
+FullParameters::FullParameters(std::map<std::string, at::Tensor> full, std::vector<TensorShard> rows, bool writable)
+    : full_(std::move(full)), rows_(std::move(rows)), writable_(writable) {}
+
+FullParameters::~FullParameters() {
+  if (!writable_) return;
+  at::NoGradGuard no_grad;
+  for (TensorShard& r : rows_) {
+    const int64_t rows = r.local.dim() ? r.local.size(0) : 0;
+    if (rows > 0)
+      r.local.copy_(full_.at(r.name).reshape(r.global_shape).narrow(0, r.row_offset, rows).reshape(r.local.sizes()));
+  }
+}
+
+at::Tensor& FullParameters::operator[](const std::string& name) {
+  const auto it = full_.find(name);
+  if (it != full_.end()) return it->second;
+  std::vector<std::string> names;
+  for (const auto& [n, t] : full_) names.push_back(n);
+  throw Error("summon_full_params: no parameter '" + name + "'; the parameters are: " + join_names(names));
+}
+
+FullParameters ShardedModule::summon_full_params(bool writable) {
+  // Over the control group (Gloo, CPU tensors) from host copies: the same path on every device.
+  CheckpointState st = weights_state(*impl_->engine);
+  std::vector<TensorShard> rows = st.tensors;  // views of the shards, for the write-back
+  stage_on_host(st);
+  const auto control = impl_->runtime.groups->control();
+  const CheckpointContext ctx = checkpoint_context(control, *impl_->engine);
+  std::map<std::string, at::Tensor> full;
+  for (const TensorShard& t : st.tensors) {
+    at::Tensor whole = ctx.gather_to_rank0(t);
+    if (control->rank() != 0) whole = at::empty(t.global_shape, t.local.options().device(at::kCPU));
+    if (control->size() > 1) control->broadcast(whole, 0).wait();
+    full[t.name] = whole.contiguous();
+  }
+  return FullParameters(std::move(full), std::move(rows), writable);
+}
+
+void ShardedModule::save(const std::string& dir, const Optimizer& optimizer, int64_t step, const std::string& backend) {
+  auto b = impl_->runtime.host.create<CheckpointBackend>(backend);
+  CheckpointState st = checkpoint_state(*impl_->engine, optimizer, /*for_load=*/false);
+  st.step = step;
+  TrainerState state;  // what fsdpx-train's checkpoints hold; the library's loop has no data source of fsdpx's
+  state.step = step;
+  state.data = "{}";
+  st.trainer_state_json = state.to_json();
+  stage_on_host(st);
+  b->save(dir, st, checkpoint_context(*impl_->runtime.groups, *impl_->engine));
+}
+
+int64_t ShardedModule::load(const std::string& dir, Optimizer& optimizer, const std::string& backend) {
+  auto b = impl_->runtime.host.create<CheckpointBackend>(backend);
+  CheckpointState st = checkpoint_state(*impl_->engine, optimizer, /*for_load=*/true);
+  const HostStaging staging = stage_on_host(st);
+  b->load(dir, st, checkpoint_context(*impl_->runtime.groups, *impl_->engine));
+  staging.copy_back();
+  load_optimizer_state(st, optimizer);
+  return st.step;
+}
+
 std::shared_ptr<Optimizer> ShardedModule::optimizer(const std::string& name,
                                                     const std::map<std::string, std::string>& options) {
   auto opt = impl_->runtime.host.create<Optimizer>(name, options);
@@ -146,10 +209,7 @@ std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<tor
   eo.overlap = options.overlap;
   eo.prefetch = options.prefetch;
   eo.device = rt.device;
-  const EngineComms comms = engine_comms(*rt.groups, eo.layout, /*deterministic=*/false, impl->counters);
-  const TrainSettings no_recompute;
-  impl->engine = std::make_unique<ShardingEngine>(impl->model, select_units(*impl->model, *wrap, no_recompute),
-                                                  comms, eo);
+  impl->engine = build_engine(impl->model, *wrap, TrainSettings{}, *rt.groups, eo, impl->counters);
   impl->model->forget_values();
   return std::make_unique<ShardedModule>(std::move(impl));
 }

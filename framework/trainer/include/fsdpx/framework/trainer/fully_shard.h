@@ -25,6 +25,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include "fsdpx/checkpoint_backend.h"
 #include "fsdpx/export.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/optimizer.h"
@@ -78,6 +79,23 @@ struct ShardOptions {
   int prefetch = 1;     // units gathered ahead, forward and backward, when overlapping
 };
 
+// The whole parameters of a sharded module, by name, on the CPU (ShardedModule::summon_full_params):
+// read them (evaluation, export), or, when writable, change them in place, and each rank's rows
+// of every parameter take the new values when this object goes (no collective then).
+class FSDPX_API FullParameters {
+ public:
+  FullParameters(std::map<std::string, at::Tensor> full, std::vector<TensorShard> rows, bool writable);
+  ~FullParameters();
+  FullParameters(FullParameters&&) = default;
+  at::Tensor& operator[](const std::string& name);  // throws fsdpx::Error naming the parameters for another name
+  std::map<std::string, at::Tensor> all() const { return full_; }  // by value: safe on a temporary
+
+ private:
+  std::map<std::string, at::Tensor> full_;
+  std::vector<TensorShard> rows_;  // this rank's rows of each parameter (views of its shards)
+  bool writable_;
+};
+
 // A module sharded in place: each rank keeps its rows of every parameter, unit by unit.
 class FSDPX_API ShardedModule {
  public:
@@ -96,6 +114,14 @@ class FSDPX_API ShardedModule {
   void zero_grad();
   MemoryReport memory() const;
   std::vector<ParamShard> shards() const;
+  // Every parameter whole, on every rank (FSDP's summon_full_params; a copy on the CPU). Collective.
+  FullParameters summon_full_params(bool writable = false);
+  // The parameters and `optimizer`'s state under `dir` through a checkpoint plugin (sharded:
+  // reshardable, loads at any world size and strategy), synchronously. Collective.
+  void save(const std::string& dir, const Optimizer& optimizer, int64_t step = 0,
+            const std::string& backend = "sharded");
+  // Loads what save() wrote (at any world size) into the shards and `optimizer`; returns its step.
+  int64_t load(const std::string& dir, Optimizer& optimizer, const std::string& backend = "sharded");
   ShardingEngine& engine();
 
   struct Impl;
