@@ -392,7 +392,9 @@ Protection protection_mode() {
 }
 
 c10::DeviceAllocator* allocator() { return &g_allocator; }
-void note_initialised() { g_initialised.store(true); }
+void note_initialised() {  // on every allocation: a load, and a store once
+  if (!g_initialised.load(std::memory_order_relaxed)) g_initialised.store(true);
+}
 bool caching_enabled() { return cache_enabled(); }
 
 size_t empty_cache() {

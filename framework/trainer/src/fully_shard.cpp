@@ -38,13 +38,6 @@ struct Runtime::Impl {
 
 namespace {
 
-DeviceKind device_kind(const std::string& device) {
-  if (device == "cpu") return DeviceKind::Cpu;
-  if (device == "cuda") return DeviceKind::Cuda;
-  if (device == "sim") return DeviceKind::Sim;
-  throw Error("fsdpx::Runtime: device must be cpu, cuda or sim, got '" + device + "'");
-}
-
 // A module the user built and initialised: the engine's Model, whose parameters are their own values.
 class ModuleModel final : public Model {
  public:

@@ -111,11 +111,7 @@ void check_train_flags(const RunConfig& config, int nproc_per_node) {
 }
 
 DeviceKind device_of(const HostValues& vm) {
-  const std::string device = vm["device"].as<std::string>();
-  if (device == "cpu") return DeviceKind::Cpu;
-  if (device == "cuda") return DeviceKind::Cuda;
-  if (device == "sim") return DeviceKind::Sim;
-  throw Error("--device must be cpu, cuda or sim, got '" + device + "'");
+  return device_kind(vm["device"].as<std::string>());
 }
 
 Backend backend_of(const HostValues& vm) {

@@ -34,6 +34,13 @@ void quiet_c10d_logging() {
 
 }  // namespace
 
+DeviceKind device_kind(const std::string& spec) {
+  if (spec == "cpu") return DeviceKind::Cpu;
+  if (spec == "cuda") return DeviceKind::Cuda;
+  if (spec == "sim") return DeviceKind::Sim;
+  throw Error("--device must be cpu, cuda or sim, got '" + spec + "'");
+}
+
 bool nccl_collectives(DeviceKind device, Backend backend) {
   return device != DeviceKind::Cpu && backend != Backend::Gloo;
 }

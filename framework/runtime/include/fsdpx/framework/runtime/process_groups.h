@@ -13,6 +13,8 @@
 namespace fsdpx {
 
 enum class DeviceKind { Cpu, Cuda, Sim };
+// The kind of `--device` spec: "cpu", "cuda" or "sim"; throws fsdpx::Error naming the three otherwise.
+FSDPX_API DeviceKind device_kind(const std::string& spec);
 // Which library carries the device groups' collectives: NCCL (CUDA, a GPU per rank; on sim, its
 // NCCL twin, devices/sim's fsdpx/sim/sim_nccl.h), or Gloo, staging device tensors through host
 // memory (the CPU, several ranks sharing a device).
