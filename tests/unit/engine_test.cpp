@@ -6,14 +6,17 @@
 // the global batch): about one rounding (6e-8 relative) per operation, which four SGD steps of
 // a two-layer model keep far below 1e-6 (observed: ~1e-7). A real sharding error (a wrong row, a
 // missing gradient, a lost padding) moves results by 1e-3 or more.
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <thread>
+#include <tuple>
 
 #include <ATen/ops/ones.h>
 #include <c10/util/Exception.h>
@@ -490,9 +493,40 @@ std::vector<std::string> lines_of(const fs::path& p) {
 // parameters freed, each reduction issued and finished, and (the optimizer step inside backward)
 // each unit's step. A change to the order in one of them only (a prefetch moved, a reshard or a
 // reduction's finish at another point) makes them differ here.
+// FSDP2's reshard_after_forward per unit (EngineOptions::reshard_after_forward_by_unit): a
+// full_shard unit kept gathered from forward to backward, and a shard_grad_op unit freed after
+// forward, train as one process does; each rank sends one all-gather fewer (more) for that unit,
+// by the formula, and nothing gathered stays after a step.
+TEST(Engine, ReshardAfterForwardPerUnit) {
+  const WorkerRun ref = run(std::string("--reference") + kSteps, 0);
+  for (const auto& [strategy, unit, on] : {std::tuple<std::string, std::string, bool>{"full_shard", "layers.1", false},
+                                          {"shard_grad_op", "layers.0", true}}) {
+    const std::string what = strategy + " with " + unit + " reshard_after_forward " + (on ? "true" : "false");
+    const WorkerRun got =
+        run("--strategy " + strategy + " --unit-reshard " + unit + "=" + (on ? "1" : "0") + kSteps, 2);
+    expect_same(got, ref, what);
+    ASSERT_NE(std::find(got.units.begin(), got.units.end(), unit), got.units.end()) << what;
+    std::map<std::string, int64_t> unit_elems;
+    for (const auto& [name, p] : got.params)
+      unit_elems[unit_of(name, got.units)] += ShardGeometry({p.rows, int64_t(p.values.size()) / p.rows}, 2).shard_numel;
+    int64_t expect_sent = 0;  // (S - 1) x T x 4 per all-gather and reduce-scatter, S = 2
+    for (const auto& [u, elems] : unit_elems) {
+      const bool reshards = !u.empty() && (u == unit ? on : strategy == "full_shard");
+      expect_sent += (reshards ? 3 : 2) * elems * 4;
+    }
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(got.ranks[r].at("comm"), std::vector<int64_t>(4, expect_sent)) << what << " rank " << r;
+      EXPECT_EQ(got.ranks[r].at("expect_comm"), std::vector<int64_t>{expect_sent}) << what << " rank " << r;
+      EXPECT_EQ(got.ranks[r].at("memory_after").back(), 0) << what << " rank " << r;
+    }
+  }
+}
+
 TEST(EngineSteps, TheMemoryPlanFollowsTheEnginesStep) {
   const std::vector<std::string> ways = {"--strategy full_shard", "--strategy shard_grad_op",
                                          "--strategy full_shard --prefetch 2", "--strategy full_shard --overlap 0",
+                                         "--strategy full_shard --unit-reshard layers.1=0 --unit-reshard layers.2=0",
+                                         "--strategy shard_grad_op --unit-reshard layers.0=1 --prefetch 2",
                                          "--strategy full_shard --accum 2 --global-batch 8",
                                          "--strategy shard_grad_op --prefetch 2 --accum 2 --global-batch 8",
                                          // The optimizer step inside backward: each unit's "step" event.
@@ -512,6 +546,34 @@ TEST(EngineSteps, TheMemoryPlanFollowsTheEnginesStep) {
     const auto engine = lines_of(prefix + ".engine_trace"), plan = lines_of(prefix + ".plan_trace");
     EXPECT_GE(engine.size(), 20u);  // gathers, frees and reductions of 5 units
     EXPECT_EQ(plan, engine);
+  }
+}
+
+// EngineOptions::prefetch's bound: with full_shard over 6 layers, the units holding gathered
+// parameters or an all-gather in flight (from "gather U" to "free U" in the engine's step trace,
+// the root aside) are at most prefetch + 1 at any time, and that many at some time (the depth is
+// used); without overlap, one.
+TEST(EngineSteps, GatheredUnitsAreBoundedByThePrefetchDepth) {
+  test::TempDir dir;
+  for (const auto& [args, bound] : std::vector<std::pair<std::string, size_t>>{
+           {"--prefetch 1", 2}, {"--prefetch 2", 3}, {"--prefetch 3", 4}, {"--overlap 0 --prefetch 3", 1}}) {
+    const std::string prefix = (dir.path() / ("depth" + std::to_string(bound))).string();
+    auto r = test::run_command(worker() + " --nproc-per-node 2 --steps 2 --step-trace --model-option layers=6 " +
+                               "--strategy full_shard " + args + " --out " + prefix);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::set<std::string> held;
+    size_t most = 0, gathers = 0;
+    for (const std::string& e : lines_of(prefix + ".engine_trace")) {
+      const auto space = e.find(' ');
+      const std::string what = e.substr(0, space), unit = e.substr(space + 1);
+      if (unit == "(root)") continue;
+      if (what == "gather") held.insert(unit), ++gathers;
+      if (what == "free") held.erase(unit);
+      most = std::max(most, held.size());
+    }
+    EXPECT_EQ(gathers, 12u) << args;  // each layer in forward and again in backward
+    EXPECT_EQ(most, bound) << args;
+    EXPECT_TRUE(held.empty()) << args;
   }
 }
 
@@ -579,10 +641,12 @@ TEST(EngineSteps, SecondBackwardOverOneForwardIsRefused) {
             "forward; run forward again");
 }
 
-std::string engine_error(std::shared_ptr<torch::nn::Module> root, std::vector<UnitSelection> units) {
+std::string engine_error(std::shared_ptr<torch::nn::Module> root, std::vector<UnitSelection> units,
+                         std::map<std::string, bool> reshard_by_unit = {}) {
   try {
     EngineOptions o;
     o.layout = ShardingLayout{1, 1, true, false};
+    o.reshard_after_forward_by_unit = std::move(reshard_by_unit);
     ShardingEngine e(std::make_shared<TinyModel>(std::move(root)), units, EngineComms{}, o);
   } catch (const Error& e) {
     return e.what();
@@ -624,6 +688,11 @@ TEST(EngineErrors, ClearMessages) {
   root->register_module("d", d.ptr());
   EXPECT_EQ(engine_error(root, {{"e", false}}),
             "the wrap policy selected 'e', which is not a submodule of the model; did you mean 'd'?");
+  EXPECT_EQ(engine_error(root, {{"d", false}}, {{"dd", false}}),
+            "reshard_after_forward is set for 'dd', which is not a unit (the units: d); did you mean 'd'?");
+  EXPECT_EQ(engine_error(root, {{"d", false}}, {{"", true}}),
+            "reshard_after_forward is set for the root (\"\"), which never reshards: its parameters are needed first "
+            "in backward; set it for the units: d");
 }
 
 // ---- Lifetimes and failures (review findings) ---------------------------------------------------

@@ -136,4 +136,12 @@ int count_of(const std::string& text, const std::string& what) {
   return n;
 }
 
+std::string csv_path() {
+  auto r = run_command("bash " + (build_dir().parent_path() / "scripts" / "setup.sh").string() +
+                       " --print-breast-cancer-csv 2>/dev/null");
+  std::string p = r.out;
+  while (!p.empty() && (p.back() == '\n' || p.back() == '\r')) p.pop_back();
+  return p;
+}
+
 }  // namespace fsdpx::test

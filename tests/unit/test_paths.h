@@ -19,6 +19,7 @@ std::filesystem::path fixture_dir();  // built fixture plugins
 std::filesystem::path plugin_dir();   // build/lib/fsdpx/plugins
 std::filesystem::path bin_dir();      // build/bin
 std::filesystem::path fixture(const std::string& name);  // fixture_dir()/fixture_<name>.so
+std::string csv_path();  // scikit-learn's breast_cancer.csv, as scripts/setup.sh placed it
 
 // A fresh private (0700) directory, removed when the object goes.
 class TempDir {

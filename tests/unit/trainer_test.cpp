@@ -17,14 +17,6 @@ namespace {
 
 std::string train_cmd() { return (bin_dir() / "fsdpx-train").string(); }
 
-std::string csv_path() {
-  auto r = run_command("bash " + (build_dir().parent_path() / "scripts" / "setup.sh").string() +
-                       " --print-breast-cancer-csv 2>/dev/null");
-  std::string p = r.out;
-  while (!p.empty() && (p.back() == '\n' || p.back() == '\r')) p.pop_back();
-  return p;
-}
-
 // The number of lines of `text`.
 int lines(const std::string& text) {
   int n = 0;

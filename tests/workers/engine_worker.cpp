@@ -20,6 +20,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -194,6 +195,8 @@ Sharded build_sharded(Run& r) {
   eo.seed = r.seed;
   eo.overlap = r.vm["overlap"].as<int>() != 0;
   eo.prefetch = r.vm["prefetch"].as<int>();
+  for (const auto& [unit, on] : key_values(list(r.vm, "unit-reshard")))
+    eo.reshard_after_forward_by_unit[unit] = on == "1";
   if (r.vm.count("step-trace"))
     eo.step_trace = [trace = sh.trace, on = sh.tracing](const std::string& e) {
       if (*on) trace->push_back(e);
@@ -223,18 +226,26 @@ Sharded build_sharded(Run& r) {
   return sh;
 }
 
+// --unit-reshard's setting for `fqn`, if any.
+std::optional<bool> unit_reshard(const EngineOptions& o, const std::string& fqn) {
+  const auto it = o.reshard_after_forward_by_unit.find(fqn);
+  return it == o.reshard_after_forward_by_unit.end() ? std::nullopt : std::optional<bool>(it->second);
+}
+
 // The strategy's formula: per unit of T shard elements (padded) over S ranks, each all-gather
 // and reduce-scatter of S x T x 4 bytes sends (S-1) x T x 4 (the all-gather twice when the unit
 // reshards after forward); all-reduce (DDP) 2 x (W-1)/W x T x 4. From the engine's plan and the
 // shard geometry, as the run plan computes it (ring_sent_bytes).
-int64_t expected_comm(const ShardingEngine& engine, const ShardingLayout& layout, int world) {
+int64_t expected_comm(const ShardingEngine& engine, const EngineOptions& options, int world) {
+  const ShardingLayout& layout = options.layout;
   int64_t expect = 0;
   const int64_t S = layout.shard_group_size;
   const auto& units = engine.plan().units;
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t bytes = S * padded_shard_numel(units[u].shapes, S) * 4;
     if (S > 1)
-      expect += (reshards_after_forward(layout, u == 0) ? 3 : 2) * ring_sent_bytes(Collective::AllGather, bytes, S);
+      expect += (reshards_after_forward(layout, u == 0, unit_reshard(options, units[u].fqn)) ? 3 : 2) *
+                ring_sent_bytes(Collective::AllGather, bytes, S);
     else if (world > 1) expect += ring_sent_bytes(Collective::AllReduce, bytes, world);
   }
   return expect;
@@ -247,6 +258,7 @@ void write_step_traces(Run& r, const Sharded& sh, int world) {
   StepMemoryInput in;
   in.units = units_for_memory(engine.plan(), sh.layout.shard_group_size,
                               std::vector<PrecisionSpec>(engine.plan().units.size(), sh.options.precision));
+  for (UnitMemory& u : in.units) u.reshard_after_forward = unit_reshard(sh.options, u.fqn);
   in.layout = sh.layout;
   in.world_size = world;
   in.overlap = sh.options.overlap;
@@ -303,7 +315,7 @@ int run_sharded(Run& r) {
   std::ofstream mine(r.out + ".rank" + std::to_string(rank));
   auto mem = engine.memory();
   mine << "memory " << mem.param_bytes << " " << mem.grad_bytes << "\n";
-  mine << "expect_comm " << expected_comm(engine, sh.layout, world) << "\n";
+  mine << "expect_comm " << expected_comm(engine, sh.options, world) << "\n";
   std::ofstream losses;
   if (rank == 0) {
     losses.open(r.out + ".losses");
@@ -379,6 +391,8 @@ int main(int argc, char** argv) {
       ("seed", po::value<uint64_t>()->default_value(7), "")
       ("overlap", po::value<int>()->default_value(1), "")
       ("prefetch", po::value<int>()->default_value(1), "units gathered ahead when overlapping")
+      ("unit-reshard", po::value<std::vector<std::string>>()->default_value({}, ""),
+       "UNIT=0|1: that unit's reshard_after_forward (EngineOptions::reshard_after_forward_by_unit)")
       ("step-trace", "rank 0 writes the engine's events of step 2 and the memory plan's replay of a step")
       ("sync-every-micro-batch", "every micro-batch's backward reduces its gradients (added to the last)")
       ("reference", "")

@@ -50,6 +50,8 @@ std::unique_ptr<Unit> new_unit(ShardingEngine::Impl& e, const std::string& fqn, 
   const EngineOptions& o = e.config.options;
   u->group.precision = o.unit_precision ? o.unit_precision(fqn) : o.precision;
   check_unit_precision(fqn, u->group.precision, o.precision);
+  if (const auto it = o.reshard_after_forward_by_unit.find(fqn); it != o.reshard_after_forward_by_unit.end())
+    u->group.reshard_choice = it->second;
   return u;
 }
 
@@ -79,6 +81,21 @@ void check_shardable(const ModuleTree& tree, const Model& model) {
   if (params == 0) throw Error("the model has no parameters: there is nothing to shard or train");
 }
 
+// EngineOptions::reshard_after_forward_by_unit names units only, and not the root.
+void check_reshard_choices(const ShardingEngine::Impl& e) {
+  std::vector<std::string> units;
+  for (const auto& u : e.units)
+    if (!u->fqn.empty()) units.push_back(u->fqn);
+  for (const auto& [fqn, choice] : e.config.options.reshard_after_forward_by_unit) {
+    if (fqn.empty())
+      throw Error("reshard_after_forward is set for the root (\"\"), which never reshards: its parameters are "
+                  "needed first in backward; set it for the units: " + join_names(units));
+    if (std::find(units.begin(), units.end(), fqn) == units.end())
+      throw Error("reshard_after_forward is set for '" + fqn + "', which is not a unit (the units: " +
+                  join_names(units) + ")" + did_you_mean(fqn, units));
+  }
+}
+
 // Every rank must have built the same model and run the same collectives: compare a checksum
 // of the layout, the overlap, precision and deterministic settings, and every parameter's name,
 // shape and unit.
@@ -95,7 +112,8 @@ void check_ranks_agree(const ShardingEngine::Impl& e) {
                                                  c10::toString(o.precision.reduce));
   for (const auto& u : e.units) {
     checksum = parameter_seed(checksum, u->fqn + ":" + c10::toString(u->group.precision.compute) + "/" +
-                                            c10::toString(u->group.precision.reduce));
+                                            c10::toString(u->group.precision.reduce) + "/" +
+                                            std::to_string(u->group.reshard_after_forward()));
     for (const auto& p : u->group.params)
       checksum = parameter_seed(checksum, p.name + shape_text(p.shape) + "@" + u->fqn);
   }
@@ -143,6 +161,7 @@ void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& sel
       u.group.params.push_back(std::move(q));
     }
   }
+  check_reshard_choices(e);
   check_ranks_agree(e);
 
   for (auto& u : e.units) {

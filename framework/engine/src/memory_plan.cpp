@@ -87,7 +87,7 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
   } else if (averages_on_device(in)) {  // the packing, cast to the gradient dtype when it differs
     b.reduce_out = d.reduce != d.gradient ? total * elt(d.gradient) : 0;
   }
-  b.reshard_after_forward = reshards_after_forward(in.layout, root);
+  b.reshard_after_forward = reshards_after_forward(in.layout, root, u.reshard_after_forward);
   b.recompute = u.recompute;
   return b;
 }

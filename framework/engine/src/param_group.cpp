@@ -50,7 +50,9 @@ bool ParamGroup::separate() const {
   return gathers_into_own_storage(config->shard_size, precision) || config->offloads();
 }
 
-bool ParamGroup::reshard_after_forward() const { return reshards_after_forward(config->options.layout, root); }
+bool ParamGroup::reshard_after_forward() const {
+  return reshards_after_forward(config->options.layout, root, reshard_choice);
+}
 
 void ParamGroup::materialise(Model& model, const std::string& unit) {
   label = root ? "root" : unit;

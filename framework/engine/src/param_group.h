@@ -4,6 +4,7 @@
 // parameter's module tensor views.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@ struct ParamGroup {
   bool root = false;
   std::string label;  // the unit's name in collective records: its path, or "root"
   PrecisionSpec precision;  // this unit's dtypes (EngineOptions::unit_precision)
+  std::optional<bool> reshard_choice;  // EngineOptions::reshard_after_forward_by_unit's, if it names this unit
   std::vector<ShardedParam> params;
   int64_t total = 0;  // shard elements (padded)
   at::Tensor flat_shard, flat_grad;

@@ -15,8 +15,8 @@ int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionS
   return shard_size * shard_numel * static_cast<int64_t>(c10::elementSize(dtypes.compute));
 }
 
-bool reshards_after_forward(const ShardingLayout& layout, bool root) {
-  return layout.shard_group_size > 1 && !root && layout.reshard_after_forward;
+bool reshards_after_forward(const ShardingLayout& layout, bool root, std::optional<bool> unit_choice) {
+  return layout.shard_group_size > 1 && !root && unit_choice.value_or(layout.reshard_after_forward);
 }
 
 }  // namespace fsdpx

@@ -107,7 +107,13 @@ int64_t Checkpointer::restore() {
   staging.copy_back();
   load_optimizer_state(st, parts_.optimizer);
   const TrainerState state = TrainerState::from_json(st.trainer_state_json);
-  parts_.data.restore(state.data);
+  if (state.data == "{}") {  // fsdpx::fully_shard's save: the user's loop had no fsdpx data source
+    if (writer_)
+      std::printf("%s holds no data position (a library checkpoint, ShardedModule::save): the data starts from "
+                  "its beginning\n", dir.c_str());
+  } else {
+    parts_.data.restore(state.data);
+  }
   if (state.loss_scaler) parts_.scaling.restore(*state.loss_scaler);
   if (writer_) std::printf("resumed from %s at step %ld\n", dir.c_str(), static_cast<long>(st.step));
   if (st.step >= s_.steps)

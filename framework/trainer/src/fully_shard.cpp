@@ -5,6 +5,9 @@
 
 #include <algorithm>
 
+#define XXH_INLINE_ALL  // header-only: libxxhash-dev's xxhash.h
+#include <xxhash.h>
+
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -15,6 +18,7 @@
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/trainer/checkpoint_state.h"
 #include "fsdpx/framework/runtime/device.h"
+#include "fsdpx/framework/runtime/every_rank.h"
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
 #include "fsdpx/framework/trainer/train_settings.h"
@@ -49,6 +53,8 @@ class ModuleModel final : public Model {
                     "library shards parameters the module has materialised; a model built with deferred "
                     "parameters is a Model plugin for fsdpx-train");
       values_[p.key()] = t;
+      const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+      digests_[p.key()] = static_cast<int64_t>(XXH3_64bits(c.data_ptr(), c.nbytes()) & 0x7fffffffffffffffULL);
     }
   }
   std::shared_ptr<torch::nn::Module> module() override { return module_; }
@@ -59,6 +65,8 @@ class ModuleModel final : public Model {
     at::NoGradGuard no_grad;
     param.copy_(it->second);
   }
+  // Each parameter's XXH3 digest of its values as the module had them.
+  const std::map<std::string, int64_t>& digests() const { return digests_; }
   // The engine's parameter values are taken: the module's own storages are the engine's from now on.
   void forget_values() { values_.clear(); }
   at::Tensor loss(const Batch&) override {
@@ -76,7 +84,29 @@ class ModuleModel final : public Model {
  private:
   std::shared_ptr<torch::nn::Module> module_;
   std::map<std::string, at::Tensor> values_;
+  std::map<std::string, int64_t> digests_;
 };
+
+// Each rank keeps its rows of its own copy of the module: ranks whose values differ (built with
+// different seeds) would train a mix of models. Every rank's digest of each parameter
+// (ModuleModel::digests); the first parameter that differs is named, on every rank. Collective
+// (the structure is already the same on every rank: the engine checked it).
+void check_values_agree(const std::map<std::string, int64_t>& digests, Communicator& control) {
+  if (control.size() <= 1) return;
+  std::vector<int64_t> mine;
+  for (const auto& [name, d] : digests) mine.push_back(d);
+  const auto all = from_every_rank(control, mine);
+  auto name = digests.begin();
+  for (size_t i = 0; i < mine.size(); ++i, ++name) {
+    std::vector<std::string> differ;
+    for (size_t r = 1; r < all.size(); ++r)
+      if (all[r][i] != all[0][i]) differ.push_back(std::to_string(r));
+    if (!differ.empty())
+      throw Error("fully_shard: the module's values differ between ranks: parameter '" + name->first + "' of rank(s) " +
+                  join_names(differ) + " is not rank 0's; each rank keeps its rows of its own copy, so every rank "
+                  "must build the module with the same values (torch::manual_seed with one seed before building it)");
+  }
+}
 
 }  // namespace
 
@@ -162,7 +192,7 @@ void ShardedModule::save(const std::string& dir, const Optimizer& optimizer, int
   st.step = step;
   TrainerState state;  // what fsdpx-train's checkpoints hold; the library's loop has no data source of fsdpx's
   state.step = step;
-  state.data = "{}";
+  state.data = "{}";  // no data position: fsdpx-train resuming it starts its data from the beginning
   st.trainer_state_json = state.to_json();
   stage_on_host(st);
   b->save(dir, st, checkpoint_context(*impl_->runtime.groups, *impl_->engine));
@@ -201,8 +231,10 @@ std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<tor
   eo.unit_precision = [precision](const std::string& unit) { return precision->spec(unit); };
   eo.overlap = options.overlap;
   eo.prefetch = options.prefetch;
+  eo.reshard_after_forward_by_unit = options.reshard_after_forward;
   eo.device = rt.device;
   impl->engine = build_engine(impl->model, *wrap, TrainSettings{}, *rt.groups, eo, impl->counters);
+  check_values_agree(impl->model->digests(), *rt.groups->control());
   impl->model->forget_values();
   return std::make_unique<ShardedModule>(std::move(impl));
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -21,10 +22,20 @@ struct EngineOptions {
   PrecisionSpec precision;     // from the precision policy (default: fp32 throughout)
   uint64_t seed = 0;           // parameters are initialised from (seed, parameter name)
   bool overlap = true;         // gather the next units while the current one computes
-  int prefetch = 1;            // how many units ahead, forward and backward, when overlapping
+  // How many units ahead, forward and backward, when overlapping. The bound that follows: of the
+  // units that reshard after forward, at most prefetch + 1 hold gathered parameters or an
+  // all-gather in flight at any time (the one computing and those gathered ahead); without
+  // overlap, one (EngineSteps.GatheredUnitsAreBoundedByThePrefetchDepth). The root stays gathered.
+  int prefetch = 1;
   // Each unit's own dtypes (the precision policy's answer for its path, "" for the root); unset:
   // `precision` for every unit. Units may differ in compute and reduce dtypes, not in storage.
   std::function<PrecisionSpec(const std::string& unit)> unit_precision;
+  // Units (by path) that reshard after forward otherwise than layout.reshard_after_forward says,
+  // as FSDP2's reshard_after_forward per fully_shard call: false keeps a unit's gathered
+  // parameters from its forward to its backward (one all-gather fewer per step, its bytes held
+  // meanwhile), true frees them after forward. A path that is no unit, or the root's "" (the
+  // root never reshards), is refused. Units over one rank gather nothing either way.
+  std::map<std::string, bool> reshard_after_forward_by_unit;
   // Layout-invariant sums: each backward is one sample per world rank (rank r's is global sample
   // j * W + r of the round), and adds every rank's gradient rows of this rank's shard, sent by one
   // all-to-all over comms.world (unsharded: one all-gather), into the gradient shard in rank

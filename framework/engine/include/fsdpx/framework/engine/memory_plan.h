@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,7 @@ struct UnitMemory {
   std::vector<std::pair<std::string, int64_t>> params;  // trainable parameters: name, elements
   PrecisionSpec dtypes;
   bool recompute = false;  // activation checkpointing
+  std::optional<bool> reshard_after_forward;  // its own setting (EngineOptions::reshard_after_forward_by_unit)
 };
 
 struct StepMemoryInput {

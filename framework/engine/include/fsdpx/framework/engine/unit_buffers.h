@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "fsdpx/export.h"
 #include "fsdpx/precision_policy.h"
@@ -25,7 +26,9 @@ FSDPX_API int64_t all_gather_bytes(int64_t shard_numel, int64_t shard_size, cons
 FSDPX_API int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes);
 
 // Whether the unit frees its gathered parameters after forward and gathers them again for
-// backward: when sharded and the layout says so; the root never does.
-FSDPX_API bool reshards_after_forward(const ShardingLayout& layout, bool root);
+// backward: when sharded and the layout says so, or `unit_choice` when set (the unit's own
+// setting, EngineOptions::reshard_after_forward_by_unit); the root never does.
+FSDPX_API bool reshards_after_forward(const ShardingLayout& layout, bool root,
+                                      std::optional<bool> unit_choice = std::nullopt);
 
 }  // namespace fsdpx

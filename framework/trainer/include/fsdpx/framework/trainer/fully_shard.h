@@ -76,7 +76,13 @@ struct ShardOptions {
   std::string precision = "fp32";
   std::map<std::string, std::string> precision_options;
   bool overlap = true;  // gather the next units while the current one computes
-  int prefetch = 1;     // units gathered ahead, forward and backward, when overlapping
+  int prefetch = 1;     // units gathered ahead, forward and backward, when overlapping (EngineOptions::prefetch)
+  // Units (by path, e.g. "blocks.3") whose reshard_after_forward differs from the sharding
+  // plugin's (full_shard: true, shard_grad_op: false), as FSDP2's fully_shard(reshard_after_forward=)
+  // per call: false keeps the unit gathered from its forward to its backward (one all-gather
+  // fewer, its full parameters held meanwhile). FSDP2's int (reshard to a smaller group) is not
+  // offered. A path that is no unit, or the root (""), is refused.
+  std::map<std::string, bool> reshard_after_forward;
 };
 
 // The whole parameters of a sharded module, by name, on the CPU (ShardedModule::summon_full_params):
@@ -138,7 +144,7 @@ class FSDPX_API ShardedModule {
 // seed); a model too large for one rank's memory uses the SDK's deferred parameters
 // (fsdpx::deferred_tensor) through a Model plugin and fsdpx-train instead. Collective. Throws
 // fsdpx::Error naming what is wrong: an unknown plugin or option, a parameter shared between
-// units, a deferred parameter, ranks whose modules differ.
+// units, a deferred parameter, ranks whose modules differ (in structure or in values).
 FSDPX_API std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
                                                      const ShardOptions& options = {});
 

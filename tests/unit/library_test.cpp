@@ -1,0 +1,101 @@
+// fsdpx::fully_shard's checks across ranks and its per-unit reshard_after_forward, through
+// tests/workers/library_worker at 2 CPU ranks (the example's losses are LibraryExample's, in
+// tests/library/train_loop_test.py).
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fsdpx/framework/checkpoint/safetensors.h"
+#include "test_paths.h"
+
+namespace fsdpx {
+namespace {
+namespace fs = std::filesystem;
+
+test::CommandResult worker(const std::string& args) {
+  return test::run_command((test::build_dir() / "tests" / "library_worker").string() + " --nproc-per-node 2 " + args);
+}
+
+std::vector<double> losses(const std::string& out) {
+  std::vector<double> v;
+  const std::regex line("step (\\d+) loss (\\S+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator(); ++it)
+    v.push_back(std::stod((*it)[2]));
+  return v;
+}
+
+// Each rank keeps its rows of its own copy: modules built with different seeds are refused on
+// every rank, naming the first parameter that differs, before any step.
+TEST(Library, RanksWhoseModuleValuesDifferAreRefused) {
+  const auto r = worker("--seed-by-rank");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  const std::string line =
+      "library_worker: fully_shard: the module's values differ between ranks: parameter 'block0.down.bias' of "
+      "rank(s) 1 is not rank 0's; each rank keeps its rows of its own copy, so every rank must build the module "
+      "with the same values (torch::manual_seed with one seed before building it)";
+  size_t seen = 0;
+  for (size_t at = r.err.find(line); at != std::string::npos; at = r.err.find(line, at + 1)) ++seen;
+  EXPECT_EQ(seen, 2u) << r.err;  // both ranks say it
+  EXPECT_EQ(losses(r.out).size(), 0u) << r.out;
+}
+
+// reshard_after_forward per unit reaches the engine: the same losses with a unit kept gathered
+// (full_shard) or freed (shard_grad_op), and a misspelt unit is one line naming the right one.
+// Engine.ReshardAfterForwardPerUnit checks the bytes each choice moves.
+TEST(Library, ReshardAfterForwardPerUnit) {
+  for (const std::string sharding : {"full_shard", "shard_grad_op"}) {
+    const auto plain = worker("--sharding " + sharding);
+    ASSERT_EQ(plain.exit_code, 0) << plain.out << plain.err;
+    ASSERT_EQ(losses(plain.out).size(), 3u) << plain.out;
+    const auto per_unit = worker("--sharding " + sharding + " --reshard block1=" +
+                                 (sharding == "full_shard" ? "0" : "1") + " --reshard block2=0");
+    ASSERT_EQ(per_unit.exit_code, 0) << per_unit.out << per_unit.err;
+    EXPECT_EQ(losses(per_unit.out), losses(plain.out)) << sharding;
+  }
+  const auto bad = worker("--reshard blok1=0");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("library_worker: reshard_after_forward is set for 'blok1', which is not a unit (the units: "
+                         "block0, block1, block2); did you mean 'block1'?"),
+            std::string::npos)
+      << bad.err;
+}
+
+// A checkpoint saved from the library (the parameter names of fsdpx-train's mlp model, AdamW, 2
+// ranks, step 3) resumes in fsdpx-train at 3 ranks: it starts at step 3, says that the data starts
+// from its beginning (the library's loop had no fsdpx data position), and one step at lr 1e-30
+// later its weights are the library's (consolidated both, every tensor within 1e-9).
+TEST(Library, ACheckpointOfTheLibraryResumesInFsdpxTrain) {
+  test::TempDir dir;
+  const fs::path saved = dir.path() / "library" / "step-00000003", out = dir.path() / "train";
+  const auto lib = worker("--mlp --save " + saved.string());
+  ASSERT_EQ(lib.exit_code, 0) << lib.out << lib.err;
+  const auto train = test::run_command(
+      (test::bin_dir() / "fsdpx-train").string() + " --nproc-per-node 3 --model.name mlp --data.name csv " +
+      "--data.path " + test::csv_path() + " --wrap.layer_types Hidden --optimizer.name adamw --optimizer.lr 1e-30 " +
+      "--checkpoint.name sharded --resume " + saved.string() + " --steps 4 --batch-size 4 --out " + out.string());
+  ASSERT_EQ(train.exit_code, 0) << train.out << train.err;
+  EXPECT_NE(train.out.find("resumed from " + saved.string() + " at step 3"), std::string::npos) << train.out;
+  EXPECT_NE(train.out.find(saved.string() + " holds no data position (a library checkpoint, ShardedModule::save): "
+                                            "the data starts from its beginning"),
+            std::string::npos)
+      << train.out;
+  const fs::path a = dir.path() / "library.safetensors", b = dir.path() / "train.safetensors";
+  const std::string ckpt = (test::bin_dir() / "fsdpx-ckpt").string();
+  for (const auto& [from, to] : {std::pair{saved, a}, std::pair{out / "checkpoints" / "step-00000004", b}}) {
+    const auto c = test::run_command(ckpt + " consolidate " + from.string() + " " + to.string() + " --no-optimizer");
+    ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
+  }
+  SafetensorsReader library(a.string()), trained(b.string());
+  ASSERT_EQ(library.entries().size(), 6u);
+  ASSERT_EQ(trained.entries().size(), library.entries().size());
+  for (const auto& [name, e] : library.entries()) {
+    const at::Tensor x = library.read(name), y = trained.read(name);
+    EXPECT_TRUE(x.sizes() == y.sizes() && (x - y).abs().max().item<double>() <= 1e-9) << name;
+  }
+}
+
+}  // namespace
+}  // namespace fsdpx
