@@ -8,6 +8,7 @@
 #define XXH_INLINE_ALL  // header-only: libxxhash-dev's xxhash.h
 #include <xxhash.h>
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -16,6 +17,7 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/runtime/communicator.h"
+#include "fsdpx/framework/runtime/cpu_resources.h"
 #include "fsdpx/framework/trainer/checkpoint_state.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/every_rank.h"
@@ -122,6 +124,8 @@ Runtime::Runtime(RuntimeSettings settings) : impl_(std::make_unique<Impl>()) {
   ro.rendezvous_timeout = settings.rendezvous_timeout;
   ro.collective_timeout = settings.collective_timeout;
   check_device_trains(kind, Backend::Default, ro.topology.local_world_size);
+  // LibTorch's intra-op threads: this rank's share of the cores (OMP_NUM_THREADS wins), as fsdpx-train's.
+  at::set_num_threads(choose_threads(process_environment(), ro.topology.local_world_size, affinity_cpus()).threads);
   impl_->device = open_device(settings.device, ro.topology.local_rank);
   impl_->groups = ProcessGroups::create(ro);
 }
@@ -132,7 +136,7 @@ PluginHost& Runtime::plugins() const { return impl_->host; }
 
 struct ShardedModule::Impl {
   Runtime::Impl& runtime;
-  std::shared_ptr<ModuleModel> model;
+  std::shared_ptr<Model> model;
   CommCounters counters;
   std::unique_ptr<ShardingEngine> engine;
 };
@@ -215,12 +219,11 @@ std::shared_ptr<Optimizer> ShardedModule::optimizer(const std::string& name,
   return opt;
 }
 
-std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<Model> model,
                                            const ShardOptions& options) {
-  if (!module) throw Error("fully_shard: the module is null");
+  if (!model || !model->module()) throw Error("fully_shard: the model is null, or has no module");
   Runtime::Impl& rt = runtime.impl();
-  auto impl =
-      std::make_unique<ShardedModule::Impl>(ShardedModule::Impl{rt, std::make_shared<ModuleModel>(module), {}, {}});
+  auto impl = std::make_unique<ShardedModule::Impl>(ShardedModule::Impl{rt, model, {}, {}});
   const auto strategy = rt.host.create<ShardingStrategy>(options.sharding, options.sharding_options);
   const auto wrap = rt.host.create<WrapPolicy>(options.wrap, options.wrap_options);
   const auto precision = std::shared_ptr<const PrecisionPolicy>(
@@ -233,10 +236,19 @@ std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<tor
   eo.prefetch = options.prefetch;
   eo.reshard_after_forward_by_unit = options.reshard_after_forward;
   eo.device = rt.device;
+  eo.seed = options.seed;
   impl->engine = build_engine(impl->model, *wrap, TrainSettings{}, *rt.groups, eo, impl->counters);
-  check_values_agree(impl->model->digests(), *rt.groups->control());
-  impl->model->forget_values();
   return std::make_unique<ShardedModule>(std::move(impl));
+}
+
+std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+                                           const ShardOptions& options) {
+  if (!module) throw Error("fully_shard: the module is null");
+  auto adapter = std::make_shared<ModuleModel>(module);
+  auto sharded = fully_shard(runtime, std::static_pointer_cast<Model>(adapter), options);
+  check_values_agree(adapter->digests(), *runtime.impl().groups->control());
+  adapter->forget_values();
+  return sharded;
 }
 
 }  // namespace fsdpx

@@ -28,6 +28,7 @@
 #include "fsdpx/checkpoint_backend.h"
 #include "fsdpx/export.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
+#include "fsdpx/model.h"
 #include "fsdpx/optimizer.h"
 #include "fsdpx/topology.h"
 
@@ -45,7 +46,8 @@ struct RuntimeSettings {
 
 // This process among the training processes: its topology (torchrun's RANK, WORLD_SIZE, ...,
 // Slurm's SLURM_PROCID, ..., or one process, as fsdpx-train reads them), its device, the process
-// groups (the rendezvous happens here: every rank of the job must construct one), and the plugins.
+// groups (the rendezvous happens here: every rank of the job must construct one), the plugins, and
+// LibTorch's intra-op threads: this rank's share of the cores (OMP_NUM_THREADS wins), as fsdpx-train.
 class FSDPX_API Runtime {
  public:
   explicit Runtime(RuntimeSettings settings = {});
@@ -83,6 +85,9 @@ struct ShardOptions {
   // fewer, its full parameters held meanwhile). FSDP2's int (reshard to a smaller group) is not
   // offered. A path that is no unit, or the root (""), is refused.
   std::map<std::string, bool> reshard_after_forward;
+  // A Model's deferred parameters are initialised from (seed, name), as fsdpx-train's --seed
+  // (the overload taking a Model); a module's own values are its own.
+  uint64_t seed = 0;
 };
 
 // The whole parameters of a sharded module, by name, on the CPU (ShardedModule::summon_full_params):
@@ -142,10 +147,19 @@ class FSDPX_API ShardedModule {
 // layout, the precision plugin the dtypes. The module's parameters may be materialised (each rank
 // keeps its rows and frees the rest, unit by unit) and must then be equal on every rank (the same
 // seed); a model too large for one rank's memory uses the SDK's deferred parameters
-// (fsdpx::deferred_tensor) through a Model plugin and fsdpx-train instead. Collective. Throws
+// (fsdpx::deferred_tensor) through a Model and the overload below instead. Collective. Throws
 // fsdpx::Error naming what is wrong: an unknown plugin or option, a parameter shared between
 // units, a deferred parameter, ranks whose modules differ (in structure or in values).
 FSDPX_API std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
+                                                     const ShardOptions& options = {});
+
+// Shards a Model (fsdpx/model.h, as a model plugin defines it) in the caller's loop: its
+// parameters are deferred (fsdpx::deferred_tensor) and each rank initialises only its rows, unit
+// by unit, from init_parameter(seed, name), so no rank ever holds the whole model: the way for
+// models too large for one rank's memory. runtime.plugins().create<Model>("gpt", {{"size",
+// "1b"}}) gives a plugin's, whose loss(batch) the caller's forward may call. The same weights as
+// fsdpx-train's with the same --seed. Collective.
+FSDPX_API std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<Model> model,
                                                      const ShardOptions& options = {});
 
 }  // namespace fsdpx
