@@ -2,6 +2,7 @@
 // tests/workers/library_worker at 2 CPU ranks (the example's losses are LibraryExample's, in
 // tests/library/train_loop_test.py).
 #include <filesystem>
+#include <memory>
 #include <regex>
 #include <string>
 #include <vector>
@@ -95,6 +96,29 @@ TEST(Library, ACheckpointOfTheLibraryResumesInFsdpxTrain) {
     const at::Tensor x = library.read(name), y = trained.read(name);
     EXPECT_TRUE(x.sizes() == y.sizes() && (x - y).abs().max().item<double>() <= 1e-9) << name;
   }
+}
+
+// An asynchronous save from the library after step 1, written while steps 2 and 3 change the
+// shards, holds step 1's exact state: the same tensors, optimizer state included, to the last bit,
+// as a synchronous save of step 1; fsdpx-ckpt verify calls it complete.
+TEST(Library, AnAsynchronousSaveHoldsItsStepsState) {
+  test::TempDir dir;
+  const std::string ckpt = (test::bin_dir() / "fsdpx-ckpt").string();
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  for (const std::string way : {"sync", "async"}) {
+    const fs::path saved = dir.path() / way / "step-00000001", file = dir.path() / (way + ".safetensors");
+    const auto r = worker("--mlp --save-after 1 --save " + saved.string() + (way == "async" ? " --async" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const auto verify = test::run_command(ckpt + " verify " + saved.string());
+    EXPECT_EQ(verify.exit_code, 0) << way << ": " << verify.out << verify.err;
+    const auto c = test::run_command(ckpt + " consolidate " + saved.string() + " " + file.string());
+    ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
+    files.push_back(std::make_unique<SafetensorsReader>(file.string()));
+  }
+  ASSERT_GT(files[0]->entries().size(), 6u);  // the weights and AdamW's state
+  ASSERT_EQ(files[1]->entries().size(), files[0]->entries().size());
+  for (const auto& [name, e] : files[0]->entries())
+    EXPECT_TRUE(files[0]->read(name).equal(files[1]->read(name))) << name;
 }
 
 // A Model plugin (gpt tiny, deferred parameters) sharded through fully_shard in a plain loop

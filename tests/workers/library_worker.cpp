@@ -2,9 +2,11 @@
 // library_test.cpp): a small torch::nn model of 3 Blocks (or, --mlp, one with the parameter names
 // and shapes of fsdpx-train's mlp model) sharded with fsdpx::fully_shard and trained 3 steps with
 // SGD (--mlp: AdamW); rank 0 prints each step's loss (rank 0's part of the batch).
-//   library_worker [--seed-by-rank] [--reshard UNIT=0|1 ...] [--sharding NAME] [--mlp] [--save DIR]
+//   library_worker [--seed-by-rank] [--reshard UNIT=0|1 ...] [--sharding NAME] [--mlp]
+//                  [--save DIR [--save-after N] [--async]]
 // --seed-by-rank seeds each rank with its rank: the mistake fully_shard must refuse. --save writes
-// a sharded checkpoint at step 3.
+// a sharded checkpoint after step N (3: the last), --async in the background while the steps
+// after it run.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -100,8 +102,11 @@ int run(const fsdpx::tool::po::variables_map& vm) {
     opt->step(opt->base_lr());
     fsdp->zero_grad();
     if (rt.rank() == 0) std::printf("step %d loss %.9g\n", step, loss.item<double>());
+    if (vm.count("save") && step + 1 == vm["save-after"].as<int>())
+      fsdp->save(vm["save"].as<std::string>(), *opt, step + 1, "sharded",
+                 {{"async", vm.count("async") ? "true" : "false"}});
   }
-  if (vm.count("save")) fsdp->save(vm["save"].as<std::string>(), *opt, 3);
+  fsdp->wait_for_save();
   return 0;
 }
 
@@ -114,6 +119,8 @@ int main(int argc, char** argv) {
       ("reshard", po::value<std::vector<std::string>>()->default_value({}, ""), "UNIT=0|1: reshard_after_forward")
       ("sharding", po::value<std::string>()->default_value("full_shard"), "a sharding plugin")
       ("mlp", "fsdpx-train's mlp model, trained with AdamW")
-      ("save", po::value<std::string>(), "a sharded checkpoint of step 3 here");
+      ("save", po::value<std::string>(), "a sharded checkpoint here")
+      ("save-after", po::value<int>()->default_value(3), "the step whose state --save writes")
+      ("async", "--save in the background (the sharded plugin's async option)");
   return fsdpx::tool::main(argc, argv, "library_worker", desc, run);
 }

@@ -4,6 +4,7 @@
 #include "fsdpx/framework/trainer/fully_shard.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #define XXH_INLINE_ALL  // header-only: libxxhash-dev's xxhash.h
 #include <xxhash.h>
@@ -18,6 +19,7 @@
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/runtime/cpu_resources.h"
+#include "fsdpx/framework/trainer/checkpoint_saver.h"
 #include "fsdpx/framework/trainer/checkpoint_state.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/every_rank.h"
@@ -139,10 +141,20 @@ struct ShardedModule::Impl {
   std::shared_ptr<Model> model;
   CommCounters counters;
   std::unique_ptr<ShardingEngine> engine;
+  // Asynchronous saves: the backend they were made with (its name and options), and its saver.
+  std::string saver_key;
+  std::shared_ptr<CheckpointBackend> save_backend;
+  std::unique_ptr<CheckpointSaver> saver;
 };
 
 ShardedModule::ShardedModule(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ShardedModule::~ShardedModule() = default;
+ShardedModule::~ShardedModule() {
+  try {
+    wait_for_save();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdpx: %s\n", e.what());
+  }
+}
 at::Tensor ShardedModule::forward(const std::function<at::Tensor()>& f) { return impl_->engine->forward(f); }
 void ShardedModule::backward(const at::Tensor& loss) { impl_->engine->backward(loss); }
 void ShardedModule::set_requires_gradient_sync(bool sync) { impl_->engine->set_requires_gradient_sync(sync); }
@@ -190,16 +202,39 @@ FullParameters ShardedModule::summon_full_params(bool writable) {
   return FullParameters(std::move(full), std::move(rows), writable);
 }
 
-void ShardedModule::save(const std::string& dir, const Optimizer& optimizer, int64_t step, const std::string& backend) {
-  auto b = impl_->runtime.host.create<CheckpointBackend>(backend);
-  CheckpointState st = checkpoint_state(*impl_->engine, optimizer, /*for_load=*/false);
+bool ShardedModule::save_in_flight() { return impl_->saver && impl_->saver->in_flight(); }
+void ShardedModule::wait_for_save() {
+  if (impl_->saver) impl_->saver->wait();
+}
+
+void ShardedModule::save(const std::string& dir, const Optimizer& optimizer, int64_t step, const std::string& backend,
+                         const std::map<std::string, std::string>& backend_options) {
+  Impl& m = *impl_;
+  std::string key = backend;
+  for (const auto& [k, v] : backend_options) key += "\n" + k + "=" + v;
+  if (m.saver && key != m.saver_key) {  // another backend or options: the save in flight ends first
+    m.saver->wait();
+    m.saver.reset();
+  }
+  auto b = m.saver ? m.save_backend : m.runtime.host.create<CheckpointBackend>(backend, backend_options);
+  CheckpointState st = checkpoint_state(*m.engine, optimizer, /*for_load=*/false);
   st.step = step;
   TrainerState state;  // what fsdpx-train's checkpoints hold; the library's loop has no data source of fsdpx's
   state.step = step;
   state.data = "{}";  // no data position: fsdpx-train resuming it starts its data from the beginning
   st.trainer_state_json = state.to_json();
+  auto* streamed = dynamic_cast<StreamedCheckpointBackend*>(b.get());
+  if (!m.saver && streamed && streamed->saves_in_background()) {  // as fsdpx-train's Checkpointer makes it
+    const ProcessGroups& groups = *m.runtime.groups;
+    m.saver = std::make_unique<CheckpointSaver>(
+        *streamed, checkpoint_context(groups, *m.engine),
+        checkpoint_context(groups.new_control_group("checkpoint"), *m.engine), m.runtime.device);
+    m.save_backend = b;
+    m.saver_key = key;
+  }
+  if (m.saver) return m.saver->save(dir, st);
   stage_on_host(st);
-  b->save(dir, st, checkpoint_context(*impl_->runtime.groups, *impl_->engine));
+  b->save(dir, st, checkpoint_context(*m.runtime.groups, *m.engine));
 }
 
 int64_t ShardedModule::load(const std::string& dir, Optimizer& optimizer, const std::string& backend) {
@@ -223,7 +258,7 @@ std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<Mod
                                            const ShardOptions& options) {
   if (!model || !model->module()) throw Error("fully_shard: the model is null, or has no module");
   Runtime::Impl& rt = runtime.impl();
-  auto impl = std::make_unique<ShardedModule::Impl>(ShardedModule::Impl{rt, model, {}, {}});
+  auto impl = std::make_unique<ShardedModule::Impl>(ShardedModule::Impl{rt, model, {}, {}, {}, {}, {}});
   const auto strategy = rt.host.create<ShardingStrategy>(options.sharding, options.sharding_options);
   const auto wrap = rt.host.create<WrapPolicy>(options.wrap, options.wrap_options);
   const auto precision = std::shared_ptr<const PrecisionPolicy>(

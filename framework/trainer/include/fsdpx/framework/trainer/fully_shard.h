@@ -127,10 +127,19 @@ class FSDPX_API ShardedModule {
   std::vector<ParamShard> shards() const;
   // Every parameter whole, on every rank (FSDP's summon_full_params; a copy on the CPU). Collective.
   FullParameters summon_full_params(bool writable = false);
-  // The parameters and `optimizer`'s state under `dir` through a checkpoint plugin (sharded:
-  // reshardable, loads at any world size and strategy), synchronously. Collective.
+  // The parameters and `optimizer`'s state under `dir` through a checkpoint plugin with its
+  // options (sharded: reshardable, loads at any world size and strategy). Collective. With
+  // {{"async", "true"}} (sharded) it returns once this step's state is staged into the plugin's
+  // pool (pool_mib), and a writer thread per rank writes while training goes on: the checkpoint
+  // is complete (renamed into place) once every rank's writer has finished. One save is in flight
+  // at most: a save waits for the one before. Else it returns once the checkpoint is complete.
   void save(const std::string& dir, const Optimizer& optimizer, int64_t step = 0,
-            const std::string& backend = "sharded");
+            const std::string& backend = "sharded", const std::map<std::string, std::string>& backend_options = {});
+  // Whether an asynchronous save is still being written; wait_for_save() waits for it. Both
+  // throw fsdpx::Error with the failure of a save that failed (one line naming the checkpoint).
+  // The module's destruction waits too (a failure then goes to stderr).
+  bool save_in_flight();
+  void wait_for_save();
   // Loads what save() wrote (at any world size) into the shards and `optimizer`; returns its step.
   int64_t load(const std::string& dir, Optimizer& optimizer, const std::string& backend = "sharded");
   ShardingEngine& engine();
