@@ -20,7 +20,6 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <optional>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
@@ -226,12 +225,6 @@ Sharded build_sharded(Run& r) {
   return sh;
 }
 
-// --unit-reshard's setting for `fqn`, if any.
-std::optional<bool> unit_reshard(const EngineOptions& o, const std::string& fqn) {
-  const auto it = o.reshard_after_forward_by_unit.find(fqn);
-  return it == o.reshard_after_forward_by_unit.end() ? std::nullopt : std::optional<bool>(it->second);
-}
-
 // The strategy's formula: per unit of T shard elements (padded) over S ranks, each all-gather
 // and reduce-scatter of S x T x 4 bytes sends (S-1) x T x 4 (the all-gather twice when the unit
 // reshards after forward); all-reduce (DDP) 2 x (W-1)/W x T x 4. From the engine's plan and the
@@ -244,7 +237,7 @@ int64_t expected_comm(const ShardingEngine& engine, const EngineOptions& options
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t bytes = S * padded_shard_numel(units[u].shapes, S) * 4;
     if (S > 1)
-      expect += (reshards_after_forward(layout, u == 0, unit_reshard(options, units[u].fqn)) ? 3 : 2) *
+      expect += (reshards_after_forward(layout, u == 0, reshard_choice_of(options, units[u].fqn)) ? 3 : 2) *
                 ring_sent_bytes(Collective::AllGather, bytes, S);
     else if (world > 1) expect += ring_sent_bytes(Collective::AllReduce, bytes, world);
   }
@@ -258,7 +251,7 @@ void write_step_traces(Run& r, const Sharded& sh, int world) {
   StepMemoryInput in;
   in.units = units_for_memory(engine.plan(), sh.layout.shard_group_size,
                               std::vector<PrecisionSpec>(engine.plan().units.size(), sh.options.precision));
-  for (UnitMemory& u : in.units) u.reshard_after_forward = unit_reshard(sh.options, u.fqn);
+  for (UnitMemory& u : in.units) u.reshard_after_forward = reshard_choice_of(sh.options, u.fqn);
   in.layout = sh.layout;
   in.world_size = world;
   in.overlap = sh.options.overlap;

@@ -50,8 +50,7 @@ std::unique_ptr<Unit> new_unit(ShardingEngine::Impl& e, const std::string& fqn, 
   const EngineOptions& o = e.config.options;
   u->group.precision = o.unit_precision ? o.unit_precision(fqn) : o.precision;
   check_unit_precision(fqn, u->group.precision, o.precision);
-  if (const auto it = o.reshard_after_forward_by_unit.find(fqn); it != o.reshard_after_forward_by_unit.end())
-    u->group.reshard_choice = it->second;
+  u->group.reshard_choice = reshard_choice_of(o, fqn);
   return u;
 }
 

@@ -14,6 +14,7 @@
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/every_rank.h"
 #include "fsdpx/framework/runtime/process_groups.h"
+#include "fsdpx/framework/trainer/checkpoint_saver.h"
 
 namespace fsdpx {
 namespace {
@@ -93,6 +94,15 @@ HostStaging stage_on_host(CheckpointState& st) {
 void HostStaging::copy_back() const {
   at::NoGradGuard no_grad;
   for (const auto& [device, host] : device_and_host) device.copy_(host);
+}
+
+std::unique_ptr<CheckpointSaver> make_checkpoint_saver(StreamedCheckpointBackend& backend, const ProcessGroups& groups,
+                                                       const ShardingEngine& engine,
+                                                       std::shared_ptr<const DeviceRuntime> device) {
+  const CheckpointContext main = checkpoint_context(groups, engine);
+  const CheckpointContext background =
+      backend.saves_in_background() ? checkpoint_context(groups.new_control_group("checkpoint"), engine) : main;
+  return std::make_unique<CheckpointSaver>(backend, main, background, std::move(device));
 }
 
 CheckpointContext checkpoint_context(const ProcessGroups& groups, const ShardingEngine& engine) {

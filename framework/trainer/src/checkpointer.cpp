@@ -33,11 +33,7 @@ Checkpointer::Checkpointer(std::shared_ptr<CheckpointBackend> backend, const Tra
   auto* streamed = dynamic_cast<StreamedCheckpointBackend*>(backend_.get());
   // On the CPU a synchronous save writes the tensors as they are: nothing to stage.
   if (!streamed || (!streamed->saves_in_background() && parts_.device->is_cpu())) return;
-  const CheckpointContext main = checkpoint_context(groups_, parts_.engine);
-  const CheckpointContext background =
-      streamed->saves_in_background() ? checkpoint_context(groups.new_control_group("checkpoint"), parts_.engine)
-                                      : main;
-  saver_ = std::make_unique<CheckpointSaver>(*streamed, main, background, parts_.device);
+  saver_ = make_checkpoint_saver(*streamed, groups_, parts_.engine, parts_.device);
   if (writer_) {
     char l[200];
     std::snprintf(l, sizeof l, "checkpoints: %s, staged through a pool of at most %.0f MiB per rank (%s memory)",
@@ -107,7 +103,7 @@ int64_t Checkpointer::restore() {
   staging.copy_back();
   load_optimizer_state(st, parts_.optimizer);
   const TrainerState state = TrainerState::from_json(st.trainer_state_json);
-  if (state.data == "{}") {  // fsdpx::fully_shard's save: the user's loop had no fsdpx data source
+  if (!state.has_data_position()) {
     if (writer_)
       std::printf("%s holds no data position (a library checkpoint, ShardedModule::save): the data starts from "
                   "its beginning\n", dir.c_str());

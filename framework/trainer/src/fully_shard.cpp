@@ -54,8 +54,8 @@ class ModuleModel final : public Model {
       const at::Tensor& t = p.value();
       if (t.numel() > 0 && (!t.has_storage() || t.storage().nbytes() == 0))
         throw Error("fully_shard: parameter '" + p.key() + "' has no values (an fsdpx::deferred_tensor?): the "
-                    "library shards parameters the module has materialised; a model built with deferred "
-                    "parameters is a Model plugin for fsdpx-train");
+                    "module overload shards parameters the module has materialised; a model built with deferred "
+                    "parameters goes to fully_shard as a Model (fsdpx/model.h)");
       values_[p.key()] = t;
       const at::Tensor c = t.detach().to(at::kCPU).contiguous();
       digests_[p.key()] = static_cast<int64_t>(XXH3_64bits(c.data_ptr(), c.nbytes()) & 0x7fffffffffffffffULL);
@@ -221,14 +221,11 @@ void ShardedModule::save(const std::string& dir, const Optimizer& optimizer, int
   st.step = step;
   TrainerState state;  // what fsdpx-train's checkpoints hold; the library's loop has no data source of fsdpx's
   state.step = step;
-  state.data = "{}";  // no data position: fsdpx-train resuming it starts its data from the beginning
+  state.data = TrainerState::kNoDataPosition;
   st.trainer_state_json = state.to_json();
   auto* streamed = dynamic_cast<StreamedCheckpointBackend*>(b.get());
-  if (!m.saver && streamed && streamed->saves_in_background()) {  // as fsdpx-train's Checkpointer makes it
-    const ProcessGroups& groups = *m.runtime.groups;
-    m.saver = std::make_unique<CheckpointSaver>(
-        *streamed, checkpoint_context(groups, *m.engine),
-        checkpoint_context(groups.new_control_group("checkpoint"), *m.engine), m.runtime.device);
+  if (!m.saver && streamed && streamed->saves_in_background()) {
+    m.saver = make_checkpoint_saver(*streamed, *m.runtime.groups, *m.engine, m.runtime.device);
     m.save_backend = b;
     m.saver_key = key;
   }

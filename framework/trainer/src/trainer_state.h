@@ -17,7 +17,11 @@ struct TrainerState {
 
   int64_t step = 0;
   uint64_t seed = 0;                      // the run's --seed
-  std::string data;                       // DataSource::state(), JSON text
+  std::string data;                       // DataSource::state(), JSON text; kNoDataPosition: none
+  // What a checkpoint saved from fsdpx::fully_shard (the user's own loop, no fsdpx data source)
+  // holds as its data position: resuming it, fsdpx-train starts its data from the beginning.
+  static constexpr const char* kNoDataPosition = "{}";
+  bool has_data_position() const { return data != kNoDataPosition; }
   std::optional<std::string> hf_config;   // HuggingFaceModel::hf_config_json(), when the model has one
   std::optional<LossScaling> loss_scaler; // when the precision policy scales the loss
 

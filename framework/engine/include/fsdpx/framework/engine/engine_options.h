@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "fsdpx/framework/runtime/communicator.h"
@@ -61,6 +62,12 @@ struct EngineOptions {
   // The step's events as they happen (step_trace.h), for tests; unset: none.
   StepTrace step_trace;
 };
+
+// The unit's own reshard_after_forward (EngineOptions::reshard_after_forward_by_unit), if set.
+inline std::optional<bool> reshard_choice_of(const EngineOptions& o, const std::string& unit) {
+  const auto it = o.reshard_after_forward_by_unit.find(unit);
+  return it == o.reshard_after_forward_by_unit.end() ? std::nullopt : std::optional<bool>(it->second);
+}
 
 // The communicators the engine uses. `shard` has layout.shard_group_size ranks (nullptr when 1);
 // `replicate` has layout.replicate_group_size ranks (nullptr when 1); `world` is every rank. They

@@ -10,7 +10,9 @@
 
 namespace fsdpx {
 
+class CheckpointSaver;
 class Communicator;
+class DeviceRuntime;
 class ShardingEngine;
 class ProcessGroups;
 
@@ -38,6 +40,13 @@ FSDPX_API CheckpointContext checkpoint_context(const ProcessGroups& groups, cons
 // The same over `group` (every rank, Gloo on CPU tensors): a background writer's own
 // (ProcessGroups::new_control_group).
 FSDPX_API CheckpointContext checkpoint_context(std::shared_ptr<Communicator> group, const ShardingEngine& engine);
+// The saver of a streamed backend's saves (checkpoint_saver.h), as fsdpx-train and the library
+// make it: over `groups`' control group, and for a backend that saves in the background, a
+// control group of its own (new_control_group) for the writer thread. Collective then.
+FSDPX_API std::unique_ptr<CheckpointSaver> make_checkpoint_saver(StreamedCheckpointBackend& backend,
+                                                                 const ProcessGroups& groups,
+                                                                 const ShardingEngine& engine,
+                                                                 std::shared_ptr<const DeviceRuntime> device);
 // After a load: the optimizer state into the optimizer. (The trainer state, with the data
 // position, is the trainer's TrainerState.)
 FSDPX_API void load_optimizer_state(const CheckpointState& state, Optimizer& optimizer);
