@@ -68,9 +68,15 @@ void FlightRecorder::finish(uint64_t id, bool ok) {
 
 std::string FlightRecorder::serialize(size_t last) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t n = std::min<uint64_t>({next_, ring_.size(), last});
+  // Per group: a rank stopped while its control group waits must still say where that group was,
+  // however many records the engine's group made since.
+  const uint64_t n = std::min<uint64_t>(next_, ring_.size());
+  std::map<std::string, size_t> kept;
+  std::vector<uint64_t> ids;
+  for (uint64_t id = next_; id-- > next_ - n;)
+    if (kept[ring_[id % ring_.size()].group]++ < last) ids.push_back(id);
   std::string out;
-  for (uint64_t id = next_ - n; id < next_; ++id) out += serialize_entry(ring_[id % ring_.size()]) + "\n";
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) out += serialize_entry(ring_[*it % ring_.size()]) + "\n";
   return out;
 }
 

@@ -36,7 +36,7 @@ class FlightRecorder {
   // record (its id for finish).
   FlightEntry record(const std::string& group, int64_t seq, const char* op, c10::ScalarType dtype, int64_t count);
   void finish(uint64_t id, bool ok);
-  // The last `last` records, oldest first, one per line (tab-separated fields).
+  // The last `last` records of each group, oldest first, one per line (tab-separated fields).
   std::string serialize(size_t last) const;
   uint64_t version() const;  // changes with every record and state change
 

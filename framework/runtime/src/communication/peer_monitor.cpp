@@ -14,7 +14,7 @@ constexpr const char* kFailureKey = "fsdpx/failure";  // "R\nmessage" of the fir
 constexpr const char* kFlightRequest = "fsdpx/flight/request";    // a counter: > 0 asks for whole rings
 constexpr const char* kFlightReporter = "fsdpx/flight/reporter";  // the rank that compares them
 constexpr const char* kFlightReport = "fsdpx/flight/report";      // and what it found
-constexpr size_t kTailRecords = 8;  // what every beat publishes (a stopped rank's last word)
+constexpr size_t kTailRecords = 8;  // per group, what every beat publishes (a stopped rank's last word)
 std::string flight_key(int r) { return "fsdpx/flight/" + std::to_string(r); }
 }  // namespace
 
