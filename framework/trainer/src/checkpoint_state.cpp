@@ -105,6 +105,65 @@ std::unique_ptr<CheckpointSaver> make_checkpoint_saver(StreamedCheckpointBackend
   return std::make_unique<CheckpointSaver>(backend, main, background, std::move(device));
 }
 
+namespace {
+
+// Tensor `s` whole from every rank's rows (metas[r] = rank r's {offset, rows}): one all-gather of
+// the rows padded to the largest share, assembled on every rank (`only` >= 0: on that rank alone;
+// the others get an undefined tensor).
+at::Tensor assemble_whole(Communicator& world, const TensorShard& s, const std::vector<std::vector<int64_t>>& metas,
+                          int only) {
+  const int W = world.size();
+  at::Tensor local = s.local.contiguous();
+  const std::vector<int64_t>& shape = s.global_shape;
+  int64_t most = 0;
+  for (int r = 0; r < W; ++r) most = std::max(most, metas[r][1]);
+  const int64_t row = row_numel(shape);
+  at::Tensor mine = local.reshape({-1});  // a full share goes as it is; a short one is padded
+  if (local.numel() != most * row) {
+    mine = at::zeros({most * row}, local.options());
+    if (local.numel() > 0) mine.narrow(0, 0, local.numel()).copy_(local.reshape({-1}));
+  }
+  at::Tensor all = at::empty({W * most * row}, local.options());
+  world.all_gather(all, mine).wait();
+  if (only >= 0 && world.rank() != only) return at::Tensor();
+  // When rank r holds rows [r * most, r * most + most) (a short share only at the end), the
+  // gathered buffer already is the tensor.
+  bool in_rank_order = true;
+  for (int r = 0; r < W; ++r) {
+    const int64_t off = metas[r][0], n = metas[r][1];
+    in_rank_order = in_rank_order && (n == 0 || off == r * most) && (n == most || off + n == rows_of(shape) || n == 0);
+  }
+  if (in_rank_order && rows_of(shape) <= W * most) return all.narrow(0, 0, rows_of(shape) * row).reshape(shape);
+  at::Tensor full = at::empty({rows_of(shape) * row}, local.options());
+  for (int r = 0; r < W; ++r) {
+    const int64_t off = metas[r][0], n = metas[r][1];
+    if (n > 0) full.narrow(0, off * row, n * row).copy_(all.narrow(0, r * most * row, n * row));
+  }
+  return full.reshape(shape);
+}
+
+}  // namespace
+
+std::vector<at::Tensor> gather_whole(Communicator& world, const std::vector<TensorShard>& shards) {
+  std::vector<at::Tensor> out;
+  if (world.size() == 1) {
+    for (const TensorShard& s : shards) out.push_back(s.local.contiguous().reshape(s.global_shape).clone());
+    return out;
+  }
+  std::vector<int64_t> mine;  // every tensor's {offset, rows}: one exchange for all of them
+  for (const TensorShard& s : shards) {
+    mine.push_back(s.row_offset);
+    mine.push_back(rows_of(s.local));
+  }
+  const auto all = from_every_rank(world, mine);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::vector<std::vector<int64_t>> metas;
+    for (const auto& r : all) metas.push_back({r[2 * i], r[2 * i + 1]});
+    out.push_back(assemble_whole(world, shards[i], metas, -1));
+  }
+  return out;
+}
+
 CheckpointContext checkpoint_context(const ProcessGroups& groups, const ShardingEngine& engine) {
   return checkpoint_context(groups.control(), engine);
 }
@@ -122,38 +181,10 @@ CheckpointContext checkpoint_context(std::shared_ptr<Communicator> world, const 
     std::memcpy(v.data(), t.data_ptr<int64_t>(), v.size() * sizeof(int64_t));
   };
   ctx.gather_to_rank0 = [world](const TensorShard& s) -> at::Tensor {
-    const int W = world->size();
-    at::Tensor local = s.local.contiguous();
-    const std::vector<int64_t>& shape = s.global_shape;
-    if (W == 1) return local.reshape(shape).clone();
-    // Every rank's (offset, rows), then the rows padded to the largest share.
-    const auto metas = from_every_rank(*world, std::vector<int64_t>{s.row_offset, rows_of(local)});
-    int64_t most = 0;
-    for (int r = 0; r < W; ++r) most = std::max(most, metas[r][1]);
-    const int64_t row = row_numel(shape);
-    at::Tensor mine = local.reshape({-1});  // a full share goes as it is; a short one is padded
-    if (local.numel() != most * row) {
-      mine = at::zeros({most * row}, local.options());
-      if (local.numel() > 0) mine.narrow(0, 0, local.numel()).copy_(local.reshape({-1}));
-    }
-    at::Tensor all = at::empty({W * most * row}, local.options());
-    world->all_gather(all, mine).wait();
-    if (world->rank() != 0) return at::Tensor();
-    // When rank r holds rows [r * most, r * most + most) (a short share only at the end), the
-    // gathered buffer already is the tensor.
-    bool in_rank_order = true;
-    for (int r = 0; r < W; ++r) {
-      const int64_t off = metas[r][0], n = metas[r][1];
-      in_rank_order =
-          in_rank_order && (n == 0 || off == r * most) && (n == most || off + n == rows_of(shape) || n == 0);
-    }
-    if (in_rank_order && rows_of(shape) <= W * most) return all.narrow(0, 0, rows_of(shape) * row).reshape(shape);
-    at::Tensor full = at::empty({rows_of(shape) * row}, local.options());
-    for (int r = 0; r < W; ++r) {
-      const int64_t off = metas[r][0], n = metas[r][1];
-      if (n > 0) full.narrow(0, off * row, n * row).copy_(all.narrow(0, r * most * row, n * row));
-    }
-    return full.reshape(shape);
+    if (world->size() == 1) return s.local.contiguous().reshape(s.global_shape).clone();
+    const auto metas = from_every_rank(*world, std::vector<int64_t>{s.row_offset, rows_of(s.local)});
+    at::Tensor whole = assemble_whole(*world, s, metas, 0);
+    return world->rank() == 0 ? whole : at::Tensor();
   };
   return ctx;
 }

@@ -190,15 +190,9 @@ FullParameters ShardedModule::summon_full_params(bool writable) {
   CheckpointState st = weights_state(*impl_->engine);
   std::vector<TensorShard> rows = st.tensors;  // views of the shards, for the write-back
   stage_on_host(st);
-  const auto control = impl_->runtime.groups->control();
-  const CheckpointContext ctx = checkpoint_context(control, *impl_->engine);
+  const std::vector<at::Tensor> whole = gather_whole(*impl_->runtime.groups->control(), st.tensors);
   std::map<std::string, at::Tensor> full;
-  for (const TensorShard& t : st.tensors) {
-    at::Tensor whole = ctx.gather_to_rank0(t);
-    if (control->rank() != 0) whole = at::empty(t.global_shape, t.local.options().device(at::kCPU));
-    if (control->size() > 1) control->broadcast(whole, 0).wait();
-    full[t.name] = whole.contiguous();
-  }
+  for (size_t i = 0; i < whole.size(); ++i) full[st.tensors[i].name] = whole[i].contiguous();
   return FullParameters(std::move(full), std::move(rows), writable);
 }
 

@@ -47,6 +47,9 @@ FSDPX_API std::unique_ptr<CheckpointSaver> make_checkpoint_saver(StreamedCheckpo
                                                                  const ProcessGroups& groups,
                                                                  const ShardingEngine& engine,
                                                                  std::shared_ptr<const DeviceRuntime> device);
+// Each of `shards` whole on every rank of `world` (CPU tensors over Gloo): one exchange of every
+// rank's rows, then one all-gather per tensor. Collective.
+FSDPX_API std::vector<at::Tensor> gather_whole(Communicator& world, const std::vector<TensorShard>& shards);
 // After a load: the optimizer state into the optimizer. (The trainer state, with the data
 // position, is the trainer's TrainerState.)
 FSDPX_API void load_optimizer_state(const CheckpointState& state, Optimizer& optimizer);
