@@ -37,7 +37,7 @@ Arm make_arm(PluginHost& host, ProcessGroups& groups, const po::variables_map& v
   eo.layout = host.create<ShardingStrategy>("full_shard")->layout(groups.topology());
   eo.overlap = overlap;
   EngineComms comms{groups.world(), eo.layout.shard_group_size > 1 ? groups.world() : nullptr, nullptr,
-                    groups.control()};
+                    groups.control(), {}};
   auto policy = host.create<WrapPolicy>("layer_type");
   arm.engine = std::make_unique<ShardingEngine>(arm.model, policy->select(*arm.model->module()), comms, eo);
   return arm;

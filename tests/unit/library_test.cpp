@@ -5,6 +5,7 @@
 #include <memory>
 #include <regex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -16,8 +17,18 @@ namespace fsdpx {
 namespace {
 namespace fs = std::filesystem;
 
-test::CommandResult worker(const std::string& args) {
-  return test::run_command((test::build_dir() / "tests" / "library_worker").string() + " --nproc-per-node 2 " + args);
+test::CommandResult worker(const std::string& args, int nproc = 2) {
+  return test::run_command((test::build_dir() / "tests" / "library_worker").string() + " --nproc-per-node " +
+                           std::to_string(nproc) + " " + args);
+}
+
+// Rank 0's "step N after forward: gathered G B, kept K B" lines: {G, K} per step.
+std::vector<std::pair<int64_t, int64_t>> held_after_forward(const std::string& out) {
+  std::vector<std::pair<int64_t, int64_t>> v;
+  const std::regex line("after forward: gathered (\\d+) B, kept (\\d+) B");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator(); ++it)
+    v.emplace_back(std::stoll((*it)[1]), std::stoll((*it)[2]));
+  return v;
 }
 
 std::vector<double> losses(const std::string& out) {
@@ -45,6 +56,9 @@ TEST(Library, RanksWhoseModuleValuesDifferAreRefused) {
 
 // reshard_after_forward per unit reaches the engine: the same losses with a unit kept gathered
 // (full_shard) or freed (shard_grad_op), and a misspelt unit is one line naming the right one.
+// FSDP2's int form at 4 ranks: block1 resharded to pairs of ranks holds, from its forward to its
+// backward, half of what it holds kept gathered (and nothing gathered), and trains to the same
+// bits; a k that does not divide 4 is one line naming the divisors.
 // Engine.ReshardAfterForwardPerUnit checks the bytes each choice moves.
 TEST(Library, ReshardAfterForwardPerUnit) {
   for (const std::string sharding : {"full_shard", "shard_grad_op"}) {
@@ -52,16 +66,35 @@ TEST(Library, ReshardAfterForwardPerUnit) {
     ASSERT_EQ(plain.exit_code, 0) << plain.out << plain.err;
     ASSERT_EQ(losses(plain.out).size(), 3u) << plain.out;
     const auto per_unit = worker("--sharding " + sharding + " --reshard block1=" +
-                                 (sharding == "full_shard" ? "0" : "1") + " --reshard block2=0");
+                                 (sharding == "full_shard" ? "false" : "true") + " --reshard block2=false");
     ASSERT_EQ(per_unit.exit_code, 0) << per_unit.out << per_unit.err;
     EXPECT_EQ(losses(per_unit.out), losses(plain.out)) << sharding;
   }
-  const auto bad = worker("--reshard blok1=0");
+  const auto plain4 = worker("", 4), kept4 = worker("--reshard block1=false", 4);
+  const auto pairs = worker("--reshard block1=2", 4);
+  for (const auto* r : {&plain4, &kept4, &pairs}) ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
+  ASSERT_EQ(losses(plain4.out).size(), 3u) << plain4.out;
+  EXPECT_EQ(losses(pairs.out), losses(plain4.out));
+  const auto kept = held_after_forward(kept4.out), halves = held_after_forward(pairs.out);
+  ASSERT_EQ(kept.size(), 3u) << kept4.out;
+  ASSERT_EQ(halves.size(), 3u) << pairs.out;
+  EXPECT_GT(kept[0].first, 0);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(halves[s].first, 0) << pairs.out;
+    EXPECT_EQ(halves[s].second * 2, kept[s].first) << pairs.out << kept4.out;
+  }
+  const auto bad = worker("--reshard blok1=false");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("library_worker: reshard_after_forward is set for 'blok1', which is not a unit (the units: "
                          "block0, block1, block2); did you mean 'block1'?"),
             std::string::npos)
       << bad.err;
+  const auto three = worker("--reshard block1=3", 4);
+  EXPECT_EQ(three.exit_code, 1);
+  EXPECT_NE(three.err.find("library_worker: reshard_after_forward for 'block1' is 3, which does not divide the shard "
+                           "group's size 4; give true, false or one of 1, 2, 4"),
+            std::string::npos)
+      << three.err;
 }
 
 // A checkpoint saved from the library (the parameter names of fsdpx-train's mlp model, AdamW, 2

@@ -35,6 +35,7 @@
 #include "fsdpx/framework/engine/memory_plan.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/engine/unit_buffers.h"
+#include "fsdpx/framework/runtime/memory_accounting.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
 #include "fsdpx/interfaces.h"
 #include "tool.h"
@@ -166,6 +167,7 @@ std::vector<std::pair<std::string, at::Tensor>> full_parameters(const ShardingEn
 struct Sharded {
   std::shared_ptr<ProcessGroups> groups;
   std::shared_ptr<CountingCommunicator> counted, counted_replicate;
+  std::shared_ptr<CountingCommunicator> counted_post_forward;  // --unit-reshard UNIT=K's group of K ranks
   std::unique_ptr<ShardingEngine> engine;
   ShardingLayout layout;
   EngineOptions options;
@@ -194,8 +196,14 @@ Sharded build_sharded(Run& r) {
   eo.seed = r.seed;
   eo.overlap = r.vm["overlap"].as<int>() != 0;
   eo.prefetch = r.vm["prefetch"].as<int>();
-  for (const auto& [unit, on] : key_values(list(r.vm, "unit-reshard")))
-    eo.reshard_after_forward_by_unit[unit] = on == "1";
+  int post_forward_k = 0;
+  for (const auto& [unit, v] : key_values(list(r.vm, "unit-reshard"))) {
+    if (v == "0" || v == "1") {
+      eo.reshard_after_forward_by_unit[unit] = v == "1";
+    } else {
+      eo.reshard_after_forward_by_unit[unit] = post_forward_k = std::stoi(v);
+    }
+  }
   if (r.vm.count("step-trace"))
     eo.step_trace = [trace = sh.trace, on = sh.tracing](const std::string& e) {
       if (*on) trace->push_back(e);
@@ -219,6 +227,13 @@ Sharded build_sharded(Run& r) {
     if (eo.layout.replicate_group_size > 1)
       comms.replicate = sh.counted = std::make_shared<CountingCommunicator>(sh.groups->world());
   }
+  if (post_forward_k > 1) {  // the k consecutive ranks holding this one (one k per run here)
+    std::vector<int> ranks;
+    const int first = topo.rank - topo.rank % post_forward_k;
+    for (int q = first; q < first + post_forward_k; ++q) ranks.push_back(q);
+    comms.post_forward[post_forward_k] = sh.counted_post_forward =
+        std::make_shared<CountingCommunicator>(sh.groups->new_group("post_forward", ranks));
+  }
   sh.layout = eo.layout;
   sh.options = eo;
   sh.engine = std::make_unique<ShardingEngine>(r.model, policy->select(*r.model->module()), comms, eo);
@@ -236,9 +251,11 @@ int64_t expected_comm(const ShardingEngine& engine, const EngineOptions& options
   const auto& units = engine.plan().units;
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t bytes = S * padded_shard_numel(units[u].shapes, S) * 4;
+    const int k = post_forward_group(layout, u == 0, reshard_choice_of(options, units[u].fqn));
+    // The backward's all-gather of the same bytes over k ranks (k = S: the shard group; 1: none).
     if (S > 1)
-      expect += (reshards_after_forward(layout, u == 0, reshard_choice_of(options, units[u].fqn)) ? 3 : 2) *
-                ring_sent_bytes(Collective::AllGather, bytes, S);
+      expect += 2 * ring_sent_bytes(Collective::AllGather, bytes, S) +
+                (k > 1 ? ring_sent_bytes(Collective::AllGather, bytes, k) : 0);
     else if (world > 1) expect += ring_sent_bytes(Collective::AllReduce, bytes, world);
   }
   return expect;
@@ -265,7 +282,8 @@ void write_step_traces(Run& r, const Sharded& sh, int world) {
   in.layers = stated->activations(r.global / world / r.accum, kSeq, sh.options.precision.compute);
   std::vector<std::string> replayed;
   in.step_trace = [&](const std::string& e) { replayed.push_back(e); };
-  predict_step_memory(in);
+  const StepMemory planned = predict_step_memory(in);
+  std::ofstream(r.out + ".plan_peak") << planned.peak - planned.param_bytes - planned.optimizer_bytes << "\n";
   std::ofstream plan(r.out + ".plan_trace"), eng(r.out + ".engine_trace");
   for (const auto& e : replayed) plan << e << "\n";
   for (const auto& e : *sh.trace) eng << e << "\n";
@@ -326,17 +344,24 @@ int run_sharded(Run& r) {
   for (int s = 0; s < r.steps; ++s) {
     const int64_t before = sh.counted ? sh.counted->stats().sent_bytes() : 0;
     const int64_t before_replicate = sh.counted_replicate ? sh.counted_replicate->stats().sent_bytes() : 0;
+    const int64_t before_post = sh.counted_post_forward ? sh.counted_post_forward->stats().sent_bytes() : 0;
     sh.groups->control()->barrier().wait();
     const int64_t wire_before = tcp_bytes_sent();
     *sh.tracing = s == 1;
+    reset_cpu_peak_memory();
+    const int64_t at_start = cpu_memory_stats().allocated;
     const double step_loss = sharded_step(r, sh, opt.get(), s);
     *sh.tracing = false;
+    // The step's peak above what it began with (the counting allocator: the CPU's).
+    mine << "step_rise " << cpu_memory_stats().peak_allocated - at_start << "\n";
     sh.groups->control()->barrier().wait();
     if (world > 1) mine << "wire " << tcp_bytes_sent() - wire_before << "\n";  // what the kernel sent
     if (sh.counted) mine << "comm " << sh.counted->stats().sent_bytes() - before << "\n";
     if (sh.counted) mine << "allgather_total " << sh.counted->stats()[Collective::AllGather].payload_bytes << "\n";
     if (sh.counted_replicate)
       mine << "comm_replicate " << sh.counted_replicate->stats().sent_bytes() - before_replicate << "\n";
+    if (sh.counted_post_forward)
+      mine << "comm_post_forward " << sh.counted_post_forward->stats().sent_bytes() - before_post << "\n";
     at::Tensor l = at::full({1}, step_loss, at::kDouble);
     sh.groups->control()->all_reduce(l, ReduceOp::Avg).wait();
     if (rank == 0) {
@@ -353,7 +378,8 @@ int run_sharded(Run& r) {
     mine << "optimizer_state " << state_bytes << "\n";
   }
   mem = engine.memory();
-  mine << "memory_after " << mem.param_bytes << " " << mem.grad_bytes << " " << mem.unsharded_bytes << "\n";
+  mine << "memory_after " << mem.param_bytes << " " << mem.grad_bytes << " "
+       << mem.unsharded_bytes + mem.post_forward_bytes << "\n";
   auto full =
       full_parameters(engine, *r.model, r.device->device(), engine.shard_size() > 1 ? sh.counted.get() : nullptr);
   if (rank == 0) write_params(r.out + ".params", full);
@@ -371,6 +397,7 @@ int run_sharded(Run& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  install_cpu_memory_accounting();
   po::options_description desc;
   desc.add_options()("strategy", po::value<std::string>()->default_value("full_shard"), "")
       ("wrap", po::value<std::string>()->default_value("layer_type"), "")
@@ -385,7 +412,8 @@ int main(int argc, char** argv) {
       ("overlap", po::value<int>()->default_value(1), "")
       ("prefetch", po::value<int>()->default_value(1), "units gathered ahead when overlapping")
       ("unit-reshard", po::value<std::vector<std::string>>()->default_value({}, ""),
-       "UNIT=0|1: that unit's reshard_after_forward (EngineOptions::reshard_after_forward_by_unit)")
+       "UNIT=0|1|K: that unit's reshard_after_forward (EngineOptions::reshard_after_forward_by_unit; K >= 2: the "
+       "int form, over a group of K consecutive ranks)")
       ("step-trace", "rank 0 writes the engine's events of step 2 and the memory plan's replay of a step")
       ("sync-every-micro-batch", "every micro-batch's backward reduces its gradients (added to the last)")
       ("reference", "")

@@ -2,9 +2,10 @@
 // library_test.cpp): a small torch::nn model of 3 Blocks (or, --mlp, one with the parameter names
 // and shapes of fsdpx-train's mlp model) sharded with fsdpx::fully_shard and trained 3 steps with
 // SGD (--mlp: AdamW); rank 0 prints each step's loss (rank 0's part of the batch).
-//   library_worker [--seed-by-rank] [--reshard UNIT=0|1 ...] [--sharding NAME] [--mlp]
+//   library_worker [--seed-by-rank] [--reshard UNIT=true|false|K ...] [--sharding NAME] [--mlp]
 //                  [--save DIR [--save-after N] [--async]]
-// --seed-by-rank seeds each rank with its rank: the mistake fully_shard must refuse. --save writes
+// --seed-by-rank seeds each rank with its rank: the mistake fully_shard must refuse. Rank 0 prints
+// the bytes the engine holds between each forward and its backward. --save writes
 // a sharded checkpoint after step N (3: the last), --async in the background while the steps
 // after it run.
 #include <cmath>
@@ -85,8 +86,10 @@ int run(const fsdpx::tool::po::variables_map& vm) {
   o.wrap_options = {{"layer_types", mlp ? "Hidden" : "Block"}};
   for (const std::string& kv : vm["reshard"].as<std::vector<std::string>>()) {
     const auto eq = kv.find('=');
-    if (eq == std::string::npos) throw std::invalid_argument("--reshard takes UNIT=0|1, got " + kv);
-    o.reshard_after_forward[kv.substr(0, eq)] = kv.substr(eq + 1) == "1";
+    if (eq == std::string::npos) throw std::invalid_argument("--reshard takes UNIT=true|false|K, got " + kv);
+    const std::string v = kv.substr(eq + 1);
+    if (v == "true" || v == "false") o.reshard_after_forward[kv.substr(0, eq)] = v == "true";
+    else o.reshard_after_forward[kv.substr(0, eq)] = std::stoi(v);
   }
   auto fsdp = fsdpx::fully_shard(rt, module, o);
   auto opt = mlp ? fsdp->optimizer("adamw", {{"lr", "0.01"}}) : fsdp->optimizer("sgd", {{"lr", "0.1"}});
@@ -98,6 +101,10 @@ int run(const fsdpx::tool::po::variables_map& vm) {
     at::Tensor loss = fsdp->forward([&] {
       return mlp ? torch::cross_entropy_loss(mlp_net->forward(mine), labels) : net->forward(mine).sin().pow(2).mean();
     });
+    const fsdpx::MemoryReport held = fsdp->memory();
+    if (rt.rank() == 0)
+      std::printf("step %d after forward: gathered %lld B, kept %lld B\n", step, (long long)held.unsharded_bytes,
+                  (long long)held.post_forward_bytes);
     fsdp->backward(loss);
     opt->step(opt->base_lr());
     fsdp->zero_grad();
@@ -116,7 +123,8 @@ int main(int argc, char** argv) {
   namespace po = fsdpx::tool::po;
   po::options_description desc;
   desc.add_options()("seed-by-rank", "each rank seeds its module with its rank (refused)")
-      ("reshard", po::value<std::vector<std::string>>()->default_value({}, ""), "UNIT=0|1: reshard_after_forward")
+      ("reshard", po::value<std::vector<std::string>>()->default_value({}, ""),
+       "UNIT=true|false|K: reshard_after_forward")
       ("sharding", po::value<std::string>()->default_value("full_shard"), "a sharding plugin")
       ("mlp", "fsdpx-train's mlp model, trained with AdamW")
       ("save", po::value<std::string>(), "a sharded checkpoint here")

@@ -80,6 +80,27 @@ void check_shardable(const ModuleTree& tree, const Model& model) {
   if (params == 0) throw Error("the model has no parameters: there is nothing to shard or train");
 }
 
+// ReshardAfterForward's int form: k divides the shard group's size, and comms.post_forward has
+// k's group.
+void check_post_forward_group(const ShardingEngine::Impl& e, const std::string& fqn, const ReshardAfterForward& c) {
+  if (c.group == 0) return;
+  const int S = e.config.options.layout.shard_group_size;
+  if (c.group < 1 || S % c.group != 0) {
+    std::string divisors;
+    for (int k = 1; k <= S; ++k)
+      if (S % k == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(k);
+    throw Error("reshard_after_forward for '" + fqn + "' is " + std::to_string(c.group) +
+                ", which does not divide the shard group's size " + std::to_string(S) +
+                "; give true, false or one of " + divisors);
+  }
+  if (c.group == 1 || c.group == S) return;
+  const auto it = e.config.comms.post_forward.find(c.group);
+  if (it == e.config.comms.post_forward.end() || !it->second || it->second->size() != c.group)
+    throw Error("reshard_after_forward for '" + fqn + "' is " + std::to_string(c.group) +
+                ", and the engine was given no group of " + std::to_string(c.group) +
+                " ranks for it (EngineComms::post_forward)");
+}
+
 // EngineOptions::reshard_after_forward_by_unit names units only, and not the root.
 void check_reshard_choices(const ShardingEngine::Impl& e) {
   std::vector<std::string> units;
@@ -92,6 +113,7 @@ void check_reshard_choices(const ShardingEngine::Impl& e) {
     if (std::find(units.begin(), units.end(), fqn) == units.end())
       throw Error("reshard_after_forward is set for '" + fqn + "', which is not a unit (the units: " +
                   join_names(units) + ")" + did_you_mean(fqn, units));
+    check_post_forward_group(e, fqn, choice);
   }
 }
 
@@ -112,7 +134,7 @@ void check_ranks_agree(const ShardingEngine::Impl& e) {
   for (const auto& u : e.units) {
     checksum = parameter_seed(checksum, u->fqn + ":" + c10::toString(u->group.precision.compute) + "/" +
                                             c10::toString(u->group.precision.reduce) + "/" +
-                                            std::to_string(u->group.reshard_after_forward()));
+                                            std::to_string(u->group.post_forward_group()));
     for (const auto& p : u->group.params)
       checksum = parameter_seed(checksum, p.name + shape_text(p.shape) + "@" + u->fqn);
   }

@@ -57,6 +57,7 @@ struct UnitBuffers {
   int64_t reduce_out = 0;      // the reduction's output, when not the gradient shard itself
   int64_t exchange = 0;        // deterministic: the all-to-all's input of world x shard elements
   bool reshard_after_forward = false;
+  int64_t post_forward = 0;    // ReshardAfterForward's int form: what it keeps from forward to backward
   bool recompute = false;
 };
 
@@ -88,6 +89,8 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
     b.reduce_out = d.reduce != d.gradient ? total * elt(d.gradient) : 0;
   }
   b.reshard_after_forward = reshards_after_forward(in.layout, root, u.reshard_after_forward);
+  const int k = post_forward_group(in.layout, root, u.reshard_after_forward);
+  if (k > 1 && k < S) b.post_forward = b.gather_out / k;
   b.recompute = u.recompute;
   return b;
 }
@@ -118,7 +121,8 @@ class Replay {
   void layer_backward(size_t l, bool sync);
   void post_backward(int u, bool sync);
   void progress(int u);
-  void unshard(int u);
+  void unshard(int u, bool forward);
+  int64_t gather_input(int u) const;
   void prefetch_after(int u, const std::vector<int>& order);
   void reduce(int u);
   void finish_in_flight();
@@ -139,6 +143,7 @@ class Replay {
   Ledger ledger_;
   // The step's state, as ParamGroup and Unit hold it.
   std::vector<bool> gathered_, prefetched_, started_, progressed_, done_, grads_held_, shard_held_;
+  std::vector<bool> kept_;  // the int form's part kept from forward (ParamGroup::post_forward)
   std::vector<int64_t> seen_;
   int in_flight_ = -1;
   int64_t in_flight_bytes_ = 0;  // what its finish frees
@@ -151,7 +156,7 @@ Replay::Replay(const StepMemoryInput& in) : in_(in), layers_(in.layers) {
   map_gradients();
   const size_t n = units_.size();
   gathered_.assign(n, false);
-  prefetched_ = started_ = progressed_ = done_ = grads_held_ = shard_held_ = gathered_;
+  prefetched_ = started_ = progressed_ = done_ = grads_held_ = shard_held_ = kept_ = gathered_;
   seen_.assign(n, 0);
 }
 
@@ -201,18 +206,35 @@ void Replay::map_gradients() {
     }
 }
 
-void Replay::unshard(int u) {
-  const UnitBuffers& b = units_[static_cast<size_t>(u)];
-  if (gathered_[static_cast<size_t>(u)] || b.gathered == 0) return;
-  if (!prefetched_[static_cast<size_t>(u)]) {
+// The all-gather's input: the shard's cast, or for a backward after the int form's forward, the
+// part it kept (already counted).
+int64_t Replay::gather_input(int u) const {
+  return kept_[static_cast<size_t>(u)] ? 0 : units_[static_cast<size_t>(u)].gather_in;
+}
+
+void Replay::unshard(int u, bool forward) {
+  const size_t i = static_cast<size_t>(u);
+  const UnitBuffers& b = units_[i];
+  if (gathered_[i] || b.gathered == 0) return;
+  const int64_t input = gather_input(u);
+  if (!prefetched_[i]) {
     if (sharded()) trace("gather", u);
-    ledger_.add(b.gather_in + b.gather_out);
+    ledger_.add(input + b.gather_out);
+  }
+  const bool from_kept = kept_[i];
+  if (forward && !from_kept && b.post_forward > 0) {  // ParamGroup::keep_post_forward
+    ledger_.add(b.post_forward);
+    kept_[i] = true;
   }
   ledger_.add(b.gathered);
   ledger_.moment("the copy-out of " + b.name + "'s all-gather");
-  ledger_.sub(b.gather_in + b.gather_out);
-  gathered_[static_cast<size_t>(u)] = true;
-  prefetched_[static_cast<size_t>(u)] = false;
+  ledger_.sub(input + b.gather_out);
+  if (from_kept) {
+    ledger_.sub(b.post_forward);
+    kept_[i] = false;
+  }
+  gathered_[i] = true;
+  prefetched_[i] = false;
 }
 
 // ShardingEngine::Impl::prefetch_in, by the same rule (step_order.h): those still sharded start
@@ -224,7 +246,7 @@ void Replay::prefetch_after(int u, const std::vector<int>& order) {
         const size_t i = static_cast<size_t>(v);
         if (gathered_[i] || prefetched_[i] || units_[i].gathered == 0) return;
         if (sharded()) trace("gather", v);
-        ledger_.add(units_[i].gather_in + units_[i].gather_out);
+        ledger_.add(gather_input(v) + units_[i].gather_out);
         prefetched_[i] = true;
       });
 }
@@ -233,13 +255,13 @@ void Replay::forward_pass() {
   // Unit::begin_step, for every forward (each micro-batch's too): no unit is through its backward.
   for (auto* flags : {&started_, &progressed_, &done_}) std::fill(flags->begin(), flags->end(), false);
   std::fill(seen_.begin(), seen_.end(), 0);
-  unshard(0);
+  unshard(0, true);
   std::vector<bool> recomputed_kept(units_.size(), false);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const int u = layer_unit_[l];
     const UnitBuffers& b = units_[static_cast<size_t>(u)];
     if (u != 0 && l == first_layer_[static_cast<size_t>(u)]) {
-      unshard(u);
+      unshard(u, true);
       prefetch_after(u, forward_order_);
     }
     int64_t transient = layers_[l].forward_extra;
@@ -265,7 +287,7 @@ void Replay::start_backward(int u) {
   started_[i] = true;
   progressed_[i] = done_[i] = false;
   seen_[i] = 0;
-  unshard(u);
+  unshard(u, false);
   if (units_[i].recompute) {  // the forward again, with a graph: its activations, not its inputs
     for (size_t l = first_layer_[i]; l <= last_layer_[i]; ++l)
       if (layer_unit_[l] == u) ledger_.add(layers_[l].saved);

@@ -54,6 +54,10 @@ bool ParamGroup::reshard_after_forward() const {
   return reshards_after_forward(config->options.layout, root, reshard_choice);
 }
 
+int ParamGroup::post_forward_group() const {
+  return fsdpx::post_forward_group(config->options.layout, root, reshard_choice);
+}
+
 void ParamGroup::materialise(Model& model, const std::string& unit) {
   label = root ? "root" : unit;
   const int64_t S = config->shard_size;
@@ -107,10 +111,14 @@ void ParamGroup::start_gather() {
   const DeviceRuntime& dev = *config->device;
   // The copy-in waits for the shard as the compute stream last wrote it (the optimizer's step).
   dev.wait_stream(StreamRole::AllGatherCopyIn, StreamRole::Compute);
+  gathers_post_forward = post_forward.defined();
   {
     OnStream on(dev, StreamRole::AllGatherCopyIn);
-    // The shard in the compute dtype, on the device (offloading: copied from host memory now).
-    gather_in = cast_for_all_gather(flat_shard, precision.compute, dev.device());
+    // The shard in the compute dtype, on the device (offloading: copied from host memory now);
+    // for a backward after the int form's forward, what this rank kept (written on the compute
+    // stream, which the copy-in stream waited for).
+    gather_in = gathers_post_forward ? post_forward
+                                     : cast_for_all_gather(flat_shard, precision.compute, dev.device());
     const bool skip = fault_skips_gather(*config, label);
     gather_out = skip ? at::zeros({config->shard_size * total}, gather_in.options())
                       : at::empty({config->shard_size * total}, gather_in.options());
@@ -122,7 +130,9 @@ void ParamGroup::start_gather() {
   dev.wait_stream(StreamRole::AllGather, StreamRole::AllGatherCopyIn);
   OnStream on(dev, StreamRole::AllGather);
   CollectiveUnit scope(label);
-  gather_work = config->comms.shard->all_gather(gather_out, gather_in);
+  Communicator& group =
+      gathers_post_forward ? *config->comms.post_forward.at(post_forward_group()) : *config->comms.shard;
+  gather_work = group.all_gather(gather_out, gather_in);
 }
 
 void ParamGroup::unshard() {
@@ -135,6 +145,7 @@ void ParamGroup::unshard() {
       TimedSpan waiting(config->timing(), TimedPhase::AllGatherWait);
       gather_work.wait();  // the compute stream waits for the all-gather (the host, over Gloo)
       src = gather_out.view({s, total});
+      keep_post_forward(src);
     } else {
       src = flat_shard.view({1, total});  // cast by the copy-out
     }
@@ -147,10 +158,26 @@ void ParamGroup::unshard() {
       config->device->wait_stream(StreamRole::AllGatherCopyIn, StreamRole::Compute);
     }
     free_now(gather_out);  // now, not when the collective's bookkeeping lets it go
-    gather_in = at::Tensor();  // the shard itself, or its cast
+    gather_in = at::Tensor();  // the shard itself, or its cast, or post_forward
+    if (gathers_post_forward) drop_post_forward();
     for (const ShardedParam& p : params) p.attach();
   }
   state = State::Unsharded;
+}
+
+// The int form's forward keeps its part of the all-gather's output (a forward with gradients: one
+// without has no backward); the backward's all-gather over the group of k gives the same output.
+void ParamGroup::keep_post_forward(const at::Tensor& gathered) {
+  const int k = post_forward_group();
+  const int64_t S = config->shard_size;
+  if (gathers_post_forward || k <= 1 || k >= S || !at::GradMode::is_enabled()) return;
+  const int64_t rows = S / k, j = config->shard_rank % k;
+  post_forward = gathered.narrow(0, j * rows, rows).reshape({-1}).clone();
+}
+
+void ParamGroup::drop_post_forward() {
+  free_now(post_forward);
+  gathers_post_forward = false;
 }
 
 void ParamGroup::reshard() {
@@ -384,6 +411,7 @@ void ParamGroup::abandon(bool drop_grads) {
     replicate_work = Work();
   }
   replicate_on_device = at::Tensor();
+  drop_post_forward();
   reshard();
   if (drop_grads)
     for (auto& p : params) p.param.mutable_grad() = at::Tensor();

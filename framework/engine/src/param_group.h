@@ -21,7 +21,8 @@ struct ParamGroup {
   bool root = false;
   std::string label;  // the unit's name in collective records: its path, or "root"
   PrecisionSpec precision;  // this unit's dtypes (EngineOptions::unit_precision)
-  std::optional<bool> reshard_choice;  // EngineOptions::reshard_after_forward_by_unit's, if it names this unit
+  // EngineOptions::reshard_after_forward_by_unit's, if it names this unit
+  std::optional<ReshardAfterForward> reshard_choice;
   std::vector<ShardedParam> params;
   int64_t total = 0;  // shard elements (padded)
   at::Tensor flat_shard, flat_grad;
@@ -31,6 +32,11 @@ struct ParamGroup {
   enum class State { Sharded, Gathering, Unsharded } state = State::Sharded;
   Work gather_work;
   at::Tensor gather_in, gather_out;
+  // ReshardAfterForward's int form k, from the forward's all-gather to the backward's: this rank's
+  // part of the all-gather's output, the shards of ranks [j * S/k, (j + 1) * S/k) for j its index
+  // in its group of k (comms.post_forward), which the backward all-gathers over that group.
+  at::Tensor post_forward;
+  bool gathers_post_forward = false;  // the all-gather in flight is over the group of k
   Work reduce_work;
   Work replicate_work;  // hybrid: the all-reduce across replicas, in flight after finish_reduce
   bool reduced = false, replicating = false;
@@ -50,6 +56,7 @@ struct ParamGroup {
   // reshards after forward.
   bool separate() const;
   bool reshard_after_forward() const;
+  int post_forward_group() const;  // unit_buffers.h's post_forward_group for this unit
 
   // Lays out the shards, allocates the flat buffers, fills this rank's rows from the model's
   // initialisation (seed, name), and points every module tensor at its gathered view. `unit`
@@ -62,6 +69,8 @@ struct ParamGroup {
   void unshard();
   // Frees the unsharded storage; -> Sharded.
   void reshard();
+  // Frees post_forward (a unit whose backward never gathered it: the step ended or failed).
+  void drop_post_forward();
   // Gradient shards are held from a step's first reduction until release_gradients (FSDP2's
   // zero_grad(set_to_none=True)): between, flat_grad has no bytes and the shards no gradient.
   // hold_gradients gives flat_grad its bytes (zeroed when `zero`) and each trainable shard its
@@ -91,6 +100,8 @@ struct ParamGroup {
   void abandon(bool drop_grads);
 
  private:
+  // The int form's forward: keeps this rank's part of `gathered` (the all-gather's [S, total]).
+  void keep_post_forward(const at::Tensor& gathered);
   // The unsharded layout's reduction: the all-reduce across replicas (if any) of the packing.
   void reduce_unsharded();
   // Hybrid: whether the all-reduce across replicas runs on replicate_on_device.

@@ -373,6 +373,7 @@ MemoryReport ShardingEngine::memory() const {
     m.param_bytes += static_cast<int64_t>(g.flat_shard.storage().nbytes());
     m.grad_bytes += g.flat_grad.numel() * static_cast<int64_t>(g.flat_grad.element_size());  // while held
     if (g.separate()) m.unsharded_bytes += static_cast<int64_t>(g.unsharded.nbytes());
+    if (g.post_forward.defined()) m.post_forward_bytes += g.post_forward.numel() * g.post_forward.element_size();
   }
   return m;
 }

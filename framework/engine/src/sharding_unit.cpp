@@ -153,11 +153,13 @@ void Unit::post_backward() {
   if (stage == BackwardStage::Computing) progress();  // the same collectives, in the same order, on every rank
   stage = BackwardStage::Done;
   group.reshard();  // first, as FSDP2 does: the gathered parameters are not needed any more
+  group.drop_post_forward();
   step->reduce(group);
 }
 
 void Unit::begin_step() {
   drop_recompute();
+  group.drop_post_forward();  // a forward with no backward after it kept it
   forward_calls = 0;
   stage = BackwardStage::Waiting;
   grad_elements_seen = 0;

@@ -15,8 +15,16 @@ int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionS
   return shard_size * shard_numel * static_cast<int64_t>(c10::elementSize(dtypes.compute));
 }
 
-bool reshards_after_forward(const ShardingLayout& layout, bool root, std::optional<bool> unit_choice) {
-  return layout.shard_group_size > 1 && !root && unit_choice.value_or(layout.reshard_after_forward);
+int post_forward_group(const ShardingLayout& layout, bool root, std::optional<ReshardAfterForward> unit_choice) {
+  const int S = layout.shard_group_size;
+  if (S <= 1 || root) return 1;
+  if (!unit_choice) return layout.reshard_after_forward ? S : 1;
+  if (unit_choice->group > 0) return unit_choice->group;
+  return unit_choice->reshard ? S : 1;
+}
+
+bool reshards_after_forward(const ShardingLayout& layout, bool root, std::optional<ReshardAfterForward> unit_choice) {
+  return post_forward_group(layout, root, unit_choice) > 1;
 }
 
 }  // namespace fsdpx

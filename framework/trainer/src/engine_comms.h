@@ -13,13 +13,13 @@
 
 namespace fsdpx {
 
-// The engine's communicators for `layout` over `groups`, each counted into `counters`: the shard
-// and replicate groups, and (deterministic mode, where it carries the gradients) the world.
-EngineComms engine_comms(ProcessGroups& groups, const ShardingLayout& layout, bool deterministic,
-                         CommCounters& counters);
+// The engine's communicators for `options`' layout over `groups`, each counted into `counters`:
+// the shard and replicate groups, (deterministic mode, where it carries the gradients) the world,
+// and the groups of k consecutive ranks of ReshardAfterForward's int forms.
+EngineComms engine_comms(ProcessGroups& groups, const EngineOptions& options, CommCounters& counters);
 
 // The engine over `model`: the wrap policy's units (select_units: with s's recompute), its
-// communicators over `groups` (engine_comms: `options`' layout and deterministic mode). The one
+// communicators over `groups` (engine_comms). The one
 // way fsdpx-train and fsdpx::fully_shard build theirs.
 std::unique_ptr<ShardingEngine> build_engine(std::shared_ptr<Model> model, const WrapPolicy& wrap,
                                              const TrainSettings& s, ProcessGroups& groups, EngineOptions options,

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "fsdpx/framework/engine/reshard_after_forward.h"
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/engine/step_trace.h"
@@ -32,11 +33,10 @@ struct EngineOptions {
   // `precision` for every unit. Units may differ in compute and reduce dtypes, not in storage.
   std::function<PrecisionSpec(const std::string& unit)> unit_precision;
   // Units (by path) that reshard after forward otherwise than layout.reshard_after_forward says,
-  // as FSDP2's reshard_after_forward per fully_shard call: false keeps a unit's gathered
-  // parameters from its forward to its backward (one all-gather fewer per step, its bytes held
-  // meanwhile), true frees them after forward. A path that is no unit, or the root's "" (the
-  // root never reshards), is refused. Units over one rank gather nothing either way.
-  std::map<std::string, bool> reshard_after_forward_by_unit;
+  // as FSDP2's reshard_after_forward per fully_shard call (ReshardAfterForward: true, false or
+  // an int). A path that is no unit, the root's "" (the root never reshards), or an int that does
+  // not divide the shard group's size is refused. Units over one rank gather nothing either way.
+  std::map<std::string, ReshardAfterForward> reshard_after_forward_by_unit;
   // Layout-invariant sums: each backward is one sample per world rank (rank r's is global sample
   // j * W + r of the round), and adds every rank's gradient rows of this rank's shard, sent by one
   // all-to-all over comms.world (unsharded: one all-gather), into the gradient shard in rank
@@ -64,9 +64,10 @@ struct EngineOptions {
 };
 
 // The unit's own reshard_after_forward (EngineOptions::reshard_after_forward_by_unit), if set.
-inline std::optional<bool> reshard_choice_of(const EngineOptions& o, const std::string& unit) {
+inline std::optional<ReshardAfterForward> reshard_choice_of(const EngineOptions& o, const std::string& unit) {
   const auto it = o.reshard_after_forward_by_unit.find(unit);
-  return it == o.reshard_after_forward_by_unit.end() ? std::nullopt : std::optional<bool>(it->second);
+  return it == o.reshard_after_forward_by_unit.end() ? std::nullopt
+                                                      : std::optional<ReshardAfterForward>(it->second);
 }
 
 // The communicators the engine uses. `shard` has layout.shard_group_size ranks (nullptr when 1);
@@ -78,6 +79,9 @@ struct EngineComms {
   std::shared_ptr<Communicator> shard;
   std::shared_ptr<Communicator> replicate;
   std::shared_ptr<Communicator> control;
+  // The int form of reshard_after_forward: by k, the group of the k consecutive ranks that holds
+  // this rank (within its shard group), over which a unit with that k all-gathers for backward.
+  std::map<int, std::shared_ptr<Communicator>> post_forward;
 };
 
 }  // namespace fsdpx

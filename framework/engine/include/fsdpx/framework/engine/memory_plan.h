@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdpx/framework/engine/reshard_after_forward.h"
 #include "fsdpx/activation_memory.h"
 #include "fsdpx/export.h"
 #include "fsdpx/framework/engine/step_trace.h"
@@ -31,7 +32,8 @@ struct UnitMemory {
   std::vector<std::pair<std::string, int64_t>> params;  // trainable parameters: name, elements
   PrecisionSpec dtypes;
   bool recompute = false;  // activation checkpointing
-  std::optional<bool> reshard_after_forward;  // its own setting (EngineOptions::reshard_after_forward_by_unit)
+  // its own setting (EngineOptions::reshard_after_forward_by_unit)
+  std::optional<ReshardAfterForward> reshard_after_forward;
 };
 
 struct StepMemoryInput {

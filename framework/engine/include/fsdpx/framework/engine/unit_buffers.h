@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "fsdpx/framework/engine/reshard_after_forward.h"
 #include "fsdpx/export.h"
 #include "fsdpx/precision_policy.h"
 #include "fsdpx/sharding_strategy.h"
@@ -25,10 +26,16 @@ FSDPX_API int64_t all_gather_bytes(int64_t shard_numel, int64_t shard_size, cons
 // The gathered parameters' storage (0 when they are the shards themselves).
 FSDPX_API int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes);
 
-// Whether the unit frees its gathered parameters after forward and gathers them again for
-// backward: when sharded and the layout says so, or `unit_choice` when set (the unit's own
-// setting, EngineOptions::reshard_after_forward_by_unit); the root never does.
+// The size of the groups that hold a unit's parameters from its forward to its backward: the
+// shard group's size S when it reshards after forward (the layout's choice, or `unit_choice` when
+// set: the unit's own, EngineOptions::reshard_after_forward_by_unit), 1 when it keeps them
+// gathered, k for ReshardAfterForward's int form (1 <= k <= S, dividing S: the engine checks).
+// The root, and a layout over one rank, keep theirs: 1.
+FSDPX_API int post_forward_group(const ShardingLayout& layout, bool root,
+                                 std::optional<ReshardAfterForward> unit_choice = std::nullopt);
+// Whether the unit frees its gathered parameters after forward and gathers them (or, the int
+// form, what it kept of them) again for backward: post_forward_group > 1.
 FSDPX_API bool reshards_after_forward(const ShardingLayout& layout, bool root,
-                                      std::optional<bool> unit_choice = std::nullopt);
+                                      std::optional<ReshardAfterForward> unit_choice = std::nullopt);
 
 }  // namespace fsdpx

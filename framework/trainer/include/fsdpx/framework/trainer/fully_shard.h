@@ -82,9 +82,11 @@ struct ShardOptions {
   // Units (by path, e.g. "blocks.3") whose reshard_after_forward differs from the sharding
   // plugin's (full_shard: true, shard_grad_op: false), as FSDP2's fully_shard(reshard_after_forward=)
   // per call: false keeps the unit gathered from its forward to its backward (one all-gather
-  // fewer, its full parameters held meanwhile). FSDP2's int (reshard to a smaller group) is not
-  // offered. A path that is no unit, or the root (""), is refused.
-  std::map<std::string, bool> reshard_after_forward;
+  // fewer, its full parameters held meanwhile); an int k dividing the shard group's size keeps
+  // 1/k of them per rank and all-gathers them for backward within runs of k consecutive ranks
+  // (a node, say): {{"blocks.3", false}, {"blocks.4", 8}} (ReshardAfterForward). A path that is
+  // no unit, the root (""), or a k that does not divide the shard group's size is refused.
+  std::map<std::string, ReshardAfterForward> reshard_after_forward;
   // A Model's deferred parameters are initialised from (seed, name), as fsdpx-train's --seed
   // (the overload taking a Model); a module's own values are its own.
   uint64_t seed = 0;
