@@ -2,7 +2,7 @@
 """Memory per rank, fsdpx against PyTorch FSDP2, side by side in one run (a benchmark: it prints
 figures and asserts nothing).
 
-gpt at 1b width (2048 wide, vocabulary 32000), fp32, SGD (--optimizer adamw for AdamW), 2 CPU ranks,
+gpt at 1b width (2048 wide, vocabulary 32000), fp32 (--precision bf16_mixed), SGD (--optimizer adamw), 2 CPU ranks,
 one sample of 32 tokens per rank: fsdpx-train and the FSDP2 mirror (benchmarks/vs_fsdp2/gpt_fsdp2.py) with the same model,
 units (every Block, the rest in the root), seeded weights and batches.
 
@@ -52,6 +52,7 @@ def parse_args():
     p.add_argument("--steps", type=int, default=3, help="steps of the 2- and 8-layer runs (the peak is their largest)")
     p.add_argument("--layers", default="2,8", help="the two depths of part 1")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"), help="both sides' optimizer")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16_mixed"), help="both sides' precision")
     p.add_argument("--options", default="--optimizer-in-backward",
                    help="fsdpx-train memory options measured one at a time at part 1's deeper depth "
                         "(comma-separated; '' for none)")
@@ -154,6 +155,7 @@ class Bench:
         return [train, "--nproc-per-node", str(self.a.nproc), "--model.size", size, "--model.layers", str(layers),
                 "--data.name", "tokens", "--data.path", self.data, "--data.dtype", "uint16", "--data.seq",
                 str(self.a.seq), "--batch-size", "1", "--optimizer.name", self.a.optimizer, "--wrap.layer_types", "Block",
+                "--precision.name", self.a.precision,
                 "--steps", str(steps), "--log-every", "1", "--peak-tflops", "1", "--skip-memory-check",
                 "--out", out, *extra]
 
@@ -161,7 +163,8 @@ class Bench:
         return [self.a.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.a.nproc),
                 os.path.join(HERE, "vs_fsdp2", "gpt_fsdp2.py"), "--size", "1b", "--layers", str(layers),
                 "--data", self.data, "--seq", str(self.a.seq), "--batch-size", "1", "--steps", str(steps),
-                "--sharding", "full_shard", "--precision", "fp32", "--optimizer", self.a.optimizer, "--out", out, "--quiet",
+                "--sharding", "full_shard", "--precision", self.a.precision, "--optimizer", self.a.optimizer, "--out", out,
+                "--quiet",
                 "--fsdpx-lib", self.lib]
 
     def peaks(self, side, layers, option=""):
@@ -186,7 +189,8 @@ class Bench:
         options = [o for o in self.a.options.split(",") if o]
         with_option = {o: self.peaks("fsdpx", hi, o) for o in options}
         name = {"sgd": "SGD", "adamw": "AdamW"}[self.a.optimizer]
-        print(f"\n1. Peak per rank, gpt 1b width, fp32, {name}, {self.a.nproc} ranks, 1 x {self.a.seq} tokens per rank "
+        print(f"\n1. Peak per rank, gpt 1b width, {self.a.precision}, {name}, {self.a.nproc} ranks, 1 x {self.a.seq} "
+              f"tokens per rank "
               f"(allocated: fsdpx's counting allocator on both sides; RSS beside it)")
         print(f"   {'':22} {'fsdpx alloc':>12} {'FSDP2 alloc':>12} {'ratio':>6}   {'fsdpx RSS':>10} {'FSDP2 RSS':>10} {'ratio':>6}")
         for L in (lo, hi):

@@ -88,7 +88,7 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
   } else if (averages_on_device(in)) {  // the packing, cast to the gradient dtype when it differs
     b.reduce_out = d.reduce != d.gradient ? total * elt(d.gradient) : 0;
   }
-  b.reshard_after_forward = reshards_after_forward(in.layout, root, u.reshard_after_forward);
+  b.reshard_after_forward = reshards_after_forward(in.layout, root, u.reshard_after_forward, b.gathered > 0);
   const int k = post_forward_group(in.layout, root, u.reshard_after_forward);
   if (k > 1 && k < S) b.post_forward = b.gather_out / k;
   b.recompute = u.recompute;

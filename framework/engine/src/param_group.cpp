@@ -51,7 +51,7 @@ bool ParamGroup::separate() const {
 }
 
 bool ParamGroup::reshard_after_forward() const {
-  return reshards_after_forward(config->options.layout, root, reshard_choice);
+  return reshards_after_forward(config->options.layout, root, reshard_choice, separate());
 }
 
 int ParamGroup::post_forward_group() const {

@@ -23,8 +23,11 @@ int post_forward_group(const ShardingLayout& layout, bool root, std::optional<Re
   return unit_choice->reshard ? S : 1;
 }
 
-bool reshards_after_forward(const ShardingLayout& layout, bool root, std::optional<ReshardAfterForward> unit_choice) {
-  return post_forward_group(layout, root, unit_choice) > 1;
+bool reshards_after_forward(const ShardingLayout& layout, bool root, std::optional<ReshardAfterForward> unit_choice,
+                            bool own_storage) {
+  if (post_forward_group(layout, root, unit_choice) > 1) return true;
+  if (layout.shard_group_size != 1 || root || !own_storage) return false;
+  return unit_choice ? unit_choice->group == 0 && unit_choice->reshard : layout.reshard_after_forward;
 }
 
 }  // namespace fsdpx

@@ -144,7 +144,6 @@ UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan, const Pr
   b.fqn = u.fqn;
   b.params = u.num_params;
   b.shard_numel = padded_shard_numel(u.shapes, S);
-  b.reshard_after_forward = reshards_after_forward(plan.layout, root);
   b.recompute = u.activation_checkpoint;
   b.dtypes = dtypes;
   // Offloading on a device, every unit comes to the device in the compute dtype, one rank too (the
@@ -152,6 +151,7 @@ UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan, const Pr
   b.unsharded_bytes = plan.layout.offloads(plan.device == DeviceKind::Cpu)
                           ? S * b.shard_numel * static_cast<int64_t>(c10::elementSize(dtypes.compute))
                           : gathered_bytes(b.shard_numel, S, dtypes);
+  b.reshard_after_forward = reshards_after_forward(plan.layout, root, std::nullopt, b.unsharded_bytes > 0);
   return b;
 }
 

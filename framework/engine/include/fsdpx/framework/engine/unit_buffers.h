@@ -34,8 +34,13 @@ FSDPX_API int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const 
 FSDPX_API int post_forward_group(const ShardingLayout& layout, bool root,
                                  std::optional<ReshardAfterForward> unit_choice = std::nullopt);
 // Whether the unit frees its gathered parameters after forward and gathers them (or, the int
-// form, what it kept of them) again for backward: post_forward_group > 1.
+// form, what it kept of them) again for backward: post_forward_group > 1. Over one rank, where
+// nothing is gathered, a unit whose parameters are a copy of the shard (`own_storage`: mixed
+// precision's compute dtype, or offloading's device copy) frees that copy after forward as the
+// layout (or its own choice) says, and makes it again for backward, as FSDP2 frees its one-rank
+// all-gather's output.
 FSDPX_API bool reshards_after_forward(const ShardingLayout& layout, bool root,
-                                      std::optional<ReshardAfterForward> unit_choice = std::nullopt);
+                                      std::optional<ReshardAfterForward> unit_choice = std::nullopt,
+                                      bool own_storage = false);
 
 }  // namespace fsdpx
