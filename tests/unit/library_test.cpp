@@ -89,12 +89,14 @@ TEST(Library, ReshardAfterForwardPerUnit) {
                          "block0, block1, block2); did you mean 'block1'?"),
             std::string::npos)
       << bad.err;
-  const auto three = worker("--reshard block1=3", 4);
-  EXPECT_EQ(three.exit_code, 1);
-  EXPECT_NE(three.err.find("library_worker: reshard_after_forward for 'block1' is 3, which does not divide the shard "
-                           "group's size 4; give true, false or one of 1, 2, 4"),
-            std::string::npos)
-      << three.err;
+  for (const std::string k : {"3", "0"}) {
+    const auto bad_k = worker("--reshard block1=" + k, 4);
+    EXPECT_EQ(bad_k.exit_code, 1);
+    EXPECT_NE(bad_k.err.find("library_worker: reshard_after_forward for 'block1' is " + k +
+                             ", which does not divide the shard group's size 4; give true, false or one of 1, 2, 4"),
+              std::string::npos)
+        << bad_k.err;
+  }
 }
 
 // A checkpoint saved from the library (the parameter names of fsdpx-train's mlp model, AdamW, 2

@@ -83,7 +83,7 @@ void check_shardable(const ModuleTree& tree, const Model& model) {
 // ReshardAfterForward's int form: k divides the shard group's size, and comms.post_forward has
 // k's group.
 void check_post_forward_group(const ShardingEngine::Impl& e, const std::string& fqn, const ReshardAfterForward& c) {
-  if (c.group == 0) return;
+  if (!c.is_int) return;
   const int S = e.config.options.layout.shard_group_size;
   if (c.group < 1 || S % c.group != 0) {
     std::string divisors;

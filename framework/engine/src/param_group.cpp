@@ -159,7 +159,7 @@ void ParamGroup::unshard() {
     }
     free_now(gather_out);  // now, not when the collective's bookkeeping lets it go
     gather_in = at::Tensor();  // the shard itself, or its cast, or post_forward
-    if (gathers_post_forward) drop_post_forward();
+    if (gathers_post_forward) release_post_forward();  // the all-gather that read it is done
     for (const ShardedParam& p : params) p.attach();
   }
   state = State::Unsharded;
@@ -176,6 +176,13 @@ void ParamGroup::keep_post_forward(const at::Tensor& gathered) {
 }
 
 void ParamGroup::drop_post_forward() {
+  // Its all-gather may still read it (a unit prefetched in backward whose backward never came):
+  // abandon() frees it once that is waited for.
+  if (state == State::Gathering && gathers_post_forward) return;
+  release_post_forward();
+}
+
+void ParamGroup::release_post_forward() {
   free_now(post_forward);
   gathers_post_forward = false;
 }
@@ -411,7 +418,7 @@ void ParamGroup::abandon(bool drop_grads) {
     replicate_work = Work();
   }
   replicate_on_device = at::Tensor();
-  drop_post_forward();
+  release_post_forward();  // after the wait for its all-gather above
   reshard();
   if (drop_grads)
     for (auto& p : params) p.param.mutable_grad() = at::Tensor();

@@ -69,7 +69,8 @@ struct ParamGroup {
   void unshard();
   // Frees the unsharded storage; -> Sharded.
   void reshard();
-  // Frees post_forward (a unit whose backward never gathered it: the step ended or failed).
+  // Frees post_forward (a unit whose backward never gathered it: the step ended or failed), unless
+  // an all-gather in flight reads it (abandon frees it then, after waiting).
   void drop_post_forward();
   // Gradient shards are held from a step's first reduction until release_gradients (FSDP2's
   // zero_grad(set_to_none=True)): between, flat_grad has no bytes and the shards no gradient.
@@ -102,6 +103,7 @@ struct ParamGroup {
  private:
   // The int form's forward: keeps this rank's part of `gathered` (the all-gather's [S, total]).
   void keep_post_forward(const at::Tensor& gathered);
+  void release_post_forward();  // frees it (nothing reads it any more)
   // The unsharded layout's reduction: the all-reduce across replicas (if any) of the packing.
   void reduce_unsharded();
   // Hybrid: whether the all-reduce across replicas runs on replicate_on_device.

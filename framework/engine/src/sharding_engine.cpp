@@ -243,7 +243,10 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   }
   e.last_forward_order = e.forward_order;
   if (!at::GradMode::is_enabled() || !out.requires_grad()) {
-    for (auto& u : e.units) u->group.reshard();  // no backward will follow
+    for (auto& u : e.units) {  // no backward will follow
+      u->group.reshard();
+      u->group.drop_post_forward();
+    }
     e.state = TrainingState::Idle;
   } else {
     e.state = TrainingState::AwaitingBackward;

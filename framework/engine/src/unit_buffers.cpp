@@ -19,7 +19,7 @@ int post_forward_group(const ShardingLayout& layout, bool root, std::optional<Re
   const int S = layout.shard_group_size;
   if (S <= 1 || root) return 1;
   if (!unit_choice) return layout.reshard_after_forward ? S : 1;
-  if (unit_choice->group > 0) return unit_choice->group;
+  if (unit_choice->is_int) return unit_choice->group;
   return unit_choice->reshard ? S : 1;
 }
 
@@ -27,7 +27,7 @@ bool reshards_after_forward(const ShardingLayout& layout, bool root, std::option
                             bool own_storage) {
   if (post_forward_group(layout, root, unit_choice) > 1) return true;
   if (layout.shard_group_size != 1 || root || !own_storage) return false;
-  return unit_choice ? unit_choice->group == 0 && unit_choice->reshard : layout.reshard_after_forward;
+  return unit_choice ? !unit_choice->is_int && unit_choice->reshard : layout.reshard_after_forward;
 }
 
 }  // namespace fsdpx

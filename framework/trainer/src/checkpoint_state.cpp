@@ -133,7 +133,10 @@ at::Tensor assemble_whole(Communicator& world, const TensorShard& s, const std::
     const int64_t off = metas[r][0], n = metas[r][1];
     in_rank_order = in_rank_order && (n == 0 || off == r * most) && (n == most || off + n == rows_of(shape) || n == 0);
   }
-  if (in_rank_order && rows_of(shape) <= W * most) return all.narrow(0, 0, rows_of(shape) * row).reshape(shape);
+  if (in_rank_order && rows_of(shape) <= W * most) {  // a copy when the padding would stay with it
+    at::Tensor t = all.narrow(0, 0, rows_of(shape) * row);
+    return (rows_of(shape) == W * most ? t : t.clone()).reshape(shape);
+  }
   at::Tensor full = at::empty({rows_of(shape) * row}, local.options());
   for (int r = 0; r < W; ++r) {
     const int64_t off = metas[r][0], n = metas[r][1];

@@ -41,7 +41,7 @@ EngineComms engine_comms(ProcessGroups& groups, const EngineOptions& options, Co
   // groups in the same order (by k); a k that does not divide S is the engine's error to give.
   std::set<int> ks;
   for (const auto& [unit, choice] : options.reshard_after_forward_by_unit)
-    if (choice.group > 1 && choice.group < S && S % choice.group == 0) ks.insert(choice.group);
+    if (choice.is_int && choice.group > 1 && choice.group < S && S % choice.group == 0) ks.insert(choice.group);
   const int rank = groups.topology().rank;
   for (int k : ks) {
     std::vector<int> ranks;  // shard groups are runs of S consecutive ranks, so these are within one

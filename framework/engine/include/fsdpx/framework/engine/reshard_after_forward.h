@@ -13,9 +13,10 @@ namespace fsdpx {
 struct ReshardAfterForward {
   ReshardAfterForward() = default;
   ReshardAfterForward(bool r) : reshard(r) {}  // NOLINT(google-explicit-constructor): FSDP2's bool
-  ReshardAfterForward(int k) : group(k) {}     // NOLINT(google-explicit-constructor): FSDP2's int
+  ReshardAfterForward(int k) : group(k), is_int(true) {}  // NOLINT(google-explicit-constructor): FSDP2's int
   bool reshard = true;
-  int group = 0;  // the int form's k; 0: the bool form
+  int group = 0;        // the int form's k (the engine refuses k < 1 and k not dividing S)
+  bool is_int = false;  // the int form
 };
 
 }  // namespace fsdpx
