@@ -99,6 +99,24 @@ TEST(Library, ReshardAfterForwardPerUnit) {
   }
 }
 
+// A rank whose int reshard_after_forward makes a group of k that its peers do not make is refused
+// on every rank, naming each rank's groups, before any group is made (not a rendezvous that waits
+// until it times out); a rank whose bool choice differs is the engine's check, in one line too.
+TEST(Library, ReshardAfterForwardThatDiffersBetweenRanksIsRefused) {
+  const auto groups = worker("--rank0-reshard block1=2", 4);
+  EXPECT_EQ(groups.exit_code, 1) << groups.out << groups.err;
+  const std::string line = "library_worker: reshard_after_forward differs between ranks: its int form makes no "
+                           "group on rank(s) 1, 2, 3; groups of 2 on rank(s) 0; every rank must give each unit the "
+                           "same reshard_after_forward";
+  size_t seen = 0;
+  for (size_t at = groups.err.find(line); at != std::string::npos; at = groups.err.find(line, at + 1)) ++seen;
+  EXPECT_EQ(seen, 4u) << groups.err;  // every rank says it
+  const auto kept = worker("--rank0-reshard block1=false");
+  EXPECT_EQ(kept.exit_code, 1) << kept.out << kept.err;
+  EXPECT_NE(kept.err.find("library_worker: the model differs between ranks"), std::string::npos) << kept.err;
+  EXPECT_EQ(losses(groups.out).size() + losses(kept.out).size(), 0u);
+}
+
 // A checkpoint saved from the library (the parameter names of fsdpx-train's mlp model, AdamW, 2
 // ranks, step 3) resumes in fsdpx-train at 3 ranks: it starts at step 3, says that the data starts
 // from its beginning (the library's loop had no fsdpx data position), and one step at lr 1e-30

@@ -2,9 +2,10 @@
 // library_test.cpp): a small torch::nn model of 3 Blocks (or, --mlp, one with the parameter names
 // and shapes of fsdpx-train's mlp model) sharded with fsdpx::fully_shard and trained 3 steps with
 // SGD (--mlp: AdamW); rank 0 prints each step's loss (rank 0's part of the batch).
-//   library_worker [--seed-by-rank] [--reshard UNIT=true|false|K ...] [--sharding NAME] [--mlp]
-//                  [--save DIR [--save-after N] [--async]]
-// --seed-by-rank seeds each rank with its rank: the mistake fully_shard must refuse. Rank 0 prints
+//   library_worker [--seed-by-rank] [--reshard UNIT=true|false|K ...] [--rank0-reshard UNIT=K]
+//                  [--sharding NAME] [--mlp] [--save DIR [--save-after N] [--async]]
+// --seed-by-rank seeds each rank with its rank, and --rank0-reshard gives rank 0 alone one more
+// reshard_after_forward: the mistakes fully_shard must refuse. Rank 0 prints
 // the bytes the engine holds between each forward and its backward. --save writes
 // a sharded checkpoint after step N (3: the last), --async in the background while the steps
 // after it run.
@@ -84,7 +85,10 @@ int run(const fsdpx::tool::po::variables_map& vm) {
   fsdpx::ShardOptions o;
   o.sharding = vm["sharding"].as<std::string>();
   o.wrap_options = {{"layer_types", mlp ? "Hidden" : "Block"}};
-  for (const std::string& kv : vm["reshard"].as<std::vector<std::string>>()) {
+  std::vector<std::string> reshard = vm["reshard"].as<std::vector<std::string>>();
+  if (vm.count("rank0-reshard") && rank_env && std::atoi(rank_env) == 0)
+    reshard.push_back(vm["rank0-reshard"].as<std::string>());
+  for (const std::string& kv : reshard) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos) throw std::invalid_argument("--reshard takes UNIT=true|false|K, got " + kv);
     const std::string v = kv.substr(eq + 1);
@@ -125,6 +129,7 @@ int main(int argc, char** argv) {
   desc.add_options()("seed-by-rank", "each rank seeds its module with its rank (refused)")
       ("reshard", po::value<std::vector<std::string>>()->default_value({}, ""),
        "UNIT=true|false|K: reshard_after_forward")
+      ("rank0-reshard", po::value<std::string>(), "UNIT=true|false|K on rank 0 alone (refused)")
       ("sharding", po::value<std::string>()->default_value("full_shard"), "a sharding plugin")
       ("mlp", "fsdpx-train's mlp model, trained with AdamW")
       ("save", po::value<std::string>(), "a sharded checkpoint here")

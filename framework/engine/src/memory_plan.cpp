@@ -90,7 +90,7 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
   }
   b.reshard_after_forward = reshards_after_forward(in.layout, root, u.reshard_after_forward, b.gathered > 0);
   const int k = post_forward_group(in.layout, root, u.reshard_after_forward);
-  if (k > 1 && k < S) b.post_forward = b.gather_out / k;
+  if (keeps_post_forward_part(k, S)) b.post_forward = b.gather_out / k;
   b.recompute = u.recompute;
   return b;
 }

@@ -170,7 +170,7 @@ void ParamGroup::unshard() {
 void ParamGroup::keep_post_forward(const at::Tensor& gathered) {
   const int k = post_forward_group();
   const int64_t S = config->shard_size;
-  if (gathers_post_forward || k <= 1 || k >= S || !at::GradMode::is_enabled()) return;
+  if (gathers_post_forward || !keeps_post_forward_part(k, static_cast<int>(S)) || !at::GradMode::is_enabled()) return;
   const int64_t rows = S / k, j = config->shard_rank % k;
   post_forward = gathered.narrow(0, j * rows, rows).reshape({-1}).clone();
 }

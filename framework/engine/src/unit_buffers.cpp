@@ -23,6 +23,10 @@ int post_forward_group(const ShardingLayout& layout, bool root, std::optional<Re
   return unit_choice->reshard ? S : 1;
 }
 
+bool keeps_post_forward_part(int k, int shard_size) {
+  return k > 1 && k < shard_size && shard_size % k == 0;
+}
+
 bool reshards_after_forward(const ShardingLayout& layout, bool root, std::optional<ReshardAfterForward> unit_choice,
                             bool own_storage) {
   if (post_forward_group(layout, root, unit_choice) > 1) return true;

@@ -2,11 +2,55 @@
 
 #include "unit_selection.h"
 
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <vector>
 
+#include "fsdpx/error.h"
+#include "fsdpx/framework/engine/unit_buffers.h"
+#include "fsdpx/framework/runtime/every_rank.h"
+
 namespace fsdpx {
+namespace {
+
+// "groups of 2, 4" or "no group".
+std::string groups_text(const std::vector<int64_t>& ks) {
+  std::string s;
+  for (int64_t k : ks)
+    if (k > 0) s += (s.empty() ? "" : ", ") + std::to_string(k);
+  return s.empty() ? "no group" : "groups of " + s;
+}
+
+// Every rank must make the same groups of k, in the same order, before the engine compares the
+// rest of its choices: a rank making a group that its peers do not make would wait in that group's
+// rendezvous until it timed out. Two all-gathers over the control group: how many groups, then
+// which. Collective.
+void check_same_post_forward_groups(Communicator& control, const std::set<int>& ks) {
+  if (control.size() <= 1) return;
+  int64_t most = 0;
+  for (const auto& n : from_every_rank(control, std::vector<int64_t>{static_cast<int64_t>(ks.size())}))
+    most = std::max(most, n[0]);
+  if (most == 0) return;
+  std::vector<int64_t> mine(ks.begin(), ks.end());
+  mine.resize(static_cast<size_t>(most), 0);
+  const auto all = from_every_rank(control, mine);
+  std::map<std::vector<int64_t>, std::vector<std::string>> ranks_by_sizes;
+  for (size_t r = 0; r < all.size(); ++r) ranks_by_sizes[all[r]].push_back(std::to_string(r));
+  if (ranks_by_sizes.size() == 1) return;
+  std::string which;
+  for (const auto& [sizes, ranks] : ranks_by_sizes) {
+    std::string names;
+    for (const auto& r : ranks) names += (names.empty() ? "" : ", ") + r;
+    which += (which.empty() ? "" : "; ") + groups_text(sizes) + " on rank(s) " + names;
+  }
+  throw Error("reshard_after_forward differs between ranks: its int form makes " + which +
+              "; every rank must give each unit the same reshard_after_forward");
+}
+
+}  // namespace
 
 Batch on_device(Batch b, const c10::Device& device) {
   if (device.is_cpu()) return b;
@@ -37,11 +81,12 @@ EngineComms engine_comms(ProcessGroups& groups, const EngineOptions& options, Co
     comms.replicate = counted(groups.world());
   }
   if (deterministic) comms.world = counted(groups.world());  // it carries the gradients then
-  // Every rank has the same choices (the engine compares them), so every rank makes the same
-  // groups in the same order (by k); a k that does not divide S is the engine's error to give.
+  // Every rank makes the same groups in the same order (by k), checked before any is made; the
+  // engine compares the rest of the choices, and a k that does not divide S is its error to give.
   std::set<int> ks;
   for (const auto& [unit, choice] : options.reshard_after_forward_by_unit)
-    if (choice.is_int && choice.group > 1 && choice.group < S && S % choice.group == 0) ks.insert(choice.group);
+    if (choice.is_int && keeps_post_forward_part(choice.group, S)) ks.insert(choice.group);
+  check_same_post_forward_groups(*groups.control(), ks);
   const int rank = groups.topology().rank;
   for (int k : ks) {
     std::vector<int> ranks;  // shard groups are runs of S consecutive ranks, so these are within one

@@ -33,6 +33,10 @@ FSDPX_API int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const 
 // The root, and a layout over one rank, keep theirs: 1.
 FSDPX_API int post_forward_group(const ShardingLayout& layout, bool root,
                                  std::optional<ReshardAfterForward> unit_choice = std::nullopt);
+// Whether a unit whose post_forward_group is k keeps a part of its gathered parameters from
+// forward to backward, 1/k of them, and gathers the rest over a group of k ranks: 1 < k < S and k
+// divides S (k = S frees them all, k = 1 keeps them all).
+FSDPX_API bool keeps_post_forward_part(int k, int shard_size);
 // Whether the unit frees its gathered parameters after forward and gathers them (or, the int
 // form, what it kept of them) again for backward: post_forward_group > 1. Over one rank, where
 // nothing is gathered, a unit whose parameters are a copy of the shard (`own_storage`: mixed
