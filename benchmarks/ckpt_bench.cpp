@@ -20,9 +20,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include <ATen/ops/full.h>
+#include <ATen/ops/randint.h>
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
@@ -85,9 +87,26 @@ double max_over_ranks(ProcessGroups& groups, double v) {
   return t.item<double>();
 }
 
-// Sync against async stall of a sharded save of `engine`'s and `opt`'s state, and the floor.
-void stall_table(ProcessGroups& groups, PluginHost& host, ShardingEngine& engine, Optimizer& opt,
-                 const fs::path& root, int64_t pool_mib) {
+// One training step of `model` on a random batch of 2 x 128 tokens: forward, backward, then (after
+// `before_optimizer`) the optimizer; the slowest rank's seconds.
+double train_step(ProcessGroups& groups, Model& model, ShardingEngine& engine, Optimizer& opt, int64_t vocab,
+                  const std::function<void()>& before_optimizer) {
+  groups.world()->barrier().wait();
+  const auto t0 = std::chrono::steady_clock::now();
+  const at::Tensor tokens = at::randint(vocab, {2, 129}, at::kLong);
+  const Batch b{tokens.narrow(1, 0, 128), tokens.narrow(1, 1, 128), 2, 256};
+  engine.backward(engine.forward([&] { return model.loss(b); }));
+  before_optimizer();
+  opt.step(1e-6);
+  engine.release_gradients();
+  return max_over_ranks(groups, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// Sync against async stall of a sharded save of `engine`'s and `opt`'s state, and the floor; then
+// an async save staged during the next training step (as fsdpx-train does on the CPU): its stall
+// and that step's time against a step without a save.
+void stall_table(ProcessGroups& groups, PluginHost& host, Model& model, ShardingEngine& engine, Optimizer& opt,
+                 const fs::path& root, int64_t pool_mib, int64_t vocab) {
   const int rank = groups.topology().rank;
   const CheckpointContext ctx = checkpoint_context(groups, engine);
   const CheckpointContext bg = checkpoint_context(groups.new_control_group("checkpoint"), engine);
@@ -130,6 +149,18 @@ void stall_table(ProcessGroups& groups, PluginHost& host, ShardingEngine& engine
   }
   rss_rise = static_cast<int64_t>(max_over_ranks(groups, (status_kib("VmHWM:") - rss_before) * 1024.0));
   pool_bytes = saver.pool_allocated();
+  train_step(groups, model, engine, opt, vocab, [] {});  // the first step's allocations, not timed
+  const double plain_step = train_step(groups, model, engine, opt, vocab, [] {});
+  groups.world()->barrier().wait();
+  saver.save(dir, state(), {}, /*defer_staging=*/true);
+  const double saved_step = train_step(groups, model, engine, opt, vocab, [&] { saver.settle(); });
+  saver.wait();
+  const SaveFigures deferred = saver.take_finished().at(0);
+  groups.world()->barrier().wait();
+  saver.save(dir, state());  // staged inside the save, then the same step while the writer writes
+  const double inline_step = train_step(groups, model, engine, opt, vocab, [] {});
+  saver.wait();
+  const double inline_stall = saver.take_finished().at(0).stall_s;
   groups.world()->barrier().wait();
   if (rank == 0) fs::remove_all(root / "stall");
   const double bytes = max_over_ranks(groups, static_cast<double>(mine)) * groups.topology().world_size;
@@ -144,6 +175,14 @@ void stall_table(ProcessGroups& groups, PluginHost& host, ShardingEngine& engine
                 k == 1 ? "first save: staging into the pool" : "second save: the same", write[k],
                 bytes / 1e6 / write[k]);
   std::printf("  async / sync = %.3f (first save %.3f)\n", stall[2] / stall[0], stall[1] / stall[0]);
+  std::printf("  async, staged during the next step (fsdpx-train on the CPU): stall %.4f s = %.4f of sync (staged "
+              "in %.2f s on a thread of its own)\n",
+              deferred.stall_s, deferred.stall_s / stall[0], deferred.stage_s);
+  std::printf("  the step after a save against one without (%.2f s), while the writer writes: staged during it "
+              "%.2f s (%.2fx), staged in the save %.2f s (%.2fx, after a stall of %.3f s); stall + step: %.2f s "
+              "against %.2f s\n",
+              plain_step, saved_step, saved_step / plain_step, inline_step, inline_step / plain_step, inline_stall,
+              deferred.stall_s + saved_step, inline_stall + inline_step);
   std::printf("  (the pool was allocated and touched once, before the first save, in %.2f s)\n", reserve_s);
   std::printf("  async saves add at most %.0f MB of RSS on a rank; the pool holds %.0f MB (bound %ld MiB)\n",
               rss_rise / 1e6, pool_bytes / 1e6, static_cast<long>(pool_mib));
@@ -222,7 +261,7 @@ int main(int argc, char** argv) {
       groups->world()->barrier().wait();
       if (rank == 0) fs::remove_all(root / backend);
     }
-    stall_table(*groups, *host, engine, *opt, root, vm["pool-mib"].as<int64_t>());
+    stall_table(*groups, *host, *model, engine, *opt, root, vm["pool-mib"].as<int64_t>(), vm["vocab"].as<int>());
     return 0;
   });
 }

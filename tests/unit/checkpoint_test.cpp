@@ -434,6 +434,39 @@ TEST(CheckpointAsync, ResumesBitwiseAsSynchronousSaves) {
   EXPECT_NE(b1.out.find("| ckpt stall "), std::string::npos) << b1.out;  // the progress lines after a save
 }
 
+// A background save on the CPU stages on a thread of its own while the next step's forward and
+// backward run, and the optimizer's step waits for it: with rank 0's staging slowed to 40 ms a
+// tensor (FSDPX_FAULT=slow-stage, longer than a step), the checkpoints still hold their step's
+// weights and optimizer state bit for bit (a synchronous run's digests), the stall is that wait
+// (at least one tensor's delay, on every rank: the slowest rank's), and each record says it was
+// deferred. Without the wait the optimizer would write into what is being staged.
+TEST(CheckpointAsync, DeferredStagingEndsBeforeTheOptimizerWrites) {
+  TempDir sync, async;
+  const std::string run = train() + " --nproc-per-node 2 --batch-size 6 --model.dim 128 --model.layers 2 " +
+                          "--save-every 2 --steps 5" + kRun;
+  auto a = run_command(run + "--out " + sync.path().string());
+  ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+  auto b = run_command("env FSDPX_FAULT=slow-stage:0:40 " + run + "--checkpoint.async true --out " +
+                       async.path().string());
+  ASSERT_EQ(b.exit_code, 0) << b.out << b.err;
+  EXPECT_NE(b.out.find("on a thread of its own"), std::string::npos) << b.out;
+  EXPECT_EQ(losses(sync.path()), losses(async.path()));
+  for (const char* step : {"step-00000002", "step-00000004", "step-00000005"})
+    EXPECT_EQ(tensor_digests(sync.path() / "checkpoints" / step), tensor_digests(async.path() / "checkpoints" / step))
+        << step;
+  int records = 0;
+  for (const json& j : read_json_lines(async.path() / "metrics.jsonl"))
+    if (j.contains("checkpoint_stall_s")) {
+      ++records;
+      EXPECT_TRUE(j["checkpoint_stage_deferred"].get<bool>()) << j;
+      EXPECT_GE(j["checkpoint_stage_s"].get<double>(), 0.04) << j;
+      if (j["step"].get<int64_t>() < 5) {  // the last one's wait is the run's end
+        EXPECT_GE(j["checkpoint_stall_s"].get<double>(), 0.04) << j;
+      }
+    }
+  EXPECT_EQ(records, 3);
+}
+
 // The plan states the staging pool's host memory per rank (the --dry-run text, plan.json, the
 // host side of the memory check), as the saver lays it out for the rank's shards and optimizer
 // state: within a buffer's rounding (1 MiB) of what the run allocates.

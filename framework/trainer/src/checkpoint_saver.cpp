@@ -4,9 +4,12 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <optional>
+#include <thread>
 
 #include <unistd.h>
 
@@ -15,6 +18,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/runtime/collective_context.h"
 #include "fsdpx/framework/runtime/device.h"
@@ -225,6 +229,7 @@ CheckpointSaver::CheckpointSaver(StreamedCheckpointBackend& backend, CheckpointC
 CheckpointSaver::~CheckpointSaver() {
   if (!writer_.joinable()) return;
   flight_->abandon = true;  // the writer drains what is staged without writing it, then fails the save
+  if (stager_.joinable()) stager_.join();  // it stops at its next tensor
   writer_.join();
   clear_signal_note();
   if (main_.rank == 0 && !flight_->error.empty())
@@ -232,7 +237,8 @@ CheckpointSaver::~CheckpointSaver() {
                  flight_->figures.dir.c_str());
 }
 
-void CheckpointSaver::save(const std::string& dir, const CheckpointState& st, std::function<void()> on_complete) {
+void CheckpointSaver::save(const std::string& dir, const CheckpointState& st, std::function<void()> on_complete,
+                           bool defer_staging) {
   const auto t0 = Clock::now();
   wait();
   const double waited = since(t0);
@@ -254,16 +260,42 @@ void CheckpointSaver::save(const std::string& dir, const CheckpointState& st, st
     write_flight(*flight, *w, ctx, *pool, on_complete);
   });
   if (background() && main_.rank == 0) set_signal_note(dir);
-  stage(*flight, st, mine);
-  double stall = since(flight->start);
-  if (main_.all_sum && main_.world_size > 1) {  // the slowest rank's: every rank waits for it next
-    std::vector<int64_t> us(static_cast<size_t>(main_.world_size), 0);
-    us[static_cast<size_t>(main_.rank)] = static_cast<int64_t>(stall * 1e6);
-    main_.all_sum(us);
-    stall = static_cast<double>(*std::max_element(us.begin(), us.end())) / 1e6;
+  if (defer_staging && background() && (!device_ || device_->is_cpu())) {
+    flight->figures.deferred = true;
+    stager_ = std::thread([this, flight, st, mine] {  // `st` by value: its tensors stay alive
+      const auto began = Clock::now();
+      stage(*flight, st, mine);
+      flight->figures.stage_s = since(began);
+    });
+    save_call_s_ = since(flight->start);
+    return;
   }
-  flight->figures.stall_s = stall;
+  stage(*flight, st, mine);
+  flight->figures.stage_s = since(flight->start);
+  flight->figures.stall_s = slowest(since(flight->start));
   if (!background()) wait();
+}
+
+double CheckpointSaver::slowest(double seconds) const {
+  if (!main_.all_sum || main_.world_size <= 1) return seconds;  // every rank waits for the slowest next
+  std::vector<int64_t> us(static_cast<size_t>(main_.world_size), 0);
+  us[static_cast<size_t>(main_.rank)] = static_cast<int64_t>(seconds * 1e6);
+  main_.all_sum(us);
+  return static_cast<double>(*std::max_element(us.begin(), us.end())) / 1e6;
+}
+
+void CheckpointSaver::settle() {
+  if (!stager_.joinable()) return;
+  const auto t0 = Clock::now();
+  stager_.join();
+  flight_->figures.stall_s = slowest(save_call_s_ + since(t0));
+}
+
+void CheckpointSaver::join_stager() {
+  if (!stager_.joinable()) return;
+  const auto t0 = Clock::now();
+  stager_.join();
+  flight_->figures.stall_s = save_call_s_ + since(t0);
 }
 
 void CheckpointSaver::prepare(const CheckpointState& st, const std::string& what) {
@@ -300,6 +332,14 @@ void CheckpointSaver::reserve(const CheckpointState& st) {
   pool_->fill();
 }
 
+// FSDPX_FAULT=slow-stage:R:MS (fsdpx/framework/base/fault_injection.h): how long rank R's
+// background staging sleeps before each tensor (0: no fault).
+std::chrono::milliseconds slow_stage(int rank) {
+  const std::optional<Fault> f = requested_fault();
+  if (!f || f->point != "slow-stage" || f->rank != rank) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(std::atoll(f->where.c_str()));
+}
+
 // This rank's rows of the tensors `mine`, in order, into pool buffers; each buffer goes to the
 // writer when full (a tensor larger than a buffer goes in several). A failure closes the flight
 // with its message, which the writer's finish then spreads to every rank.
@@ -308,8 +348,11 @@ void CheckpointSaver::stage(Flight& f, const CheckpointState& st, const std::vec
   Flight::Chunk chunk;
   int64_t used = 0;
   const int64_t capacity = pool_->buffer_bytes();
+  const auto slow = background() ? slow_stage(main_.rank) : std::chrono::milliseconds(0);
   try {
     for (size_t i : mine) {
+      if (f.abandon) throw Error("the run stopped before it was staged");
+      if (slow.count() > 0) std::this_thread::sleep_for(slow);
       const TensorShard& t = st.tensors[i];
       const at::Tensor rows = t.local.dim() == 0 ? t.local.reshape({1}) : t.local;
       const int64_t rb = row_bytes(t), n = rows_of(t.local);
@@ -354,6 +397,7 @@ void CheckpointSaver::wait() {
 }
 
 void CheckpointSaver::join() {
+  join_stager();  // settle()d already on the normal path; else this rank's stall
   writer_.join();
   clear_signal_note();
   std::shared_ptr<Flight> f = std::move(flight_);

@@ -137,9 +137,12 @@ void Checkpointer::save(int64_t step) {
   st.trainer_state_json = trainer_state(step).to_json();
   st.config_ini = config_ini_;
   if (saver_) {
-    saver_->save(dir, st, [this] {  // on the writer thread, once the checkpoint is complete
-      if (writer_ && s_.keep_last > 0) prune_checkpoints(run_dir_.checkpoints(), s_.keep_last);
-    });
+    saver_->save(
+        dir, st,
+        [this] {  // on the writer thread, once the checkpoint is complete
+          if (writer_ && s_.keep_last > 0) prune_checkpoints(run_dir_.checkpoints(), s_.keep_last);
+        },
+        /*defer_staging=*/true);
     if (!saver_->background()) poll();
     return;
   }
@@ -155,6 +158,10 @@ void Checkpointer::save(int64_t step) {
     if (s_.keep_last > 0) prune_checkpoints(run_dir_.checkpoints(), s_.keep_last);
   });
   last_saved_ = dir;
+}
+
+void Checkpointer::settle() {
+  if (saver_) saver_->settle();
 }
 
 void Checkpointer::poll() {
@@ -185,8 +192,10 @@ void Checkpointer::report(const SaveFigures& f) {
   if (f.background) {
     char waited[80] = "";
     if (f.wait_s >= 0.001) std::snprintf(waited, sizeof waited, "; waited %.2f s for the save before", f.wait_s);
-    std::snprintf(l, sizeof l, "checkpoint at step %ld: %s (stall %.3f s, written in %.2f s in the background%s)",
-                  static_cast<long>(f.step), f.dir.c_str(), f.stall_s, f.write_s, waited);
+    char staged[80] = "";
+    if (f.deferred) std::snprintf(staged, sizeof staged, ", staged in %.2f s on a thread of its own", f.stage_s);
+    std::snprintf(l, sizeof l, "checkpoint at step %ld: %s (stall %.3f s%s, written in %.2f s in the background%s)",
+                  static_cast<long>(f.step), f.dir.c_str(), f.stall_s, staged, f.write_s, waited);
   } else {
     std::snprintf(l, sizeof l, "checkpoint at step %ld: %s (%.2f s)", static_cast<long>(f.step), f.dir.c_str(),
                   f.write_s);

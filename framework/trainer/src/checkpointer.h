@@ -51,11 +51,15 @@ class Checkpointer {
   int64_t restore();
   // A checkpoint of step `step` under OUT/checkpoints, then --keep-last's pruning once it is
   // complete. Collective. In the background it returns once the state is staged (after waiting
-  // for the save before, which it reports).
+  // for the save before, which it reports), or on the CPU once its staging has begun (settle()).
   void save(int64_t step);
   // At a step's end: reports a background save that finished; throws (one line naming the
   // checkpoint) when it failed. Local: each rank sees its own writer.
   void poll();
+  // Before anything writes the state a save took (the optimizer's next step): waits for its
+  // staging, which a background save on the CPU does on a thread of its own while the next step's
+  // forward and backward run. Every rank at the same point (collective when a save staged).
+  void settle();
   // The run's end: waits for the save in flight and reports it.
   void finish();
   const std::string& last_saved() const { return last_saved_; }  // "" before the first save

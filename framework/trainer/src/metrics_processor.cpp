@@ -296,6 +296,8 @@ void MetricsProcessor::log_checkpoint(const SaveFigures& f) {
                                {"checkpoint_stall_s", f.stall_s},
                                {"checkpoint_write_s", f.write_s},
                                {"checkpoint_wait_s", f.wait_s},
+                               {"checkpoint_stage_s", f.stage_s},
+                               {"checkpoint_stage_deferred", f.deferred},
                                {"checkpoint_staged_bytes", f.staged_bytes}}
                               .dump());
 }

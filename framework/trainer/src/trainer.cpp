@@ -224,6 +224,7 @@ class Trainer {
     {
       TimedSpan whole(clock_.get(), TimedPhase::Step);
       scaling_->begin_step();
+      if (s_.optimizer_in_backward) checkpointer_->settle();  // the backward steps the optimizer
       ordered_loss = s_.deterministic ? deterministic_passes(mine) : 0.0;
       if (!s_.deterministic) forward_backward(mine);
       CollectivePhase phase("step");  // the engine names forward and backward itself
@@ -314,6 +315,7 @@ class Trainer {
   // the gradient shards' bytes are free until the next reduction. --optimizer-in-backward: the
   // backward has stepped every unit (no loss scaling, no clipping: refused with it).
   void optimizer_step(int64_t step) {
+    checkpointer_->settle();  // a save's staging reads the state the optimizer writes
     TimedSpan optimizer(clock_.get(), TimedPhase::Optimizer);
     if (!s_.optimizer_in_backward && !scaling_->unscale_and_check(shards_, step)) {
       grad_norm_ = s_.clip_grad_norm > 0 ? engine_->clip_grad_norm(s_.clip_grad_norm) : -1;

@@ -56,14 +56,17 @@ struct PoolLayout {
 FSDPX_API PoolLayout staging_pool_layout(int64_t limit, int64_t rank_bytes, int64_t widest_row);
 
 // One save's figures. stall: the training thread's time in save() (the slowest rank's: every
-// rank waits for it at the next collective), less the wait for the previous save; wait: how long
-// save() first waited for the save before it; write: from staging's start until the checkpoint
-// was complete (this rank's view; on rank 0 the whole save).
+// rank waits for it at the next collective), less the wait for the previous save, plus (staging
+// deferred) settle()'s wait for the staging thread; wait: how long save() first waited for the
+// save before it; write: from staging's start until the checkpoint was complete (this rank's view;
+// on rank 0 the whole save); stage: the copy into the pool, this rank's (deferred: on its own
+// thread while training went on).
 struct SaveFigures {
   int64_t step = 0;
   std::string dir;
   bool background = false;
-  double stall_s = 0, wait_s = 0, write_s = 0;
+  bool deferred = false;  // staged on a thread of its own (save()'s defer_staging)
+  double stall_s = 0, wait_s = 0, write_s = 0, stage_s = 0;
   int64_t staged_bytes = 0;  // this rank's bytes through the pool
 };
 
@@ -95,7 +98,15 @@ class FSDPX_API CheckpointSaver {
   // once staged in the background, else once complete. Throws fsdpx::Error when a row of a tensor
   // is larger than the whole pool (naming the tensor and the size needed; every rank alike),
   // and, like wait(), with the failure of the save before.
-  void save(const std::string& dir, const CheckpointState& st, std::function<void()> on_complete = {});
+  // `defer_staging` (a background save of host memory; ignored otherwise): the staging runs on a
+  // thread of its own and save() returns once it has begun, so the copy overlaps what the caller
+  // does next; the caller calls settle() before anything writes `st`'s tensors (the optimizer's
+  // next step), on every rank at the same point.
+  void save(const std::string& dir, const CheckpointState& st, std::function<void()> on_complete = {},
+            bool defer_staging = false);
+  // Waits for a deferred staging to finish, and takes the slowest rank's stall (collective over
+  // `main`, on every rank alike: each rank deferred the same save). Nothing when none is staging.
+  void settle();
   // Whether a save is still being written. One that finished is joined: its failure is thrown
   // (fsdpx::Error, one line naming the checkpoint), its figures kept for take_finished().
   bool in_flight();
@@ -111,6 +122,8 @@ class FSDPX_API CheckpointSaver {
  private:
   void prepare(const CheckpointState& st, const std::string& what);
   void stage(Flight& f, const CheckpointState& st, const std::vector<size_t>& mine);
+  double slowest(double seconds) const;  // the largest over `main`'s ranks (collective)
+  void join_stager();                    // the deferred staging, joined (its stall this rank's)
   void join();
 
   StreamedCheckpointBackend& backend_;
@@ -119,6 +132,8 @@ class FSDPX_API CheckpointSaver {
   std::shared_ptr<StagingPool> pool_;  // null before the first save
   std::shared_ptr<Flight> flight_;
   std::thread writer_;
+  std::thread stager_;    // a deferred staging
+  double save_call_s_ = 0;  // the deferred save's time in save()
   std::vector<SaveFigures> finished_;
 };
 
