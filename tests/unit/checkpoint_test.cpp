@@ -439,11 +439,14 @@ TEST(CheckpointAsync, ResumesBitwiseAsSynchronousSaves) {
 // tensor (FSDPX_FAULT=slow-stage, longer than a step), the checkpoints still hold their step's
 // weights and optimizer state bit for bit (a synchronous run's digests), the stall is that wait
 // (at least one tensor's delay, on every rank: the slowest rank's), and each record says it was
-// deferred. Without the wait the optimizer would write into what is being staged.
-TEST(CheckpointAsync, DeferredStagingEndsBeforeTheOptimizerWrites) {
+// deferred. Without the wait the optimizer would write into what is being staged. The same with
+// --optimizer-in-backward, whose backward steps the optimizer: the wait is before the forward.
+class DeferredStaging : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeferredStaging, EndsBeforeTheOptimizerWrites) {
   TempDir sync, async;
   const std::string run = train() + " --nproc-per-node 2 --batch-size 6 --model.dim 128 --model.layers 2 " +
-                          "--save-every 2 --steps 5" + kRun;
+                          "--save-every 2 --steps 5 --optimizer.name adamw" + GetParam() + kRun;
   auto a = run_command(run + "--out " + sync.path().string());
   ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
   auto b = run_command("env FSDPX_FAULT=slow-stage:0:40 " + run + "--checkpoint.async true --out " +
@@ -466,6 +469,11 @@ TEST(CheckpointAsync, DeferredStagingEndsBeforeTheOptimizerWrites) {
     }
   EXPECT_EQ(records, 3);
 }
+
+INSTANTIATE_TEST_SUITE_P(CheckpointAsync, DeferredStaging, ::testing::Values("", " --optimizer-in-backward"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return p.param.empty() ? "step" : "in_backward";
+                         });
 
 // The plan states the staging pool's host memory per rank (the --dry-run text, plan.json, the
 // host side of the memory check), as the saver lays it out for the rank's shards and optimizer
