@@ -9,6 +9,7 @@
 #include <deque>
 #include <filesystem>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include <unistd.h>
@@ -261,14 +262,18 @@ void CheckpointSaver::save(const std::string& dir, const CheckpointState& st, st
   });
   if (background() && main_.rank == 0) set_signal_note(dir);
   if (defer_staging && background() && (!device_ || device_->is_cpu())) {
-    flight->figures.deferred = true;
-    stager_ = std::thread([this, flight, st, mine] {  // `st` by value: its tensors stay alive
-      const auto began = Clock::now();
-      stage(*flight, st, mine);
-      flight->figures.stage_s = since(began);
-    });
-    save_call_s_ = since(flight->start);
-    return;
+    try {
+      stager_ = std::thread([this, flight, st, mine] {  // `st` by value: its tensors stay alive
+        const auto began = Clock::now();
+        stage(*flight, st, mine);
+        flight->figures.stage_s = since(began);
+      });
+      flight->figures.deferred = unsettled_ = true;
+      save_call_s_ = since(flight->start);
+      stager_wait_s_ = 0;
+      return;
+    } catch (const std::system_error&) {  // no thread to be had: staged here, as on a device
+    }
   }
   stage(*flight, st, mine);
   flight->figures.stage_s = since(flight->start);
@@ -285,17 +290,27 @@ double CheckpointSaver::slowest(double seconds) const {
 }
 
 void CheckpointSaver::settle() {
-  if (!stager_.joinable()) return;
+  if (!unsettled_) return;  // set by a deferred save on every rank alike, so the collective is too
+  unsettled_ = false;
   const auto t0 = Clock::now();
-  stager_.join();
-  flight_->figures.stall_s = slowest(save_call_s_ + since(t0));
+  double waited = 0;
+  if (stager_.joinable()) {
+    stager_.join();
+    waited = since(t0);
+  } else {
+    waited = stager_wait_s_;  // in_flight() or wait() joined it first
+  }
+  const double stall = slowest(save_call_s_ + waited);
+  if (flight_) flight_->figures.stall_s = stall;
+  else if (!finished_.empty()) finished_.back().stall_s = stall;
 }
 
 void CheckpointSaver::join_stager() {
   if (!stager_.joinable()) return;
   const auto t0 = Clock::now();
   stager_.join();
-  flight_->figures.stall_s = save_call_s_ + since(t0);
+  stager_wait_s_ = since(t0);
+  flight_->figures.stall_s = save_call_s_ + stager_wait_s_;
 }
 
 void CheckpointSaver::prepare(const CheckpointState& st, const std::string& what) {
@@ -332,6 +347,8 @@ void CheckpointSaver::reserve(const CheckpointState& st) {
   pool_->fill();
 }
 
+namespace {
+
 // FSDPX_FAULT=slow-stage:R:MS (fsdpx/framework/base/fault_injection.h): how long rank R's
 // background staging sleeps before each tensor (0: no fault).
 std::chrono::milliseconds slow_stage(int rank) {
@@ -339,6 +356,8 @@ std::chrono::milliseconds slow_stage(int rank) {
   if (!f || f->point != "slow-stage" || f->rank != rank) return std::chrono::milliseconds(0);
   return std::chrono::milliseconds(std::atoll(f->where.c_str()));
 }
+
+}  // namespace
 
 // This rank's rows of the tensors `mine`, in order, into pool buffers; each buffer goes to the
 // writer when full (a tensor larger than a buffer goes in several). A failure closes the flight

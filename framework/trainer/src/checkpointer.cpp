@@ -176,6 +176,7 @@ void Checkpointer::finish() {
   if (!saver_) return;
   const std::string dir = saver_->in_flight_dir();
   const auto t0 = std::chrono::steady_clock::now();
+  saver_->settle();  // the last save's staging (every rank: its stall is the slowest rank's)
   saver_->wait();
   if (writer_ && !dir.empty() && saver_->background()) {
     char l[300];

@@ -105,7 +105,8 @@ class FSDPX_API CheckpointSaver {
   void save(const std::string& dir, const CheckpointState& st, std::function<void()> on_complete = {},
             bool defer_staging = false);
   // Waits for a deferred staging to finish, and takes the slowest rank's stall (collective over
-  // `main`, on every rank alike: each rank deferred the same save). Nothing when none is staging.
+  // `main` once per deferred save, on every rank alike: each rank deferred the same save, whether
+  // or not in_flight() or wait() joined its staging first). Nothing when no save was deferred.
   void settle();
   // Whether a save is still being written. One that finished is joined: its failure is thrown
   // (fsdpx::Error, one line naming the checkpoint), its figures kept for take_finished().
@@ -132,8 +133,10 @@ class FSDPX_API CheckpointSaver {
   std::shared_ptr<StagingPool> pool_;  // null before the first save
   std::shared_ptr<Flight> flight_;
   std::thread writer_;
-  std::thread stager_;    // a deferred staging
-  double save_call_s_ = 0;  // the deferred save's time in save()
+  std::thread stager_;       // a deferred staging
+  bool unsettled_ = false;     // a deferred save that settle() has not yet seen
+  double save_call_s_ = 0;     // the deferred save's time in save()
+  double stager_wait_s_ = 0;   // join_stager()'s wait for it
   std::vector<SaveFigures> finished_;
 };
 
