@@ -102,6 +102,31 @@ double train_step(ProcessGroups& groups, Model& model, ShardingEngine& engine, O
   return max_over_ranks(groups, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
+// The step after an asynchronous save, staged during it (fsdpx-train on the CPU) and staged inside
+// the save, against a step without a save; the writer writes while each runs.
+struct StepAfterSave {
+  double plain = 0, deferred = 0, inline_staged = 0, inline_stall = 0;
+  SaveFigures deferred_save;
+};
+StepAfterSave step_after_save(ProcessGroups& groups, CheckpointSaver& saver, const std::string& dir,
+                              const std::function<CheckpointState()>& state, Model& model, ShardingEngine& engine,
+                              Optimizer& opt, int64_t vocab) {
+  StepAfterSave s;
+  train_step(groups, model, engine, opt, vocab, [] {});  // the first step's allocations, not timed
+  s.plain = train_step(groups, model, engine, opt, vocab, [] {});
+  groups.world()->barrier().wait();
+  saver.save(dir, state(), {}, /*defer_staging=*/true);
+  s.deferred = train_step(groups, model, engine, opt, vocab, [&] { saver.settle(); });
+  saver.wait();
+  s.deferred_save = saver.take_finished().at(0);
+  groups.world()->barrier().wait();
+  saver.save(dir, state());
+  s.inline_staged = train_step(groups, model, engine, opt, vocab, [] {});
+  saver.wait();
+  s.inline_stall = saver.take_finished().at(0).stall_s;
+  return s;
+}
+
 // Sync against async stall of a sharded save of `engine`'s and `opt`'s state, and the floor; then
 // an async save staged during the next training step (as fsdpx-train does on the CPU): its stall
 // and that step's time against a step without a save.
@@ -149,18 +174,7 @@ void stall_table(ProcessGroups& groups, PluginHost& host, Model& model, Sharding
   }
   rss_rise = static_cast<int64_t>(max_over_ranks(groups, (status_kib("VmHWM:") - rss_before) * 1024.0));
   pool_bytes = saver.pool_allocated();
-  train_step(groups, model, engine, opt, vocab, [] {});  // the first step's allocations, not timed
-  const double plain_step = train_step(groups, model, engine, opt, vocab, [] {});
-  groups.world()->barrier().wait();
-  saver.save(dir, state(), {}, /*defer_staging=*/true);
-  const double saved_step = train_step(groups, model, engine, opt, vocab, [&] { saver.settle(); });
-  saver.wait();
-  const SaveFigures deferred = saver.take_finished().at(0);
-  groups.world()->barrier().wait();
-  saver.save(dir, state());  // staged inside the save, then the same step while the writer writes
-  const double inline_step = train_step(groups, model, engine, opt, vocab, [] {});
-  saver.wait();
-  const double inline_stall = saver.take_finished().at(0).stall_s;
+  const StepAfterSave after = step_after_save(groups, saver, dir, state, model, engine, opt, vocab);
   groups.world()->barrier().wait();
   if (rank == 0) fs::remove_all(root / "stall");
   const double bytes = max_over_ranks(groups, static_cast<double>(mine)) * groups.topology().world_size;
@@ -177,12 +191,13 @@ void stall_table(ProcessGroups& groups, PluginHost& host, Model& model, Sharding
   std::printf("  async / sync = %.3f (first save %.3f)\n", stall[2] / stall[0], stall[1] / stall[0]);
   std::printf("  async, staged during the next step (fsdpx-train on the CPU): stall %.4f s = %.4f of sync (staged "
               "in %.2f s on a thread of its own)\n",
-              deferred.stall_s, deferred.stall_s / stall[0], deferred.stage_s);
+              after.deferred_save.stall_s, after.deferred_save.stall_s / stall[0], after.deferred_save.stage_s);
   std::printf("  the step after a save against one without (%.2f s), while the writer writes: staged during it "
               "%.2f s (%.2fx), staged in the save %.2f s (%.2fx, after a stall of %.3f s); stall + step: %.2f s "
               "against %.2f s\n",
-              plain_step, saved_step, saved_step / plain_step, inline_step, inline_step / plain_step, inline_stall,
-              deferred.stall_s + saved_step, inline_stall + inline_step);
+              after.plain, after.deferred, after.deferred / after.plain, after.inline_staged,
+              after.inline_staged / after.plain, after.inline_stall, after.deferred_save.stall_s + after.deferred,
+              after.inline_stall + after.inline_staged);
   std::printf("  (the pool was allocated and touched once, before the first save, in %.2f s)\n", reserve_s);
   std::printf("  async saves add at most %.0f MB of RSS on a rank; the pool holds %.0f MB (bound %ld MiB)\n",
               rss_rise / 1e6, pool_bytes / 1e6, static_cast<long>(pool_mib));
