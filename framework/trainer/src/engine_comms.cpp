@@ -12,16 +12,17 @@
 #include "fsdpx/error.h"
 #include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/runtime/every_rank.h"
+#include "fsdpx/suggest.h"
 
 namespace fsdpx {
 namespace {
 
-// "groups of 2, 4" or "no group".
+// "groups of 2, 4" or "no group" (0s are padding).
 std::string groups_text(const std::vector<int64_t>& ks) {
-  std::string s;
+  std::vector<std::string> sizes;
   for (int64_t k : ks)
-    if (k > 0) s += (s.empty() ? "" : ", ") + std::to_string(k);
-  return s.empty() ? "no group" : "groups of " + s;
+    if (k > 0) sizes.push_back(std::to_string(k));
+  return sizes.empty() ? "no group" : "groups of " + join_names(sizes);
 }
 
 // Every rank must make the same groups of k, in the same order, before the engine compares the
@@ -41,11 +42,8 @@ void check_same_post_forward_groups(Communicator& control, const std::set<int>& 
   for (size_t r = 0; r < all.size(); ++r) ranks_by_sizes[all[r]].push_back(std::to_string(r));
   if (ranks_by_sizes.size() == 1) return;
   std::string which;
-  for (const auto& [sizes, ranks] : ranks_by_sizes) {
-    std::string names;
-    for (const auto& r : ranks) names += (names.empty() ? "" : ", ") + r;
-    which += (which.empty() ? "" : "; ") + groups_text(sizes) + " on rank(s) " + names;
-  }
+  for (const auto& [sizes, ranks] : ranks_by_sizes)
+    which += (which.empty() ? "" : "; ") + groups_text(sizes) + " on rank(s) " + join_names(ranks);
   throw Error("reshard_after_forward differs between ranks: its int form makes " + which +
               "; every rank must give each unit the same reshard_after_forward");
 }

@@ -133,10 +133,10 @@ class FSDPX_API CheckpointSaver {
   std::shared_ptr<StagingPool> pool_;  // null before the first save
   std::shared_ptr<Flight> flight_;
   std::thread writer_;
-  std::thread stager_;       // a deferred staging
-  bool unsettled_ = false;     // a deferred save that settle() has not yet seen
-  double save_call_s_ = 0;     // the deferred save's time in save()
-  double stager_wait_s_ = 0;   // join_stager()'s wait for it
+  std::thread stager_;        // a deferred staging
+  bool unsettled_ = false;    // a deferred save that settle() has not yet seen
+  double save_call_s_ = 0;    // the deferred save's time in save()
+  double stager_wait_s_ = 0;  // join_stager()'s wait for it
   std::vector<SaveFigures> finished_;
 };
 
