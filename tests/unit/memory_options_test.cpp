@@ -8,6 +8,10 @@
 // - Gradient shards in bf16 (bf16_mixed's keep_low_precision_grads): half their bytes, and the
 //   losses of fp32 gradient shards.
 // - cpu_offload on a device: the plan's peak unit counts the unit's copy on the device.
+// - Activation offload (--activation-offload): on sim, the recomputed units' inputs go to host
+//   memory and come back with the bits of the run without it; the device's peak falls by the
+//   plan's saving; sim's stream-order check holds the copies to the protocol; on the CPU it is
+//   said once; a type that is not recomputed or not the model's is refused in one line.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -317,6 +321,92 @@ TEST(OptimizerInBackward, TheSdkDefaultsSayNo) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "adamw: step_shards was asked for shards 4 to 6, but init() took 5; pass a range of the "
                            "shards it took");
+  }
+}
+
+// gpt of 8 blocks 64 wide, 32 x 128 tokens per rank, every Block recomputed, 2 ranks on sim, with
+// and without --activation-offload Block. The forward's input of each block (1 MiB) is what
+// activation checkpointing keeps; offloaded, at most two are on the device at once.
+const char* const kOffloadRun = " --nproc-per-node 2 --device sim --model.dim 64 --model.heads 2 --model.layers 8 "
+                                "--model.seq 128 --data.seq 128 --data.name synthetic --batch-size 32 --steps 3 "
+                                "--log-every 1 --activation-checkpointing Block ";
+
+TEST(ActivationOffload, OnSimTheDevicePeakFallsByThePlannedBytesWithTheSameBits) {
+  test::TempDir dir;
+  std::map<std::string, json> plan, last;
+  std::map<std::string, std::vector<double>> losses;
+  for (const std::string way : {"kept", "offloaded"}) {
+    const fs::path out = dir.path() / way;
+    auto r = test::run_command(train() + kOffloadRun + (way == "offloaded" ? "--activation-offload Block " : "") +
+                               "--out " + out.string());
+    ASSERT_EQ(r.exit_code, 0) << way << "\n" << r.out << r.err;
+    plan[way] = test::read_json(out / "plan.json");
+    for (const auto& m : test::step_metrics(out)) losses[way].push_back(m.at("loss").get<double>());
+    last[way] = test::step_metrics(out).back();
+  }
+  ASSERT_EQ(losses["kept"].size(), 3u);
+  EXPECT_EQ(losses["offloaded"], losses["kept"]);  // bit for bit: the same inputs come back
+  auto measured = [&](const std::string& w) { return last[w]["step_peak_allocated_bytes"].get<double>(); };
+  auto predicted = [&](const std::string& w) { return plan[w]["memory"]["peak_bytes"].get<double>(); };
+  for (const std::string way : {"kept", "offloaded"})
+    EXPECT_NEAR(measured(way) / predicted(way), 1.0, 0.10) << way << ": " << plan[way]["memory"].dump();
+  const double saving = plan["offloaded"]["option_savings"]["--activation-offload"].get<double>();
+  EXPECT_NEAR(saving, predicted("kept") - predicted("offloaded"), 0.5);
+  const double input = 32.0 * 128 * 64 * 4;  // one block's input, fp32
+  EXPECT_GE(saving, 4 * input) << plan["offloaded"]["memory"].dump();
+  EXPECT_NEAR(measured("kept") - measured("offloaded"), saving, 0.10 * saving);
+  EXPECT_EQ(plan["offloaded"]["memory"]["activation_host_bytes"].get<double>(), 8 * input);
+  EXPECT_EQ(plan["kept"]["memory"]["activation_host_bytes"].get<double>(), 0);
+  std::printf("activation offload on sim, gpt 8 x 64 wide, 32 x 128 tokens, 2 ranks: peak %.2f MiB kept, "
+              "%.2f MiB offloaded (%.3fx); planned saving %.2f MiB, measured %.2f MiB\n",
+              measured("kept") / (1 << 20), measured("offloaded") / (1 << 20),
+              measured("offloaded") / measured("kept"), saving / (1 << 20),
+              (measured("kept") - measured("offloaded")) / (1 << 20));
+}
+
+// A rank that lets the offloaded inputs go before the compute stream waited for their copies (as a
+// bug would): on a GPU that memory could be handed out while the copy reads it; sim names it.
+TEST(ActivationOffload, InputsFreedBeforeTheirCopyAreAHazardOnSim) {
+  test::TempDir dir;
+  auto r = test::run_command("env FSDPX_FAULT=skip-offload-wait:0 " + train() + kOffloadRun +
+                             "--activation-offload Block --out " + (dir.path() / "run").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("skip-offload-wait"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("sim stream-order hazard"), std::string::npos) << r.err;
+}
+
+// On the CPU nothing moves: said once, in the plan and config.ini, and the run is the recomputed one.
+TEST(ActivationOffload, OnTheCpuItIsSaidOnce) {
+  test::TempDir dir;
+  const fs::path out = dir.path() / "run";
+  auto r = test::run_command(train() + " --data.name synthetic --data.seq 16 --batch-size 2 --steps 1 "
+                             "--activation-checkpointing Block --activation-offload Block --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string said = "--activation-offload: the compute device is the CPU, where the activations are in host "
+                           "memory already; nothing to move";
+  EXPECT_EQ(test::count_of(r.out + r.err, said), 1) << r.out << r.err;
+  const json plan = test::read_json(out / "plan.json");
+  EXPECT_NE(plan["not_applied"].dump().find(said), std::string::npos) << plan.dump();
+  EXPECT_EQ(plan["memory"]["activation_host_bytes"].get<int64_t>(), 0);
+  EXPECT_FALSE(plan["option_savings"].contains("--activation-offload"));
+}
+
+// One line each, before any rank starts.
+TEST(ActivationOffload, WhatCannotMoveIsRefused) {
+  const std::string quick = " --data.name synthetic --data.seq 16 --batch-size 2 --steps 1 --device sim ";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--activation-offload Block",
+       "--activation-offload Block: Block does not recompute its activations, and only a recomputed unit's inputs "
+       "can move (LibTorch's C++ autograd has no saved-tensor hooks); add Block to --activation-checkpointing too"},
+      {"--activation-checkpointing Block --activation-offload Blok",
+       "--activation-offload Blok: the model has no layer type 'Blok'; its layer types are: "},
+      {"--activation-checkpointing Block --activation-offload Blok", "did you mean 'Block'?"}};
+  for (const auto& [flags, message] : cases) {
+    SCOPED_TRACE(flags);
+    auto r = test::run_command(train() + quick + flags);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(test::count_of(r.err, "\n"), 1) << r.err;
   }
 }
 

@@ -117,6 +117,28 @@ void check_reshard_choices(const ShardingEngine::Impl& e) {
   }
 }
 
+// EngineOptions::activation_offload_units names units that recompute; they are marked.
+void mark_offloaded_units(ShardingEngine::Impl& e) {
+  std::vector<std::string> units, recomputed;
+  for (const auto& u : e.units)
+    if (!u->fqn.empty()) {
+      units.push_back(u->fqn);
+      if (u->checkpoint) recomputed.push_back(u->fqn);
+    }
+  for (const std::string& fqn : e.config.options.activation_offload_units) {
+    const auto it = std::find_if(e.units.begin(), e.units.end(), [&](const auto& u) { return u->fqn == fqn; });
+    if (fqn.empty() || it == e.units.end())
+      throw Error("activation offload is set for " + (fqn.empty() ? std::string("the root (\"\")") : "'" + fqn + "'") +
+                  ", which is not a unit (the units: " + join_names(units) + ")" + did_you_mean(fqn, units));
+    if (!(*it)->checkpoint)
+      throw Error("activation offload is set for unit '" + fqn + "', which does not recompute its activations: "
+                  "only a recomputed unit's inputs can move (LibTorch's C++ autograd has no saved-tensor hooks); "
+                  "checkpoint it too" + (recomputed.empty() ? std::string() : " (recomputed: " +
+                  join_names(recomputed) + ")"));
+    (*it)->offload = true;
+  }
+}
+
 // Every rank must have built the same model and run the same collectives: compare a checksum
 // of the layout, the overlap, precision and deterministic settings, and every parameter's name,
 // shape and unit.
@@ -183,6 +205,7 @@ void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& sel
     }
   }
   check_reshard_choices(e);
+  mark_offloaded_units(e);
   check_ranks_agree(e);
 
   for (auto& u : e.units) {

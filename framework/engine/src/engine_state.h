@@ -54,6 +54,8 @@ struct ShardingEngine::Impl final : StepContext {
   // and whether a unit was stepped since the last release_gradients().
   std::vector<size_t> first_shard;
   bool stepped = false;
+  // Activation offload: the inputs of the last unit whose copies to host memory may still run.
+  std::vector<at::Tensor> offloading;
 
   // StepContext (step_context.h). reduce: `g`'s reduction is issued after waiting for the one in
   // flight (which overlapped the backward compute of `g`'s unit) and freeing its buffers.
@@ -65,6 +67,9 @@ struct ShardingEngine::Impl final : StepContext {
   void prefetch_after(Unit& u, bool backward) override;
   void backward_began(uint64_t gen) override;
   void finish_in_flight_reduce() override;
+  void offload_issued(std::vector<at::Tensor> sources) override;
+  void release_offloading() override;
+  void load_offloaded(Unit& u) override;
   void reduce(ParamGroup& g) override;
   // Waits for the all-reduce across replicas in flight, if any; its gradients are then final.
   void finish_replicate();

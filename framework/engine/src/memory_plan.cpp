@@ -59,6 +59,7 @@ struct UnitBuffers {
   bool reshard_after_forward = false;
   int64_t post_forward = 0;    // ReshardAfterForward's int form: what it keeps from forward to backward
   bool recompute = false;
+  bool offload = false;  // activation offload: the recomputed input leaves in forward
 };
 
 // Unsharded and replicated with the gradient shards in host memory: the all-reduce across the
@@ -92,6 +93,7 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
   const int k = post_forward_group(in.layout, root, u.reshard_after_forward);
   if (keeps_post_forward_part(k, S)) b.post_forward = b.gather_out / k;
   b.recompute = u.recompute;
+  b.offload = u.recompute && u.offload_activations;
   return b;
 }
 
@@ -116,6 +118,7 @@ class Replay {
   void map_layers();
   void map_gradients();
   void forward_pass();
+  void keep_input(int u);
   void backward_pass(bool sync);
   void start_backward(int u);
   void layer_backward(size_t l, bool sync);
@@ -145,6 +148,11 @@ class Replay {
   std::vector<bool> gathered_, prefetched_, started_, progressed_, done_, grads_held_, shard_held_;
   std::vector<bool> kept_;  // the int form's part kept from forward (ParamGroup::post_forward)
   std::vector<int64_t> seen_;
+  // Activation offload: the unit whose input's copy to the host may still run (kept until the
+  // next one leaves or the forward ends), and the inputs back on the device for backward.
+  int offloading_ = -1;
+  std::vector<bool> loaded_;
+  int64_t activation_host_ = 0;
   int in_flight_ = -1;
   int64_t in_flight_bytes_ = 0;  // what its finish frees
   int replicating_ = -1;         // hybrid: the unit whose all-reduce across replicas is in flight
@@ -156,7 +164,7 @@ Replay::Replay(const StepMemoryInput& in) : in_(in), layers_(in.layers) {
   map_gradients();
   const size_t n = units_.size();
   gathered_.assign(n, false);
-  prefetched_ = started_ = progressed_ = done_ = grads_held_ = shard_held_ = kept_ = gathered_;
+  prefetched_ = started_ = progressed_ = done_ = grads_held_ = shard_held_ = kept_ = loaded_ = gathered_;
   seen_.assign(n, 0);
 }
 
@@ -253,7 +261,8 @@ void Replay::prefetch_after(int u, const std::vector<int>& order) {
 
 void Replay::forward_pass() {
   // Unit::begin_step, for every forward (each micro-batch's too): no unit is through its backward.
-  for (auto* flags : {&started_, &progressed_, &done_}) std::fill(flags->begin(), flags->end(), false);
+  for (auto* flags : {&started_, &progressed_, &done_, &loaded_}) std::fill(flags->begin(), flags->end(), false);
+  activation_host_ = 0;
   std::fill(seen_.begin(), seen_.end(), 0);
   unshard(0, true);
   std::vector<bool> recomputed_kept(units_.size(), false);
@@ -268,7 +277,7 @@ void Replay::forward_pass() {
     if (!b.recompute) {
       ledger_.add(layers_[l].saved);
     } else {
-      if (!recomputed_kept[static_cast<size_t>(u)]) ledger_.add(layers_[l].input);  // what Recompute keeps
+      if (!recomputed_kept[static_cast<size_t>(u)]) keep_input(u);
       recomputed_kept[static_cast<size_t>(u)] = true;
       transient += layers_[l].saved * 3 / 4;  // without a graph, intermediates go once used
     }
@@ -280,6 +289,19 @@ void Replay::forward_pass() {
       gathered_[static_cast<size_t>(u)] = false;
     }
   }
+  if (offloading_ >= 0)  // ShardingEngine::forward's end: the last copies waited for, their inputs gone
+    ledger_.sub(layers_[first_layer_[static_cast<size_t>(std::exchange(offloading_, -1))]].input);
+}
+
+// What Recompute keeps: the unit's input; offloaded, it is kept only until the next unit's
+// leaves (ShardingEngine::Impl::offload_issued), and its copy waits in host memory.
+void Replay::keep_input(int u) {
+  const int64_t input = layers_[first_layer_[static_cast<size_t>(u)]].input;
+  ledger_.add(input);
+  if (!units_[static_cast<size_t>(u)].offload) return;
+  if (offloading_ >= 0) ledger_.sub(layers_[first_layer_[static_cast<size_t>(offloading_)]].input);
+  offloading_ = u;
+  activation_host_ += input;
 }
 
 void Replay::start_backward(int u) {
@@ -288,6 +310,14 @@ void Replay::start_backward(int u) {
   progressed_[i] = done_[i] = false;
   seen_[i] = 0;
   unshard(u, false);
+  // Activation offload (ShardingEngine::Impl::load_offloaded): its input comes back, and the
+  // next unit's in backward order.
+  for (const int v : loads_at_backward(backward_order(forward_order_), u)) {
+    const size_t k = static_cast<size_t>(v);
+    if (!units_[k].offload || loaded_[k]) continue;
+    ledger_.add(layers_[first_layer_[k]].input);
+    loaded_[k] = true;
+  }
   if (units_[i].recompute) {  // the forward again, with a graph: its activations, not its inputs
     for (size_t l = first_layer_[i]; l <= last_layer_[i]; ++l)
       if (layer_unit_[l] == u) ledger_.add(layers_[l].saved);
@@ -423,6 +453,7 @@ StepMemory Replay::run() {
     m.forward_peak = std::max(m.forward_peak, ledger_.peak());
     const std::string forward_where = ledger_.where();
     ledger_.restart();
+    m.activation_host_bytes = activation_host_;
     backward_pass(sync);
     m.backward_peak = std::max(m.backward_peak, ledger_.peak());
     if (m.backward_peak >= m.forward_peak) m.peak_where = "backward: " + ledger_.where();

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "activation_offload.h"
 #include "engine_state.h"
 #include "fsdpx/error.h"
 
@@ -31,6 +32,24 @@ at::Tensor replay(Unit& u, const std::vector<at::Tensor>& defined) {
   return out;
 }
 
+// Saves the unit's inputs for backward; with activation offload on a device, those that move go
+// to host memory instead, and an undefined tensor holds their place.
+void keep_inputs(AutogradContext* ctx, Unit& u, const std::vector<at::Tensor>& defined) {
+  const DeviceRuntime& device = *u.step->engine_config().device;
+  if (!u.offload || device.is_cpu()) return ctx->save_for_backward(defined);
+  u.step->release_offloading();  // the previous unit's copies are done: its inputs may go
+  u.offloaded.clear();
+  u.offloaded.host = offload_inputs(device, defined);
+  std::vector<at::Tensor> kept, moving;
+  for (size_t i = 0; i < defined.size(); ++i) {
+    const bool moved = u.offloaded.host[i].defined();
+    kept.push_back(moved ? at::Tensor() : defined[i]);
+    if (moved) moving.push_back(defined[i]);
+  }
+  ctx->save_for_backward(kept);
+  u.step->offload_issued(std::move(moving));
+}
+
 struct Recompute : public torch::autograd::Function<Recompute> {
   // `all` = the defined tensor arguments (Unit::recompute_slots says where they go), then the
   // unit's parameters.
@@ -41,10 +60,16 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     c10::List<bool> needs;
     for (const auto& t : defined) needs.push_back(t.requires_grad());
     ctx->saved_data["needs"] = needs;
-    ctx->save_for_backward(defined);
     u->recompute_rng = u->step->engine_config().device->rng_state();
-    at::NoGradGuard no_grad;
-    return u->recompute(u->arguments(defined));
+    at::Tensor out;
+    {
+      at::NoGradGuard no_grad;
+      out = u->recompute(u->arguments(defined));
+    }
+    // After the forward: a copy to host memory then overlaps the next unit's, and no kernel of
+    // this one reads an input while the offload stream does.
+    keep_inputs(ctx, *u, defined);
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -56,6 +81,11 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     if (u->recompute_generation != gen || !u->recompute)
       throw Error("unit '" + u->fqn + "': the forward to recompute belongs to another step");
     std::vector<at::Tensor> saved = ctx->get_saved_variables(), defined;
+    if (u->offloaded.any()) {  // those inputs came back (Unit::pre_backward issued the copies)
+      const std::vector<at::Tensor> loaded = loaded_inputs(*u->step->engine_config().device, u->offloaded);
+      for (size_t i = 0; i < loaded.size() && i < saved.size(); ++i)
+        if (loaded[i].defined()) saved[i] = loaded[i];
+    }
     variable_list wrt;
     std::vector<int64_t> input_slot;
     for (int64_t i = 0; i < n; ++i) {

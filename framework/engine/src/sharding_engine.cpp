@@ -6,6 +6,7 @@
 #include <atomic>
 #include <utility>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <unordered_map>
@@ -15,9 +16,11 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "activation_offload.h"
 #include "engine_builder.h"
 #include "engine_state.h"
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/base/unit_registry.h"
 #include "fsdpx/framework/runtime/collective_context.h"
 #include "step_order.h"
@@ -39,6 +42,21 @@ std::unordered_map<int64_t, ShardingEngine::Impl*>& live() {
 int64_t next_engine_id() {
   static std::atomic<int64_t> next{1};
   return next++;
+}
+
+// FSDPX_FAULT=skip-offload-wait:R (fsdpx/framework/base/fault_injection.h): global rank R lets
+// the first offloaded inputs go without the compute stream waiting for their copies to host
+// memory, as a bug would. On a GPU the memory may be handed out again while the copy still
+// reads it; sim's stream-order check reports it.
+bool fault_skips_offload_wait(const EngineConfig& config) {
+  static std::atomic<bool> done{false};
+  if (done.load()) return false;
+  const int rank = config.comms.world ? config.comms.world->rank() : 0;
+  if (!fault_requested("skip-offload-wait", rank)) return false;
+  done.store(true);
+  std::fprintf(stderr, "fsdpx: FSDPX_FAULT=skip-offload-wait:%d: rank %d frees offloaded inputs without waiting\n",
+               rank, rank);
+  return true;
 }
 
 }  // namespace
@@ -167,6 +185,22 @@ void ShardingEngine::Impl::gradients_final(ParamGroup& g) {
   }
 }
 
+void ShardingEngine::Impl::offload_issued(std::vector<at::Tensor> sources) {
+  release_offloading();
+  offloading = std::move(sources);
+}
+
+void ShardingEngine::Impl::release_offloading() {
+  if (offloading.empty()) return;
+  if (!fault_skips_offload_wait(config))
+    config.device->wait_stream(StreamRole::Compute, StreamRole::Offload);  // the copies read them
+  offloading.clear();
+}
+
+void ShardingEngine::Impl::load_offloaded(Unit& u) {
+  for (Unit* v : loads_at_backward(backward_order(last_forward_order), &u)) load_inputs(*config.device, v->offloaded);
+}
+
 void ShardingEngine::Impl::finish_backward() {
   CollectivePhase phase("backward");
   // Units whose post-backward did not fire (inputs that need no gradient, such as token ids,
@@ -181,6 +215,9 @@ void ShardingEngine::Impl::finish_backward() {
 
 void ShardingEngine::Impl::abort_step(bool drop_grads) {
   reducing = replicating = nullptr;  // each group waits for and drops its own below
+  // Offloaded inputs in flight either way, and those loaded for a backward that never came.
+  if (!config.options.activation_offload_units.empty()) config.device->join_streams();
+  offloading.clear();
   for (auto& u : units) {
     u->drop_recompute();  // a forward whose backward never came: let its graph go
     u->group.abandon(drop_grads);
@@ -230,6 +267,7 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   try {
     root.pre_forward({});
     out = root.post_forward(f());
+    e.release_offloading();
     for (auto& u : e.units)
       if (!u->root && !u->group.params.empty() && u->forward_calls == 0)
         throw Error("unit '" + u->fqn + "' did not run in this forward; call it through its FSDPX_MODULE holder "

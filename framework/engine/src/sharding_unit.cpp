@@ -125,6 +125,7 @@ void Unit::pre_backward(uint64_t gen) {
   stage = BackwardStage::Computing;
   step->backward_began(gen);
   group.unshard();
+  step->load_offloaded(*this);  // its inputs, and the next unit's, on the offload stream meanwhile
   if (progress_elements == 0) progress();  // no gradient will come to count
 }
 
@@ -176,6 +177,7 @@ void Unit::drop_recompute() {
   recompute = nullptr;
   recompute_slots.clear();
   recompute_rng = at::Tensor();
+  offloaded.clear();
 }
 
 }  // namespace fsdpx

@@ -25,6 +25,7 @@
 #include <torch/nn/module.h>
 
 #include "fsdpx/unit.h"
+#include "activation_offload.h"
 #include "param_group.h"
 #include "step_context.h"
 
@@ -45,6 +46,10 @@ struct Unit final : UnitHooks {
   std::vector<int64_t> recompute_slots;  // which of the forward's tensor arguments were defined
   size_t recompute_arity = 0;            // how many tensor arguments it has
   at::Tensor recompute_rng;              // the device generator's state when the forward ran
+  // Activation offload (EngineOptions::activation_offload_units): whether this unit's inputs move
+  // to host memory, and this step's.
+  bool offload = false;
+  OffloadedInputs offloaded;
 
   int forward_calls = 0;
   // Where the unit is in this step's backward.

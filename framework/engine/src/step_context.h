@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include "engine_config.h"
 
@@ -41,6 +44,13 @@ class StepContext {
   // A backward reached its first unit of generation `gen`: -> Backward, and the backward's end
   // (finish_backward) queued with autograd.
   virtual void backward_began(uint64_t gen) = 0;
+  // Activation offload (activation_offload.h). `sources` are a unit's inputs whose copies to host
+  // memory were just issued: they are kept until release_offloading, which the next unit's
+  // offload and the forward's end call: the compute stream waits for the copies, and they go.
+  virtual void offload_issued(std::vector<at::Tensor> sources) = 0;
+  virtual void release_offloading() = 0;
+  // `u`'s backward begins: its offloaded inputs, and the next unit's in backward order, come back.
+  virtual void load_offloaded(Unit& u) = 0;
   // Waits for the reduction in flight (hybrid: then issues its all-reduce across replicas).
   virtual void finish_in_flight_reduce() = 0;
   // `g`'s gradients are complete: its reduction is issued after the one in flight, unless

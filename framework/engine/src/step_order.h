@@ -11,7 +11,9 @@
 //             gradient elements have arrived it progresses: the reduction in flight finishes and
 //             the next units are prefetched; at its end it frees its gathered parameters and
 //             issues its reduction, which stays in flight until the next unit progresses (or the
-//             backward ends).
+//             backward ends). With activation offload, a recomputed unit's inputs leave for host
+//             memory in its forward and come back as the backward of the unit before it in
+//             backward order begins (loads_at_backward).
 // Both follow it event by event: StepTrace names the events, and EngineSteps.TheMemoryPlanFollows
 // TheEnginesStep (tests/unit/engine_test.cpp) compares the two traces.
 #pragma once
@@ -46,6 +48,16 @@ void prefetch_after(const std::vector<U>& order, const U& u, bool overlap, int p
     gather(*it);
     ++issued;
   }
+}
+
+// Activation offload: as `u`'s backward begins, the offloaded inputs of `u` come back, and those of
+// the unit after it in `backward` order: one unit ahead.
+template <class U>
+std::vector<U> loads_at_backward(const std::vector<U>& backward, const U& u) {
+  std::vector<U> loads{u};
+  auto it = std::find(backward.begin(), backward.end(), u);
+  if (it != backward.end() && ++it != backward.end()) loads.push_back(*it);
+  return loads;
 }
 
 // A unit's backward progresses once this many of its `grad_elements` trainable elements have

@@ -38,6 +38,7 @@ json plan_json(const RunPlan& p) {
                       {"forward_peak_bytes", p.memory.forward_peak}, {"backward_peak_bytes", p.memory.backward_peak},
                       {"optimizer_peak_bytes", p.memory.optimizer_peak}, {"device", device_spec(p.device)},
                       {"host_bytes", p.memory.host_bytes},
+                      {"activation_host_bytes", p.memory.activation_host_bytes},
                       {"activation_bytes", p.activations_stated ? p.memory.activation_bytes : -1}}},
           {"deterministic", p.deterministic},
           {"optimizer_in_backward", p.optimizer_in_backward},

@@ -199,6 +199,8 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
   std::vector<PrecisionSpec> dtypes;
   for (const auto& u : plan.units) dtypes.push_back(u.dtypes);
   in.units = units_for_memory(up, plan.layout.shard_group_size, dtypes);
+  if (s.device != DeviceKind::Cpu)  // on the CPU the activations are in host memory already
+    for (auto& u : in.units) u.offload_activations = plan.activation_offload_units.count(u.fqn) > 0;
   in.layout = plan.layout;
   in.world_size = plan.topology.world_size;
   in.optimizer_bytes = std::max<int64_t>(0, plan.optimizer_bytes);
@@ -217,6 +219,11 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
   if (in.step_in_backward) {
     in.step_in_backward = false;
     plan.option_savings.emplace_back("--optimizer-in-backward", predict_step_memory(in).peak - plan.memory.peak);
+    in.step_in_backward = true;
+  }
+  if (plan.memory.activation_host_bytes > 0) {
+    for (auto& u : in.units) u.offload_activations = false;
+    plan.option_savings.emplace_back("--activation-offload", predict_step_memory(in).peak - plan.memory.peak);
   }
 }
 
@@ -304,7 +311,13 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   check_optimizer_in_backward(host, s, *opt_probe, *precision, plan);
   plan_data(host, config, s, *model, plan);
   plan.flops_per_token = model->flops_per_token();
-  UnitPlan up = plan_units(*model->module(), select_units(*model, *wrap, s));
+  const std::vector<UnitSelection> selected = select_units(*model, *wrap, s);
+  UnitPlan up = plan_units(*model->module(), selected);
+  plan.activation_offload_units = offloaded_units(*model, selected, s);
+  if (!plan.activation_offload_units.empty() && plan.device == DeviceKind::Cpu)
+    plan.not_applied.push_back("--activation-offload: the compute device is the CPU, where the activations are in "
+                               "host memory already; nothing to move (the run recomputes as "
+                               "--activation-checkpointing says)");
   plan.total_params = up.total_params;
   const double opt_per_elt = optimizer_bytes_per_element(*opt_probe, plan.dtypes);
   check_unit_names(config, *precision, up);
@@ -417,6 +430,10 @@ std::string RunPlan::text() const {
   if (memory.host_bytes > 0)
     o << "  host       " << human_bytes(static_cast<double>(memory.host_bytes)) << " (" << memory.host_bytes
       << " B) per rank in pinned host memory: shards, gradient shards and optimizer state (cpu_offload)\n";
+  if (memory.activation_host_bytes > 0)
+    o << "  host       " << human_bytes(static_cast<double>(memory.activation_host_bytes)) << " ("
+      << memory.activation_host_bytes << " B) per rank in pinned host memory after a forward: the recomputed units' "
+      << "inputs (--activation-offload)\n";
   o << "  per step   all-gather " << human_bytes(static_cast<double>(allgather_bytes)) << ", reduce-scatter "
     << human_bytes(static_cast<double>(reduce_scatter_bytes)) << ", all-reduce "
     << human_bytes(static_cast<double>(all_reduce_bytes)) << "; this rank sends "
@@ -478,6 +495,10 @@ MemorySide host_side(const RunPlan& plan, int ranks, int64_t process_bytes) {
   if (plan.memory.host_bytes > 0) {
     h.per_rank += plan.memory.host_bytes;
     parts.push_back(bytes_text(plan.memory.host_bytes) + " offloaded (cpu_offload)");
+  }
+  if (plan.memory.activation_host_bytes > 0) {
+    h.per_rank += plan.memory.activation_host_bytes;
+    parts.push_back(bytes_text(plan.memory.activation_host_bytes) + " of offloaded activations");
   }
   if (plan.checkpoint_pool_bytes > 0) {
     h.per_rank += plan.checkpoint_pool_bytes;

@@ -17,6 +17,21 @@ namespace fsdpx {
 
 namespace {
 
+// "a,b,,c" -> {a, b, c}, and back.
+std::vector<std::string> comma_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, ','))
+    if (!item.empty()) items.push_back(item);
+  return items;
+}
+std::string join_list(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ",") + item;
+  return out;
+}
+
 // --save-init replaces DIR as a whole (written aside, then renamed): refuse a DIR that holds
 // anything else, the run directory included.
 void check_save_init(const std::string& save_init, const std::string& out_dir) {
@@ -89,6 +104,10 @@ po::options_description TrainSettings::options() {
       "--clip-grad-norm, --deterministic or fp16's loss scaling, which need every gradient first)")(
       "activation-checkpointing", po::value<std::string>()->default_value(""),
       "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")(
+      "activation-offload", po::value<std::string>()->default_value(""),
+      "layer types (comma-separated) among --activation-checkpointing's whose units' inputs, all a recomputed unit "
+      "keeps, go to host memory in forward and come back one unit ahead of their backward (devices; on the CPU "
+      "there is nothing to move)")(
       "max-memory-mib", int_value<int64_t>({0, int64_t{1} << 30})->default_value(0),
       "stop with an error when a rank's allocated peak in a step (the plan's measure) exceeds this many MiB (0: no "
       "limit)")("profile-step", int_value<int64_t>({0})->default_value(0),
@@ -141,12 +160,8 @@ TrainSettings TrainSettings::from(const HostValues& vm) {
   s.resume = vm["resume"].as<std::string>();
   s.init_from = vm["init-from"].as<std::string>();
   s.save_init = vm["save-init"].as<std::string>();
-  {
-    std::string types = vm["activation-checkpointing"].as<std::string>(), item;
-    std::istringstream in(types);
-    while (std::getline(in, item, ','))
-      if (!item.empty()) s.checkpoint_layer_types.push_back(item);
-  }
+  s.checkpoint_layer_types = comma_list(vm["activation-checkpointing"].as<std::string>());
+  s.offload_layer_types = comma_list(vm["activation-offload"].as<std::string>());
   s.max_memory_mib = vm["max-memory-mib"].as<int64_t>();
   s.profile_step = vm["profile-step"].as<int64_t>();
   if (s.profile_step > s.steps)
@@ -176,11 +191,8 @@ std::string TrainSettings::to_ini() const {
   o << "\nclip-grad-norm=" << clip_grad_norm << "\neval-every=" << eval_every
     << "\npeak-tflops=" << peak_tflops << "\noverlap=" << (overlap ? 1 : 0) << "\nsave-every=" << save_every
     << "\nkeep-last=" << keep_last << "\nmax-memory-mib=" << max_memory_mib << "\n";
-  if (!checkpoint_layer_types.empty()) {
-    o << "activation-checkpointing=";
-    for (size_t i = 0; i < checkpoint_layer_types.size(); ++i) o << (i ? "," : "") << checkpoint_layer_types[i];
-    o << "\n";
-  }
+  if (!checkpoint_layer_types.empty()) o << "activation-checkpointing=" << join_list(checkpoint_layer_types) << "\n";
+  if (!offload_layer_types.empty()) o << "activation-offload=" << join_list(offload_layer_types) << "\n";
   if (deterministic) o << "deterministic=true\n";
   if (optimizer_in_backward) o << "optimizer-in-backward=true\n";
   if (!out_dir.empty()) o << "out=" << out_dir << "\n";

@@ -9,13 +9,44 @@
 
 namespace fsdpx {
 
+namespace {
+
+std::map<std::string, std::string> layer_type_by_path(Model& model) {
+  std::map<std::string, std::string> type_of;
+  for (const auto& m : model.module()->named_modules("", /*include_self=*/false))
+    type_of[m.key()] = layer_type_name(*m.value());
+  return type_of;
+}
+
+}  // namespace
+
+std::set<std::string> offloaded_units(Model& model, const std::vector<UnitSelection>& selected,
+                                      const TrainSettings& s) {
+  std::set<std::string> units;
+  if (s.offload_layer_types.empty()) return units;
+  const auto types = model.layer_types();
+  auto type_of = layer_type_by_path(model);
+  for (const auto& t : s.offload_layer_types) {
+    if (std::find(types.begin(), types.end(), t) == types.end())
+      throw Error("--activation-offload " + t + ": the model has no layer type '" + t + "'; its layer types are: " +
+                  join_names(types) + did_you_mean(t, types));
+    const auto& ckpt = s.checkpoint_layer_types;
+    if (std::find(ckpt.begin(), ckpt.end(), t) == ckpt.end())
+      throw Error("--activation-offload " + t + ": " + t + " does not recompute its activations, and only a "
+                  "recomputed unit's inputs can move (LibTorch's C++ autograd has no saved-tensor hooks); add " + t +
+                  " to --activation-checkpointing too");
+    for (const auto& u : selected)
+      if (type_of[u.fqn] == t) units.insert(u.fqn);
+  }
+  return units;
+}
+
 std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, const TrainSettings& s) {
   auto root = model.module();
   std::vector<UnitSelection> sel = wrap.select(*root);
   if (s.checkpoint_layer_types.empty()) return sel;
   const auto types = model.layer_types();
-  std::map<std::string, std::string> type_of;
-  for (const auto& m : root->named_modules("", /*include_self=*/false)) type_of[m.key()] = layer_type_name(*m.value());
+  auto type_of = layer_type_by_path(model);
   std::vector<std::string> unit_types;
   for (const auto& u : sel) unit_types.push_back(type_of[u.fqn]);
   for (const auto& t : s.checkpoint_layer_types) {

@@ -1,6 +1,8 @@
 // The units a run trains: the wrap policy's, with --activation-checkpointing applied.
 #pragma once
 
+#include <set>
+#include <string>
 #include <vector>
 
 #include "fsdpx/framework/trainer/train_settings.h"
@@ -12,5 +14,11 @@ namespace fsdpx {
 // named recompute their activations. Throws fsdpx::Error naming a type the model lacks or that
 // no unit has.
 std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, const TrainSettings& s);
+
+// The units of `selected` whose inputs move to host memory (--activation-offload): those whose
+// layer type is named. Throws fsdpx::Error naming a type the model lacks (with the closest) or one
+// that --activation-checkpointing does not name (only a recomputed unit's inputs can move).
+std::set<std::string> offloaded_units(Model& model, const std::vector<UnitSelection>& selected,
+                                      const TrainSettings& s);
 
 }  // namespace fsdpx

@@ -8,6 +8,8 @@
 //   save-during-write:R     a sharded save: rank R exits abruptly with its file half written (after
 //                           the second part it wrote: in the background writer with async saves)
 //   save-disk-full:R        a sharded save: rank R's writes fail as on a full disk (ENOSPC)
+//   skip-offload-wait:R     the engine: rank R frees the first offloaded activations without the
+//                           compute stream waiting for their copies to host memory (sim reports it)
 //   slow-stage:R:MS         a background save: rank R sleeps MS milliseconds before staging each
 //                           tensor (a slow copy that the next optimizer step must wait for)
 #pragma once

@@ -32,6 +32,9 @@ struct UnitMemory {
   std::vector<std::pair<std::string, int64_t>> params;  // trainable parameters: name, elements
   PrecisionSpec dtypes;
   bool recompute = false;  // activation checkpointing
+  // Activation offload on a device (EngineOptions::activation_offload_units): the recomputed
+  // unit's input goes to host memory in forward and comes back one unit ahead of its backward.
+  bool offload_activations = false;
   // its own setting (EngineOptions::reshard_after_forward_by_unit)
   std::optional<ReshardAfterForward> reshard_after_forward;
 };
@@ -67,6 +70,7 @@ struct StepMemory {
   int64_t peak = 0;        // the step's: the largest of the three
   std::string peak_where;  // e.g. "backward of unit layers.0, its previous unit's reduction in flight"
   int64_t host_bytes = 0;  // offloading: what host memory holds (shards, gradient shards, optimizer state)
+  int64_t activation_host_bytes = 0;  // activation offload: the inputs in host memory after a forward
 };
 
 FSDPX_API StepMemory predict_step_memory(const StepMemoryInput& input);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,6 +63,7 @@ struct FSDPX_API RunPlan {
   // on the CPU, sim's FSDPX_SIM_* on another device): said once at start, in the plan's text, and
   // in config.ini as "# not applied: ..." (everything else that cannot apply is refused).
   std::vector<std::string> not_applied;
+  std::set<std::string> activation_offload_units;  // --activation-offload's units (by path)
   // Host memory per rank that checkpoint saves stage through (checkpoint_saver.h): the pool of a
   // streamed backend saving in the background, or saving from a device; 0 when saves use none.
   int64_t checkpoint_pool_bytes = 0;

@@ -37,6 +37,7 @@ struct FSDPX_API TrainSettings {
   // updated once its gradients are reduced, and its gradient shard freed at once.
   bool optimizer_in_backward = false;
   std::vector<std::string> checkpoint_layer_types;  // recompute these layer types' activations
+  std::vector<std::string> offload_layer_types;     // and move these ones' inputs to host memory
   int64_t max_memory_mib = 0;  // stop when a rank's peak RSS in a step exceeds this (0: no limit)
   int64_t profile_step = 0;    // rank 0 profiles this step (1-based; 0: none): profile.json
   bool progress_bar = false;  // rank 0 draws a bar on its terminal instead of log lines
