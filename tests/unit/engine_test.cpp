@@ -714,11 +714,13 @@ TEST(EngineSteps, SecondBackwardOverOneForwardIsRefused) {
 }
 
 std::string engine_error(std::shared_ptr<torch::nn::Module> root, std::vector<UnitSelection> units,
-                         std::map<std::string, ReshardAfterForward> reshard_by_unit = {}) {
+                         std::map<std::string, ReshardAfterForward> reshard_by_unit = {},
+                         std::set<std::string> offload = {}) {
   try {
     EngineOptions o;
     o.layout = ShardingLayout{1, 1, true, false};
     o.reshard_after_forward_by_unit = std::move(reshard_by_unit);
+    o.activation_offload_units = std::move(offload);
     ShardingEngine e(std::make_shared<TinyModel>(std::move(root)), units, EngineComms{}, o);
   } catch (const Error& e) {
     return e.what();
@@ -765,6 +767,14 @@ TEST(EngineErrors, ClearMessages) {
   EXPECT_EQ(engine_error(root, {{"d", false}}, {{"", true}}),
             "reshard_after_forward is set for the root (\"\"), which never reshards: its parameters are needed first "
             "in backward; set it for the units: d");
+  EXPECT_EQ(engine_error(root, {{"d", false}}, {}, {"dd"}),
+            "activation offload is set for 'dd', which is not a unit (the units: d); did you mean 'd'?");
+  EXPECT_EQ(engine_error(root, {{"d", false}}, {}, {""}),
+            "activation offload is set for the root (\"\"), which never recomputes; set it for recomputed units");
+  EXPECT_EQ(engine_error(root, {{"d", false}}, {}, {"d"}),
+            "activation offload is set for unit 'd', which does not recompute its activations: only a recomputed "
+            "unit's inputs can move (LibTorch's C++ autograd has no saved-tensor hooks); checkpoint it too");
+  EXPECT_EQ(engine_error(root, {{"d", true}}, {}, {"d"}), "(no error)");
 }
 
 // ---- Lifetimes and failures (review findings) ---------------------------------------------------

@@ -126,10 +126,13 @@ void mark_offloaded_units(ShardingEngine::Impl& e) {
       if (u->checkpoint) recomputed.push_back(u->fqn);
     }
   for (const std::string& fqn : e.config.options.activation_offload_units) {
+    if (fqn.empty())
+      throw Error("activation offload is set for the root (\"\"), which never recomputes; set it for recomputed "
+                  "units" + (recomputed.empty() ? std::string() : ": " + join_names(recomputed)));
     const auto it = std::find_if(e.units.begin(), e.units.end(), [&](const auto& u) { return u->fqn == fqn; });
-    if (fqn.empty() || it == e.units.end())
-      throw Error("activation offload is set for " + (fqn.empty() ? std::string("the root (\"\")") : "'" + fqn + "'") +
-                  ", which is not a unit (the units: " + join_names(units) + ")" + did_you_mean(fqn, units));
+    if (it == e.units.end())
+      throw Error("activation offload is set for '" + fqn + "', which is not a unit (the units: " + join_names(units) +
+                  ")" + did_you_mean(fqn, units));
     if (!(*it)->checkpoint)
       throw Error("activation offload is set for unit '" + fqn + "', which does not recompute its activations: "
                   "only a recomputed unit's inputs can move (LibTorch's C++ autograd has no saved-tensor hooks); "

@@ -32,11 +32,20 @@ at::Tensor replay(Unit& u, const std::vector<at::Tensor>& defined) {
   return out;
 }
 
-// Saves the unit's inputs for backward; with activation offload on a device, those that move go
-// to host memory instead, and an undefined tensor holds their place.
-void keep_inputs(AutogradContext* ctx, Unit& u, const std::vector<at::Tensor>& defined) {
+// Whether the unit's inputs go to host memory (activation offload, on a device).
+bool offloads(const Unit& u) { return u.offload && !u.step->engine_config().device->is_cpu(); }
+
+// Activation offload, after the unit's forward: the inputs that move go to host memory, and an
+// undefined tensor holds their place among those saved. `versions`: the inputs' version counters
+// before the forward; one that changed in place is refused (its copy would not be the input).
+void offload_inputs_of(AutogradContext* ctx, Unit& u, const std::vector<at::Tensor>& defined,
+                       const std::vector<int64_t>& versions) {
+  for (size_t i = 0; i < defined.size(); ++i)
+    if (defined[i]._version() != versions[i])
+      throw Error("unit '" + u.fqn + "' changed its input " + std::to_string(i) + " in place during its forward, "
+                  "and activation offload copies a unit's inputs after its forward; take the unit out of the "
+                  "offloaded ones, or make its forward leave its inputs as they are");
   const DeviceRuntime& device = *u.step->engine_config().device;
-  if (!u.offload || device.is_cpu()) return ctx->save_for_backward(defined);
   u.step->release_offloading();  // the previous unit's copies are done: its inputs may go
   u.offloaded.clear();
   u.offloaded.host = offload_inputs(device, defined);
@@ -61,6 +70,13 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     for (const auto& t : defined) needs.push_back(t.requires_grad());
     ctx->saved_data["needs"] = needs;
     u->recompute_rng = u->step->engine_config().device->rng_state();
+    const bool offloading = offloads(*u);
+    std::vector<int64_t> versions;
+    if (offloading) {
+      for (const auto& t : defined) versions.push_back(t._version());
+    } else {
+      ctx->save_for_backward(defined);  // before the forward: autograd then sees a change in place
+    }
     at::Tensor out;
     {
       at::NoGradGuard no_grad;
@@ -68,7 +84,7 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     }
     // After the forward: a copy to host memory then overlaps the next unit's, and no kernel of
     // this one reads an input while the offload stream does.
-    keep_inputs(ctx, *u, defined);
+    if (offloading) offload_inputs_of(ctx, *u, defined, versions);
     return out;
   }
 
