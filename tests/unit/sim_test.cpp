@@ -461,7 +461,13 @@ INSTANTIATE_TEST_SUITE_P(
                       DeviceRun{"cpu_offload", "--strategy full_shard --offload", {2, 4}, 4},
                       DeviceRun{"bf16_mixed", "--strategy full_shard --precision bf16_mixed", {2}, 3},
                       DeviceRun{"adamw_accumulation_clipping",
-                                "--strategy full_shard --optimizer adamw --accum 2 --clip 0.5", {2}, 2}),
+                                "--strategy full_shard --optimizer adamw --accum 2 --clip 0.5", {2}, 2},
+                      // Every Block recomputed, its inputs to host memory and back on the offload
+                      // stream (the CPU run recomputes alone: nothing to move there).
+                      DeviceRun{"activation_offload",
+                                "--strategy full_shard --wrap-option activation_checkpointing=true "
+                                "--activation-offload --accum 2",
+                                {1, 2}, 3}),
     [](const ::testing::TestParamInfo<DeviceRun>& i) { return i.param.name; });
 
 }  // namespace

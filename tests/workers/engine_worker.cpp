@@ -234,9 +234,13 @@ Sharded build_sharded(Run& r) {
     comms.post_forward[post_forward_k] = sh.counted_post_forward =
         std::make_shared<CountingCommunicator>(sh.groups->new_group("post_forward", ranks));
   }
+  const std::vector<UnitSelection> units = policy->select(*r.model->module());
+  if (r.vm.count("activation-offload"))
+    for (const auto& u : units)
+      if (u.activation_checkpoint) eo.activation_offload_units.insert(u.fqn);
   sh.layout = eo.layout;
   sh.options = eo;
-  sh.engine = std::make_unique<ShardingEngine>(r.model, policy->select(*r.model->module()), comms, eo);
+  sh.engine = std::make_unique<ShardingEngine>(r.model, units, comms, eo);
   return sh;
 }
 
@@ -426,6 +430,7 @@ int main(int argc, char** argv) {
       ("optimizer", po::value<std::string>(), "an optimizer plugin instead of the built-in SGD")
       ("optimizer-option", po::value<std::vector<std::string>>()->default_value({}, ""), "key=value")
       ("step-in-backward", "the optimizer steps each unit inside backward (EngineOptions::step_in_backward)")
+      ("activation-offload", "the recomputed units' inputs go to host memory (EngineOptions::activation_offload_units)")
       ("skew-rank1", "rank 1 builds a model with one more layer (a deliberate mismatch)")
       ("out", po::value<std::string>()->required(), "");
   return tool::main(argc, argv, "engine_worker", desc, [](const po::variables_map& vm) {
