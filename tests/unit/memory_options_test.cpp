@@ -328,7 +328,7 @@ TEST(OptimizerInBackward, TheSdkDefaultsSayNo) {
 // and without --activation-offload Block. The forward's input of each block (1 MiB) is what
 // activation checkpointing keeps; offloaded, at most two are on the device at once.
 const char* const kOffloadRun = " --nproc-per-node 2 --device sim --model.dim 64 --model.heads 2 --model.layers 8 "
-                                "--model.seq 128 --data.seq 128 --data.name synthetic --batch-size 32 --steps 3 "
+                                "--model.seq 128 --data.seq 128 --data.name synthetic --batch-size 32 --steps 2 "
                                 "--log-every 1 --activation-checkpointing Block ";
 
 TEST(ActivationOffload, OnSimTheDevicePeakFallsByThePlannedBytesWithTheSameBits) {
@@ -344,7 +344,7 @@ TEST(ActivationOffload, OnSimTheDevicePeakFallsByThePlannedBytesWithTheSameBits)
     for (const auto& m : test::step_metrics(out)) losses[way].push_back(m.at("loss").get<double>());
     last[way] = test::step_metrics(out).back();
   }
-  ASSERT_EQ(losses["kept"].size(), 3u);
+  ASSERT_EQ(losses["kept"].size(), 2u);
   EXPECT_EQ(losses["offloaded"], losses["kept"]);  // bit for bit: the same inputs come back
   auto measured = [&](const std::string& w) { return last[w]["step_peak_allocated_bytes"].get<double>(); };
   auto predicted = [&](const std::string& w) { return plan[w]["memory"]["peak_bytes"].get<double>(); };
