@@ -39,6 +39,19 @@ std::vector<double> losses(const std::string& out) {
   return v;
 }
 
+// Activation checkpointing and offload through the library on sim (the wrap's
+// activation_checkpointing, ShardOptions::activation_offload): every Block's inputs go to host
+// memory and back, with the losses of the plain run on the CPU; sim's stream-order check holds the
+// copies to the stream protocol.
+TEST(Library, RecomputedBlocksOffloadTheirInputsOnSim) {
+  const auto plain = worker("");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const auto offloaded = worker("--device sim --recompute --offload");
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.out << offloaded.err;
+  ASSERT_EQ(losses(plain.out).size(), 3u) << plain.out;
+  EXPECT_EQ(losses(offloaded.out), losses(plain.out)) << offloaded.out;
+}
+
 // Each rank keeps its rows of its own copy: modules built with different seeds are refused on
 // every rank, naming the first parameter that differs, before any step.
 TEST(Library, RanksWhoseModuleValuesDifferAreRefused) {

@@ -4,6 +4,7 @@
 // SGD (--mlp: AdamW); rank 0 prints each step's loss (rank 0's part of the batch).
 //   library_worker [--seed-by-rank] [--reshard UNIT=true|false|K ...] [--rank0-reshard UNIT=K]
 //                  [--sharding NAME] [--mlp] [--save DIR [--save-after N] [--async]]
+//                  [--device cpu|sim|cuda] [--recompute [--offload]]
 // --seed-by-rank seeds each rank with its rank, and --rank0-reshard gives rank 0 alone one more
 // reshard_after_forward: the mistakes fully_shard must refuse. Rank 0 prints
 // the bytes the engine holds between each forward and its backward. --save writes
@@ -81,10 +82,15 @@ int run(const fsdpx::tool::po::variables_map& vm) {
   std::shared_ptr<torch::nn::Module> module;
   if (mlp) module = (mlp_net = Mlp()).ptr();
   else module = (net = Net()).ptr();
-  fsdpx::Runtime rt;
+  fsdpx::RuntimeSettings settings;
+  settings.device = vm["device"].as<std::string>();
+  fsdpx::Runtime rt(settings);
   fsdpx::ShardOptions o;
   o.sharding = vm["sharding"].as<std::string>();
   o.wrap_options = {{"layer_types", mlp ? "Hidden" : "Block"}};
+  if (vm.count("recompute")) o.wrap_options["activation_checkpointing"] = "true";
+  if (vm.count("offload"))
+    for (const char* unit : {"block0", "block1", "block2"}) o.activation_offload.insert(unit);
   std::vector<std::string> reshard = vm["reshard"].as<std::vector<std::string>>();
   if (vm.count("rank0-reshard") && rank_env && std::atoi(rank_env) == 0)
     reshard.push_back(vm["rank0-reshard"].as<std::string>());
@@ -101,7 +107,8 @@ int run(const fsdpx::tool::po::variables_map& vm) {
     auto g = at::make_generator<at::CPUGeneratorImpl>(100 + step);
     const at::Tensor x = at::randn({8, mlp ? 30 : 16}, g), y = (x.sum(1) > 0).to(at::kLong);
     const int64_t n = 8 / rt.world_size();
-    const at::Tensor mine = x.narrow(0, rt.rank() * n, n), labels = y.narrow(0, rt.rank() * n, n);
+    const at::Tensor mine = x.narrow(0, rt.rank() * n, n).to(rt.device()),
+                     labels = y.narrow(0, rt.rank() * n, n).to(rt.device());
     at::Tensor loss = fsdp->forward([&] {
       return mlp ? torch::cross_entropy_loss(mlp_net->forward(mine), labels) : net->forward(mine).sin().pow(2).mean();
     });
@@ -134,6 +141,9 @@ int main(int argc, char** argv) {
       ("mlp", "fsdpx-train's mlp model, trained with AdamW")
       ("save", po::value<std::string>(), "a sharded checkpoint here")
       ("save-after", po::value<int>()->default_value(3), "the step whose state --save writes")
-      ("async", "--save in the background (the sharded plugin's async option)");
+      ("async", "--save in the background (the sharded plugin's async option)")
+      ("device", po::value<std::string>()->default_value("cpu"), "cpu, sim or cuda (RuntimeSettings::device)")
+      ("recompute", "every Block recomputes its activations in backward (the wrap's activation_checkpointing)")
+      ("offload", "and its inputs go to host memory in between (ShardOptions::activation_offload)");
   return fsdpx::tool::main(argc, argv, "library_worker", desc, run);
 }

@@ -99,7 +99,7 @@ std::unique_ptr<ShardingEngine> build_engine(std::shared_ptr<Model> model, const
                                              CommCounters& counters) {
   const EngineComms comms = engine_comms(groups, options, counters);
   std::vector<UnitSelection> units = select_units(*model, wrap, s);
-  options.activation_offload_units = offloaded_units(*model, units, s);
+  for (const std::string& unit : offloaded_units(*model, units, s)) options.activation_offload_units.insert(unit);
   return std::make_unique<ShardingEngine>(std::move(model), units, comms, std::move(options));
 }
 

@@ -261,6 +261,7 @@ std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<Mod
   eo.overlap = options.overlap;
   eo.prefetch = options.prefetch;
   eo.reshard_after_forward_by_unit = options.reshard_after_forward;
+  eo.activation_offload_units = options.activation_offload;
   eo.device = rt.device;
   eo.seed = options.seed;
   impl->engine = build_engine(impl->model, *wrap, TrainSettings{}, *rt.groups, eo, impl->counters);

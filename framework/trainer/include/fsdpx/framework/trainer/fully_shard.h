@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,11 @@ struct ShardOptions {
   // (a node, say): {{"blocks.3", false}, {"blocks.4", 8}} (ReshardAfterForward). A path that is
   // no unit, the root (""), or a k that does not divide the shard group's size is refused.
   std::map<std::string, ReshardAfterForward> reshard_after_forward;
+  // Units (by path) whose inputs go to host memory during forward and come back one unit ahead of
+  // their backward (EngineOptions::activation_offload_units): each must recompute (the layer_type
+  // wrap's {"activation_checkpointing", "true"}); a path that is no unit is refused. On a device
+  // only: on the CPU nothing moves.
+  std::set<std::string> activation_offload;
   // A Model's deferred parameters are initialised from (seed, name), as fsdpx-train's --seed
   // (the overload taking a Model); a module's own values are its own.
   uint64_t seed = 0;
