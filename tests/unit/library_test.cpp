@@ -50,6 +50,21 @@ TEST(Library, RecomputedBlocksOffloadTheirInputsOnSim) {
   ASSERT_EQ(offloaded.exit_code, 0) << offloaded.out << offloaded.err;
   ASSERT_EQ(losses(plain.out).size(), 3u) << plain.out;
   EXPECT_EQ(losses(offloaded.out), losses(plain.out)) << offloaded.out;
+  // A block's input changed in place after its forward, while its copy to host memory may still
+  // read it: sim's stream-order check names the race at the write; where no check runs (a GPU),
+  // the backward (of block2, the first) finds the changed version and says the copy is not the
+  // input. (Without offload, autograd refuses it too.)
+  const auto raced = worker("--device sim --recompute --offload --touch-inputs");
+  EXPECT_NE(raced.exit_code, 0);
+  EXPECT_NE(raced.err.find("sim stream-order hazard"), std::string::npos) << raced.err;
+  const auto touched = test::run_command("env FSDPX_SIM_STREAM_CHECK=0 " + (test::build_dir() / "tests" /
+                                         "library_worker").string() +
+                                         " --nproc-per-node 2 --device sim --recompute --offload --touch-inputs");
+  EXPECT_NE(touched.exit_code, 0);
+  EXPECT_NE(touched.err.find("unit 'block2': its input was changed in place after its forward, when activation "
+                             "offload had copied it to host memory"),
+            std::string::npos)
+      << touched.err;
 }
 
 // Each rank keeps its rows of its own copy: modules built with different seeds are refused on

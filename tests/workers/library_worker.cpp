@@ -4,7 +4,7 @@
 // SGD (--mlp: AdamW); rank 0 prints each step's loss (rank 0's part of the batch).
 //   library_worker [--seed-by-rank] [--reshard UNIT=true|false|K ...] [--rank0-reshard UNIT=K]
 //                  [--sharding NAME] [--mlp] [--save DIR [--save-after N] [--async]]
-//                  [--device cpu|sim|cuda] [--recompute [--offload]]
+//                  [--device cpu|sim|cuda] [--recompute [--offload]] [--touch-inputs]
 // --seed-by-rank seeds each rank with its rank, and --rank0-reshard gives rank 0 alone one more
 // reshard_after_forward: the mistakes fully_shard must refuse. Rank 0 prints
 // the bytes the engine holds between each forward and its backward. --save writes
@@ -38,10 +38,15 @@ struct NetImpl : torch::nn::Module {
     for (int i = 0; i < 3; ++i) blocks.push_back(register_module("block" + std::to_string(i), Block()));
   }
   at::Tensor forward(at::Tensor x) {
-    for (auto& b : blocks) x = b(x);
+    for (auto& b : blocks) {
+      at::Tensor y = b(x);
+      if (touch_inputs && x.requires_grad()) x.mul_(1);  // the block's input, changed in place after it ran
+      x = y;
+    }
     return x;
   }
   std::vector<Block> blocks;
+  bool touch_inputs = false;
 };
 TORCH_MODULE(Net);
 
@@ -82,6 +87,7 @@ int run(const fsdpx::tool::po::variables_map& vm) {
   std::shared_ptr<torch::nn::Module> module;
   if (mlp) module = (mlp_net = Mlp()).ptr();
   else module = (net = Net()).ptr();
+  if (net) net->touch_inputs = vm.count("touch-inputs") > 0;
   fsdpx::RuntimeSettings settings;
   settings.device = vm["device"].as<std::string>();
   fsdpx::Runtime rt(settings);
@@ -144,6 +150,7 @@ int main(int argc, char** argv) {
       ("async", "--save in the background (the sharded plugin's async option)")
       ("device", po::value<std::string>()->default_value("cpu"), "cpu, sim or cuda (RuntimeSettings::device)")
       ("recompute", "every Block recomputes its activations in backward (the wrap's activation_checkpointing)")
-      ("offload", "and its inputs go to host memory in between (ShardOptions::activation_offload)");
+      ("offload", "and its inputs go to host memory in between (ShardOptions::activation_offload)")
+      ("touch-inputs", "the model changes each block's input in place after the block ran (refused with --offload)");
   return fsdpx::tool::main(argc, argv, "library_worker", desc, run);
 }

@@ -1,28 +1,35 @@
 #include "activation_offload.h"
 
+#include <string>
+
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
 
+#include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/device.h"
 
 namespace fsdpx {
 
-bool offloadable(const at::Tensor& input) {
-  return input.defined() && input.requires_grad() && at::isFloatingType(input.scalar_type());
+bool moves_to_host(const at::Tensor& input, int64_t slot) {
+  return slot == 0 && input.defined() && input.requires_grad() && at::isFloatingType(input.scalar_type());
 }
 
-std::vector<at::Tensor> offload_inputs(const DeviceRuntime& dev, const std::vector<at::Tensor>& inputs) {
+void offload_inputs(const DeviceRuntime& dev, const std::vector<at::Tensor>& inputs, const std::vector<bool>& moves,
+                    OffloadedInputs& o) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> host(inputs.size());
+  o.clear();
+  o.host.resize(inputs.size());
   dev.wait_stream(StreamRole::Offload, StreamRole::Compute);  // the inputs are written
   OnStream on(dev, StreamRole::Offload);
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!offloadable(inputs[i])) continue;
-    host[i] = at::empty(inputs[i].sizes(), dev.host_options().dtype(inputs[i].scalar_type()));
-    host[i].copy_(inputs[i].detach(), /*non_blocking=*/true);
+    if (!moves[i]) continue;
+    o.host[i] = at::empty(inputs[i].sizes(), dev.host_options().dtype(inputs[i].scalar_type()));
+    o.host[i].copy_(inputs[i].detach(), /*non_blocking=*/true);
+    o.versions.push_back(torch::autograd::impl::version_counter(inputs[i]));
+    o.copied_at.push_back(o.versions.back().current_version());
   }
-  return host;
 }
 
 void load_inputs(const DeviceRuntime& dev, OffloadedInputs& o) {
@@ -41,11 +48,19 @@ void load_inputs(const DeviceRuntime& dev, OffloadedInputs& o) {
   OnStream on(dev, StreamRole::Offload);
   for (size_t i = 0; i < o.host.size(); ++i)
     if (o.host[i].defined()) o.loaded[i].copy_(o.host[i], /*non_blocking=*/true);
+  if (dev.is_cpu()) return;
+  o.loaded_event = std::make_shared<c10::Event>(dev.device().type());
+  o.loaded_event->record(dev.stream(StreamRole::Offload));
 }
 
-std::vector<at::Tensor> loaded_inputs(const DeviceRuntime& dev, OffloadedInputs& o) {
+std::vector<at::Tensor> loaded_inputs(const DeviceRuntime& dev, OffloadedInputs& o, const std::string& unit) {
+  for (size_t k = 0; k < o.versions.size(); ++k)
+    if (o.versions[k].current_version() != o.copied_at[k])
+      throw Error("unit '" + unit + "': its input was changed in place after its forward, when activation offload "
+                  "had copied it to host memory, so the copy is not the input; leave the input as it is (out of "
+                  "place: x = x + f(x), not x += f(x)), or take the unit out of the offloaded ones");
   load_inputs(dev, o);
-  dev.wait_stream(StreamRole::Compute, StreamRole::Offload);
+  if (o.loaded_event) o.loaded_event->block(dev.stream(StreamRole::Compute));
   return o.loaded;
 }
 

@@ -119,6 +119,7 @@ class Replay {
   void map_gradients();
   void forward_pass();
   void keep_input(int u);
+  int64_t input_of(int u) const { return layers_[first_layer_[static_cast<size_t>(u)]].input; }
   void backward_pass(bool sync);
   void start_backward(int u);
   void layer_backward(size_t l, bool sync);
@@ -151,6 +152,7 @@ class Replay {
   // Activation offload: the unit whose input's copy to the host may still run (kept until the
   // next one leaves or the forward ends), and the inputs back on the device for backward.
   int offloading_ = -1;
+  int release_after_ = -1;  // the one before it, whose input goes once this unit's forward has run
   std::vector<bool> loaded_;
   int64_t activation_host_ = 0;
   int in_flight_ = -1;
@@ -282,6 +284,8 @@ void Replay::forward_pass() {
       transient += layers_[l].saved * 3 / 4;  // without a graph, intermediates go once used
     }
     ledger_.moment("the forward of " + layers_[l].path, transient);
+    if (u == offloading_ && l == last_layer_[static_cast<size_t>(u)] && release_after_ >= 0)
+      ledger_.sub(input_of(std::exchange(release_after_, -1)));
     if (u != 0 && l == last_layer_[static_cast<size_t>(u)] && b.reshard_after_forward &&
         gathered_[static_cast<size_t>(u)]) {
       trace("free", u);
@@ -290,17 +294,16 @@ void Replay::forward_pass() {
     }
   }
   if (offloading_ >= 0)  // ShardingEngine::forward's end: the last copies waited for, their inputs gone
-    ledger_.sub(layers_[first_layer_[static_cast<size_t>(std::exchange(offloading_, -1))]].input);
+    ledger_.sub(input_of(std::exchange(offloading_, -1)));
 }
 
-// What Recompute keeps: the unit's input; offloaded, it is kept only until the next unit's
-// leaves (ShardingEngine::Impl::offload_issued), and its copy waits in host memory.
+// What Recompute keeps: the unit's input; offloaded, it is kept only until the next offloaded
+// unit's forward has run (ShardingEngine::Impl::offload_issued), and its copy waits in host memory.
 void Replay::keep_input(int u) {
   const int64_t input = layers_[first_layer_[static_cast<size_t>(u)]].input;
   ledger_.add(input);
   if (!units_[static_cast<size_t>(u)].offload) return;
-  if (offloading_ >= 0) ledger_.sub(layers_[first_layer_[static_cast<size_t>(offloading_)]].input);
-  offloading_ = u;
+  release_after_ = std::exchange(offloading_, u);
   activation_host_ += input;
 }
 
@@ -315,7 +318,7 @@ void Replay::start_backward(int u) {
   for (const int v : loads_at_backward(backward_order(forward_order_), u)) {
     const size_t k = static_cast<size_t>(v);
     if (!units_[k].offload || loaded_[k]) continue;
-    ledger_.add(layers_[first_layer_[k]].input);
+    ledger_.add(input_of(v));
     loaded_[k] = true;
   }
   if (units_[i].recompute) {  // the forward again, with a graph: its activations, not its inputs

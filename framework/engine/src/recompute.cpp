@@ -32,30 +32,32 @@ at::Tensor replay(Unit& u, const std::vector<at::Tensor>& defined) {
   return out;
 }
 
-// Whether the unit's inputs go to host memory (activation offload, on a device).
-bool offloads(const Unit& u) { return u.offload && !u.step->engine_config().device->is_cpu(); }
+// Which of the unit's defined inputs go to host memory (activation offload, on a device).
+std::vector<bool> inputs_to_move(const Unit& u, const std::vector<at::Tensor>& defined) {
+  std::vector<bool> moves(defined.size(), false);
+  if (!u.offload || u.step->engine_config().device->is_cpu()) return moves;
+  for (size_t i = 0; i < defined.size() && i < u.recompute_slots.size(); ++i)
+    moves[i] = moves_to_host(defined[i], u.recompute_slots[i]);
+  return moves;
+}
 
-// Activation offload, after the unit's forward: the inputs that move go to host memory, and an
-// undefined tensor holds their place among those saved. `versions`: the inputs' version counters
-// before the forward; one that changed in place is refused (its copy would not be the input).
-void offload_inputs_of(AutogradContext* ctx, Unit& u, const std::vector<at::Tensor>& defined,
-                       const std::vector<int64_t>& versions) {
-  for (size_t i = 0; i < defined.size(); ++i)
-    if (defined[i]._version() != versions[i])
-      throw Error("unit '" + u.fqn + "' changed its input " + std::to_string(i) + " in place during its forward, "
-                  "and activation offload copies a unit's inputs after its forward; take the unit out of the "
-                  "offloaded ones, or make its forward leave its inputs as they are");
-  const DeviceRuntime& device = *u.step->engine_config().device;
-  u.step->release_offloading();  // the previous unit's copies are done: its inputs may go
-  u.offloaded.clear();
-  u.offloaded.host = offload_inputs(device, defined);
-  std::vector<at::Tensor> kept, moving;
+// Activation offload, after the unit's forward: the previous offloaded unit's sources go once
+// their copies are done, and this unit's inputs that move are copied to host memory. One that the
+// forward changed in place is refused (its copy would not be the input).
+void offload_after_forward(Unit& u, const std::vector<at::Tensor>& defined, const std::vector<bool>& moves,
+                           const std::vector<int64_t>& versions) {
+  std::vector<at::Tensor> moving;
   for (size_t i = 0; i < defined.size(); ++i) {
-    const bool moved = u.offloaded.host[i].defined();
-    kept.push_back(moved ? at::Tensor() : defined[i]);
-    if (moved) moving.push_back(defined[i]);
+    if (!moves[i]) continue;
+    if (defined[i]._version() != versions[i])
+      throw Error("unit '" + u.fqn + "' changed its input " + std::to_string(u.recompute_slots[i]) + " in place "
+                  "during its forward, and activation offload copies the input after the forward; leave the input "
+                  "as it is, or take the unit out of the offloaded ones");
+    moving.push_back(defined[i]);
   }
-  ctx->save_for_backward(kept);
+  if (moving.empty()) return;
+  u.step->release_offloading();  // the previous unit's copies are done: its sources may go
+  offload_inputs(*u.step->engine_config().device, defined, moves, u.offloaded);
   u.step->offload_issued(std::move(moving));
 }
 
@@ -70,13 +72,16 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     for (const auto& t : defined) needs.push_back(t.requires_grad());
     ctx->saved_data["needs"] = needs;
     u->recompute_rng = u->step->engine_config().device->rng_state();
-    const bool offloading = offloads(*u);
+    // Saved before the forward, so that autograd sees a change in place; an input that moves to
+    // host memory leaves an undefined tensor in its place.
+    const std::vector<bool> moves = inputs_to_move(*u, defined);
+    std::vector<at::Tensor> kept;
     std::vector<int64_t> versions;
-    if (offloading) {
-      for (const auto& t : defined) versions.push_back(t._version());
-    } else {
-      ctx->save_for_backward(defined);  // before the forward: autograd then sees a change in place
+    for (size_t i = 0; i < defined.size(); ++i) {
+      kept.push_back(moves[i] ? at::Tensor() : defined[i]);
+      versions.push_back(defined[i]._version());
     }
+    ctx->save_for_backward(kept);
     at::Tensor out;
     {
       at::NoGradGuard no_grad;
@@ -84,7 +89,7 @@ struct Recompute : public torch::autograd::Function<Recompute> {
     }
     // After the forward: a copy to host memory then overlaps the next unit's, and no kernel of
     // this one reads an input while the offload stream does.
-    if (offloading) offload_inputs_of(ctx, *u, defined, versions);
+    offload_after_forward(*u, defined, moves, versions);
     return out;
   }
 
@@ -98,7 +103,7 @@ struct Recompute : public torch::autograd::Function<Recompute> {
       throw Error("unit '" + u->fqn + "': the forward to recompute belongs to another step");
     std::vector<at::Tensor> saved = ctx->get_saved_variables(), defined;
     if (u->offloaded.any()) {  // those inputs came back (Unit::pre_backward issued the copies)
-      const std::vector<at::Tensor> loaded = loaded_inputs(*u->step->engine_config().device, u->offloaded);
+      const std::vector<at::Tensor> loaded = loaded_inputs(*u->step->engine_config().device, u->offloaded, u->fqn);
       for (size_t i = 0; i < loaded.size() && i < saved.size(); ++i)
         if (loaded[i].defined()) saved[i] = loaded[i];
     }

@@ -60,9 +60,10 @@ struct EngineOptions {
   // sample). A backward that fails half-way leaves the units it stepped stepped.
   // Unset: the gradient shards stay until release_gradients().
   std::function<void(size_t first, size_t count)> step_in_backward;
-  // Activation offload: the units (by path) whose inputs, all that a recomputed unit keeps for its
-  // backward, go to host memory (DeviceRuntime::host_options) on the offload stream during forward
-  // and come back, one unit ahead, before its backward (activation_offload.h has the protocol). Each
+  // Activation offload: the units (by path) whose main input (the first argument, the hidden
+  // state: what a recomputed unit keeps for its backward, besides arguments shared by every layer)
+  // goes to host memory (DeviceRuntime::host_options) on the offload stream during forward and
+  // comes back, one unit ahead, before its backward (activation_offload.h has the protocol). Each
   // must recompute (activation checkpointing): LibTorch's C++ autograd has no saved-tensor hooks,
   // so only what the Recompute function itself keeps can move. A path that is no unit, the root,
   // or a unit that does not recompute is refused. On the CPU the activations are in host memory
