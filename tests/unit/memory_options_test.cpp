@@ -136,35 +136,66 @@ TEST(OptimizerInBackward, TheTrainerGivesTheBitsOfTheStepAfterBackward) {
   EXPECT_EQ(after.config.find("optimizer-in-backward"), std::string::npos) << after.config;
 }
 
+// A memory option's two runs of fsdpx-train, without it ("without") and with it ("with"): each
+// one's plan, losses and last step's metrics.
+struct OptionRuns {
+  std::map<std::string, json> plan, last;
+  std::map<std::string, std::vector<double>> losses;
+  double measured(const std::string& w) { return last[w]["step_peak_allocated_bytes"].get<double>(); }
+  double predicted(const std::string& w) { return plan[w]["memory"]["peak_bytes"].get<double>(); }
+  // The plan predicts both peaks within 10%, and its saving is the difference of the two; returned.
+  double checked_saving(const std::string& option) {
+    for (const std::string way : {"without", "with"})
+      EXPECT_NEAR(measured(way) / predicted(way), 1.0, 0.10) << way << ": " << plan[way]["memory"].dump();
+    const double saving = plan["with"]["option_savings"][option].get<double>();
+    EXPECT_NEAR(saving, predicted("without") - predicted("with"), 0.5);
+    return saving;
+  }
+};
+
+OptionRuns run_without_and_with(const fs::path& dir, const std::string& flags, const std::string& option) {
+  OptionRuns runs;
+  for (const std::string way : {"without", "with"}) {
+    const fs::path out = dir / way;
+    auto r = test::run_command(train() + " " + flags + (way == "with" ? " " + option : "") + " --out " + out.string());
+    EXPECT_EQ(r.exit_code, 0) << way << "\n" << r.out << r.err;
+    if (r.exit_code != 0) continue;
+    runs.plan[way] = test::read_json(out / "plan.json");
+    for (const auto& m : test::step_metrics(out)) runs.losses[way].push_back(m.at("loss").get<double>());
+    runs.last[way] = test::step_metrics(out).back();
+  }
+  return runs;
+}
+
 // gpt small of 8 layers, AdamW, 2 ranks, few activations (1 x 16 tokens per rank), so that the
 // gradient shards held late in backward make the peak: the step's allocated peak per rank falls,
 // the plan predicts both peaks within 10%, and the measured drop is the plan's saving within 10%
 // of the peak.
 TEST(OptimizerInBackward, ThePeakFallsByWhatThePlanSays) {
   test::TempDir dir;
-  const std::string flags = "--nproc-per-node 2 --model.size small --model.layers 8 --data.name synthetic "
-                            "--data.seq 16 --batch-size 1 --peak-tflops 1";
-  std::map<std::string, json> plan, last;
-  for (const std::string way : {"after", "inside"}) {
-    const fs::path out = dir.path() / way;
-    auto r = test::run_command(train() + " " + flags + " --steps 2 --log-every 1 --out " + out.string() +
-                               (way == "inside" ? " --optimizer-in-backward" : ""));
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    plan[way] = test::read_json(out / "plan.json");
-    last[way] = test::step_metrics(out).back();
-  }
-  auto measured = [&](const std::string& w) { return last[w]["step_peak_allocated_bytes"].get<double>(); };
-  auto predicted = [&](const std::string& w) { return plan[w]["memory"]["peak_bytes"].get<double>(); };
-  for (const std::string way : {"after", "inside"})
-    EXPECT_NEAR(measured(way) / predicted(way), 1.0, 0.10) << way << ": " << plan[way]["memory"].dump();
-  const double saving = plan["inside"]["option_savings"]["--optimizer-in-backward"].get<double>();
-  EXPECT_NEAR(saving, predicted("after") - predicted("inside"), 0.5);
-  EXPECT_GT(saving, 0.08 * predicted("after")) << "the gradient shards are a large part of this peak";
-  EXPECT_NEAR(measured("after") - measured("inside"), saving, 0.10 * predicted("after"));
+  OptionRuns r = run_without_and_with(dir.path(),
+                                      "--nproc-per-node 2 --model.size small --model.layers 8 --data.name synthetic "
+                                      "--data.seq 16 --batch-size 1 --peak-tflops 1 --steps 2 --log-every 1",
+                                      "--optimizer-in-backward");
+  ASSERT_EQ(r.plan.size(), 2u);
+  const double saving = r.checked_saving("--optimizer-in-backward");
+  EXPECT_GT(saving, 0.08 * r.predicted("without")) << "the gradient shards are a large part of this peak";
+  EXPECT_NEAR(r.measured("without") - r.measured("with"), saving, 0.10 * r.predicted("without"));
   std::printf("gpt small of 8 layers, 2 ranks, AdamW: peak %.1f MiB after backward, %.1f MiB inside (%.3fx); "
               "planned saving %.1f MiB\n",
-              measured("after") / (1 << 20), measured("inside") / (1 << 20), measured("inside") / measured("after"),
-              saving / (1 << 20));
+              r.measured("without") / (1 << 20), r.measured("with") / (1 << 20),
+              r.measured("with") / r.measured("without"), saving / (1 << 20));
+}
+
+// Each case's flags after `quick`: fsdpx-train exits non-zero with one line holding the message.
+void expect_refused(const std::string& quick, const std::vector<std::pair<std::string, std::string>>& cases) {
+  for (const auto& [flags, message] : cases) {
+    SCOPED_TRACE(flags);
+    auto r = test::run_command(train() + quick + flags);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
+    EXPECT_EQ(test::count_of(r.err, "\n"), 1) << r.err;
+  }
 }
 
 // What needs every gradient before any step: one line naming the conflict, before any rank starts.
@@ -181,13 +212,7 @@ TEST(OptimizerInBackward, WhatNeedsEveryGradientFirstIsRefused) {
       {"--plugin " + test::fixture("abi_1_1_optimizer").string() + " --optimizer.name abi_1_1_sgd",
        "--optimizer-in-backward: optimizer 'abi_1_1_sgd' (plugin fixture_abi_1_1_optimizer) was built against "
        "plugin ABI 1.1, before Optimizer::step_shards (1.2); rebuild it"}};
-  for (const auto& [flags, message] : cases) {
-    SCOPED_TRACE(flags);
-    auto r = test::run_command(train() + quick + flags);
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
-    EXPECT_EQ(test::count_of(r.err, "\n"), 1) << r.err;
-  }
+  expect_refused(quick, cases);
 }
 
 struct Steps {
@@ -333,35 +358,21 @@ const char* const kOffloadRun = " --nproc-per-node 2 --device sim --model.dim 64
 
 TEST(ActivationOffload, OnSimTheDevicePeakFallsByThePlannedBytesWithTheSameBits) {
   test::TempDir dir;
-  std::map<std::string, json> plan, last;
-  std::map<std::string, std::vector<double>> losses;
-  for (const std::string way : {"kept", "offloaded"}) {
-    const fs::path out = dir.path() / way;
-    auto r = test::run_command(train() + kOffloadRun + (way == "offloaded" ? "--activation-offload Block " : "") +
-                               "--out " + out.string());
-    ASSERT_EQ(r.exit_code, 0) << way << "\n" << r.out << r.err;
-    plan[way] = test::read_json(out / "plan.json");
-    for (const auto& m : test::step_metrics(out)) losses[way].push_back(m.at("loss").get<double>());
-    last[way] = test::step_metrics(out).back();
-  }
-  ASSERT_EQ(losses["kept"].size(), 2u);
-  EXPECT_EQ(losses["offloaded"], losses["kept"]);  // bit for bit: the same inputs come back
-  auto measured = [&](const std::string& w) { return last[w]["step_peak_allocated_bytes"].get<double>(); };
-  auto predicted = [&](const std::string& w) { return plan[w]["memory"]["peak_bytes"].get<double>(); };
-  for (const std::string way : {"kept", "offloaded"})
-    EXPECT_NEAR(measured(way) / predicted(way), 1.0, 0.10) << way << ": " << plan[way]["memory"].dump();
-  const double saving = plan["offloaded"]["option_savings"]["--activation-offload"].get<double>();
-  EXPECT_NEAR(saving, predicted("kept") - predicted("offloaded"), 0.5);
+  OptionRuns r = run_without_and_with(dir.path(), kOffloadRun, "--activation-offload Block");
+  ASSERT_EQ(r.plan.size(), 2u);
+  ASSERT_EQ(r.losses["without"].size(), 2u);
+  EXPECT_EQ(r.losses["with"], r.losses["without"]);  // bit for bit: the same inputs come back
+  const double saving = r.checked_saving("--activation-offload");
   const double input = 32.0 * 128 * 64 * 4;  // one block's input, fp32
-  EXPECT_GE(saving, 4 * input) << plan["offloaded"]["memory"].dump();
-  EXPECT_NEAR(measured("kept") - measured("offloaded"), saving, 0.10 * saving);
-  EXPECT_EQ(plan["offloaded"]["memory"]["activation_host_bytes"].get<double>(), 8 * input);
-  EXPECT_EQ(plan["kept"]["memory"]["activation_host_bytes"].get<double>(), 0);
+  EXPECT_GE(saving, 4 * input) << r.plan["with"]["memory"].dump();
+  EXPECT_NEAR(r.measured("without") - r.measured("with"), saving, 0.10 * saving);
+  EXPECT_EQ(r.plan["with"]["memory"]["activation_host_bytes"].get<double>(), 8 * input);
+  EXPECT_EQ(r.plan["without"]["memory"]["activation_host_bytes"].get<double>(), 0);
   std::printf("activation offload on sim, gpt 8 x 64 wide, 32 x 128 tokens, 2 ranks: peak %.2f MiB kept, "
               "%.2f MiB offloaded (%.3fx); planned saving %.2f MiB, measured %.2f MiB\n",
-              measured("kept") / (1 << 20), measured("offloaded") / (1 << 20),
-              measured("offloaded") / measured("kept"), saving / (1 << 20),
-              (measured("kept") - measured("offloaded")) / (1 << 20));
+              r.measured("without") / (1 << 20), r.measured("with") / (1 << 20),
+              r.measured("with") / r.measured("without"), saving / (1 << 20),
+              (r.measured("without") - r.measured("with")) / (1 << 20));
 }
 
 // A rank that lets the offloaded inputs go before the compute stream waited for their copies (as a
@@ -401,13 +412,7 @@ TEST(ActivationOffload, WhatCannotMoveIsRefused) {
       {"--activation-checkpointing Block --activation-offload Blok",
        "--activation-offload Blok: the model has no layer type 'Blok'; its layer types are: "},
       {"--activation-checkpointing Block --activation-offload Blok", "did you mean 'Block'?"}};
-  for (const auto& [flags, message] : cases) {
-    SCOPED_TRACE(flags);
-    auto r = test::run_command(train() + quick + flags);
-    EXPECT_NE(r.exit_code, 0);
-    EXPECT_NE(r.err.find(message), std::string::npos) << r.err;
-    EXPECT_EQ(test::count_of(r.err, "\n"), 1) << r.err;
-  }
+  expect_refused(quick, cases);
 }
 
 }  // namespace
