@@ -198,6 +198,7 @@ void ShardingEngine::Impl::release_offloading() {
 }
 
 void ShardingEngine::Impl::load_offloaded(Unit& u) {
+  if (config.options.activation_offload_units.empty()) return;  // no order to copy on every unit's backward
   for (Unit* v : loads_at_backward(backward_order(last_forward_order), &u)) load_inputs(*config.device, v->offloaded);
 }
 

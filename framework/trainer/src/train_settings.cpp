@@ -105,9 +105,9 @@ po::options_description TrainSettings::options() {
       "activation-checkpointing", po::value<std::string>()->default_value(""),
       "layer types (comma-separated) whose units recompute their activations in backward, e.g. Block")(
       "activation-offload", po::value<std::string>()->default_value(""),
-      "layer types (comma-separated) among --activation-checkpointing's whose units' inputs, all a recomputed unit "
-      "keeps, go to host memory in forward and come back one unit ahead of their backward (devices; on the CPU "
-      "there is nothing to move)")(
+      "layer types (comma-separated) among --activation-checkpointing's whose units' main input (the hidden state "
+      "a recomputed unit keeps) goes to host memory in forward and comes back one unit ahead of its backward "
+      "(devices; on the CPU there is nothing to move)")(
       "max-memory-mib", int_value<int64_t>({0, int64_t{1} << 30})->default_value(0),
       "stop with an error when a rank's allocated peak in a step (the plan's measure) exceeds this many MiB (0: no "
       "limit)")("profile-step", int_value<int64_t>({0})->default_value(0),
