@@ -72,6 +72,9 @@ struct Strategy {
   const char* flags;
   int ranks;
 };
+// The test's name shows the case's name (gtest would print the struct's bytes, pointers that
+// change from build to build, so ctest's names and its cost data would too).
+void PrintTo(const Strategy& s, std::ostream* os) { *os << s.name; }
 
 class SimTrain : public ::testing::TestWithParam<Strategy> {};
 
