@@ -100,7 +100,7 @@ struct Shape {
   std::string model;  // gpt's size options
   int nproc;
   std::string name;
-  bool heavy = false;  // minutes under the sanitizers
+  bool heavy = false;  // 1b width: minutes under the sanitizers, and activations a negligible part
 };
 
 void PrintTo(const Shape& s, std::ostream* os) { *os << s.name; }
@@ -114,7 +114,10 @@ const char* const k1bWidth = "--model.size 1b --model.layers 2 --data.seq 16 --b
 // gpt states) is within 10% of the allocated peak a run measures, for every strategy, with and
 // without activation checkpointing (one rank: one layout whatever the strategy; hybrid_shard:
 // 2 x 2 at 4 ranks). Measured within 3% from gpt tiny to 1b width. One step each: the next ones
-// hold the same (gradient shards are released after each optimizer step).
+// hold the same (gradient shards are released after each optimizer step). At 1b width and 16
+// tokens the activations are 0.4% of the peak (7.85 MiB of 2.03 GiB at 2 ranks), so checkpointing
+// changes the peak far less than the 10% checked: its prediction is checked at tiny and small,
+// where activations are a large part, and the 1b runs go without it (each takes about 25 s).
 TEST_P(PredictedPeak, WithinTenPercentOfTheMeasuredPeak) {
   const Shape s = GetParam();
   if (s.heavy && under_sanitizers())
@@ -123,8 +126,10 @@ TEST_P(PredictedPeak, WithinTenPercentOfTheMeasuredPeak) {
   std::vector<std::string> strategies{"full_shard"};
   if (s.nproc > 1) strategies = {"full_shard", "shard_grad_op", "no_shard"};
   if (s.nproc == 4) strategies.push_back("hybrid_shard --sharding.shard_size 2");
+  std::vector<const char*> checkpointing{"", " --activation-checkpointing Block"};
+  if (s.heavy) checkpointing.pop_back();
   for (const auto& strategy : strategies)
-    for (const char* ac : {"", " --activation-checkpointing Block"}) {
+    for (const char* ac : checkpointing) {
       const std::string args = s.model + " --steps 1 --sharding.name " + strategy + ac;
       SCOPED_TRACE(args);
       const Measured m = run_gpt(s.nproc, args);
