@@ -80,8 +80,6 @@ class SimTrain : public ::testing::TestWithParam<Strategy> {};
 
 // Every strategy at 1, 2 and 4 ranks, with clipping (the norm on the device).
 TEST_P(SimTrain, GivesTheCpuLossesBitForBit) {
-  if (GetParam().ranks != 2 && under_sanitizers())
-    GTEST_SKIP() << "1 and 4 ranks run the code the 2-rank cases cover; left out under the sanitizers for time";
   expect_cpu_bits(std::string(GetParam().flags) + " --steps 4", GetParam().ranks);
 }
 
@@ -102,8 +100,6 @@ INSTANTIATE_TEST_SUITE_P(
 // Recompute (the device generator replayed), bf16_mixed, fp16_mixed with its scaler, gradient
 // accumulation, and the deterministic mode.
 TEST(SimTrainModes, RecomputePrecisionsAccumulationAndDeterministicGiveTheCpuBits) {
-  if (under_sanitizers())
-    GTEST_SKIP() << "ten runs of the paths the strategy cases cover; left out under the sanitizers for time";
   for (const char* flags : {"--activation-checkpointing Block", "--precision.name bf16_mixed",
                             "--precision.name fp16_mixed", "--grad-accum 2", "--deterministic"})
     expect_cpu_bits(std::string(flags) + " --steps 4", 2);
