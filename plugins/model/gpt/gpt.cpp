@@ -19,7 +19,6 @@
 #include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/embedding.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/linear.h>
 #include <ATen/ops/outer.h>
 #include <ATen/ops/pow.h>
 #include <ATen/ops/reciprocal.h>
@@ -36,6 +35,7 @@
 #include <fsdpx/evaluation.h>
 #include <fsdpx/files.h>
 #include <fsdpx/hf_interop.h>
+#include <fsdpx/linear.h>
 #include <fsdpx/model.h>
 #include <fsdpx/plugin.h>
 #include <fsdpx/unit.h>
@@ -88,8 +88,8 @@ struct AttentionImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) {
     const int64_t B = x.size(0), T = x.size(1), C = x.size(2), D = C / heads;
     auto split = [&](const at::Tensor& t, int64_t h) { return t.view({B, T, h, D}).transpose(1, 2); };
-    at::Tensor q = split(at::linear(x, wq), heads), k = split(at::linear(x, wk), kv_heads),
-               v = split(at::linear(x, wv), kv_heads);
+    at::Tensor q = split(fsdpx::linear(x, wq), heads), k = split(fsdpx::linear(x, wk), kv_heads),
+               v = split(fsdpx::linear(x, wv), kv_heads);
     if (kv_heads != heads) {  // each key/value head serves heads / kv_heads consecutive query heads
       k = k.repeat_interleave(heads / kv_heads, 1);
       v = v.repeat_interleave(heads / kv_heads, 1);
@@ -101,7 +101,7 @@ struct AttentionImpl : torch::nn::Module {
     q = rotate(q, cos, sin);
     k = rotate(k, cos, sin);
     at::Tensor y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
-    return at::linear(y.transpose(1, 2).reshape({B, T, C}), wo);
+    return fsdpx::linear(y.transpose(1, 2).reshape({B, T, C}), wo);
   }
   int64_t heads, kv_heads;
   double theta;
@@ -115,7 +115,9 @@ struct FeedForwardImpl : torch::nn::Module {
     w2 = register_parameter("w2", deferred({dim, hidden}));
     w3 = register_parameter("w3", deferred({hidden, dim}));
   }
-  at::Tensor forward(const at::Tensor& x) { return at::linear(at::silu(at::linear(x, w1)) * at::linear(x, w3), w2); }
+  at::Tensor forward(const at::Tensor& x) {
+    return fsdpx::linear(at::silu(fsdpx::linear(x, w1)) * fsdpx::linear(x, w3), w2);
+  }
   at::Tensor w1, w2, w3;
 };
 FSDPX_MODULE(FeedForward);
@@ -151,7 +153,7 @@ struct TransformerImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& tokens) {
     at::Tensor h = at::embedding(tok_embeddings, tokens);
     for (auto& block : blocks) h = block(h);
-    return at::linear(norm(h), config.tie_embeddings ? tok_embeddings : output);
+    return fsdpx::linear(norm(h), config.tie_embeddings ? tok_embeddings : output);
   }
   Config config;
   at::Tensor tok_embeddings, output;

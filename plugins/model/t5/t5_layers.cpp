@@ -7,7 +7,6 @@
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/isinf.h>
-#include <ATen/ops/linear.h>
 #include <ATen/ops/log.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/minimum.h>
@@ -19,6 +18,7 @@
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <fsdpx/linear.h>
 #include <fsdpx/model.h>
 
 #include <cmath>
@@ -76,14 +76,14 @@ at::Tensor T5AttentionImpl::forward(const at::Tensor& x, const at::Tensor& kv, c
                                     const at::Tensor& blocked) {
   const at::Tensor& source = kv.defined() ? kv : x;
   const int64_t B = x.size(0), T = x.size(1), S = source.size(1);
-  at::Tensor qh = at::linear(x, q).view({B, T, heads, head_dim}).transpose(1, 2);
-  at::Tensor kh = at::linear(source, k).view({B, S, heads, head_dim}).transpose(1, 2);
-  at::Tensor vh = at::linear(source, v).view({B, S, heads, head_dim}).transpose(1, 2);
+  at::Tensor qh = fsdpx::linear(x, q).view({B, T, heads, head_dim}).transpose(1, 2);
+  at::Tensor kh = fsdpx::linear(source, k).view({B, S, heads, head_dim}).transpose(1, 2);
+  at::Tensor vh = fsdpx::linear(source, v).view({B, S, heads, head_dim}).transpose(1, 2);
   at::Tensor scores = at::matmul(qh, kh.transpose(2, 3));
   if (bias.defined()) scores = scores + bias;
   if (blocked.defined()) scores = scores.masked_fill(blocked, lowest(scores.scalar_type()));
   at::Tensor y = at::matmul(at::softmax(scores, -1), vh);
-  return at::linear(y.transpose(1, 2).reshape({B, T, heads * head_dim}), o);
+  return fsdpx::linear(y.transpose(1, 2).reshape({B, T, heads * head_dim}), o);
 }
 
 T5FeedForwardImpl::T5FeedForwardImpl(const Config& c) : torch::nn::Module("T5FeedForward"), gated(c.gated) {
@@ -98,8 +98,8 @@ T5FeedForwardImpl::T5FeedForwardImpl(const Config& c) : torch::nn::Module("T5Fee
 
 at::Tensor T5FeedForwardImpl::forward(const at::Tensor& x) {
   // gelu_new, transformers' activation of gated-gelu, is GELU's tanh approximation.
-  if (gated) return at::linear(at::gelu(at::linear(x, wi_0), "tanh") * at::linear(x, wi_1), wo);
-  return at::linear(at::relu(at::linear(x, wi)), wo);
+  if (gated) return fsdpx::linear(at::gelu(fsdpx::linear(x, wi_0), "tanh") * fsdpx::linear(x, wi_1), wo);
+  return fsdpx::linear(at::relu(fsdpx::linear(x, wi)), wo);
 }
 
 T5BlockImpl::T5BlockImpl(const Config& c, bool is_decoder) : torch::nn::Module("T5Block"), decoder(is_decoder) {
@@ -183,7 +183,7 @@ at::Tensor T5Impl::forward(const at::Tensor& source, const at::Tensor& decoder_i
   const at::Tensor encoded = encoder(at::embedding(shared, source), blocked, at::Tensor(), at::Tensor());
   at::Tensor y = decoder(at::embedding(shared, decoder_ids), at::Tensor(), encoded, blocked);
   if (config.scale_logits) y = y * std::pow(static_cast<double>(config.dim), -0.5);
-  return at::linear(y, config.tie_embeddings ? shared : lm_head);
+  return fsdpx::linear(y, config.tie_embeddings ? shared : lm_head);
 }
 
 at::Tensor shift_right(const at::Tensor& labels) {
