@@ -66,7 +66,7 @@ test-sanitize: sanitize-build  ## the tests under ASan + UBSan (fsdpx's code ins
 fuzz: sanitize-build  ## run every fuzz target (libFuzzer) FUZZ_SECONDS=$(FUZZ_SECONDS) s on its seed corpus (tests/fuzz)
 	bash tests/fuzz/run.sh $(SAN_BUILD) $(FUZZ_SECONDS)
 
-bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing, --deterministic's cost, the library's step vs fsdpx-train's, bf16 products on the CPU by layout, fsdpx vs PyTorch FSDP2 (quick set, and gpt small)
+bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing, --deterministic's cost, the library's step vs fsdpx-train's, bf16 products on the CPU by layout, fsdpx vs PyTorch FSDP2 (quick set, and gpt small in fp32 and bf16_mixed)
 	$(BUILD)/bin/fsdpx-comm-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-engine-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-optim-bench --python $(PYTHON)
@@ -77,7 +77,7 @@ bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 r
 	$(PYTHON) benchmarks/cpu_bf16_mm.py
 	$(PYTHON) benchmarks/vs_fsdp2/compare.py --fsdpx-bin $(BUILD) --python $(PYTHON) --quick
 	$(PYTHON) benchmarks/vs_fsdp2/compare.py --fsdpx-bin $(BUILD) --python $(PYTHON) --rounds 2 \
-	  --configs small:full_shard:fp32:sgd,small:full_shard:fp32:adamw,small:shard_grad_op:fp32:adamw
+	  --configs small:full_shard:fp32:sgd,small:full_shard:fp32:adamw,small:shard_grad_op:fp32:adamw,small:full_shard:bf16_mixed:adamw
 
 # No setup prerequisite: a GPU machine has no network; the script brings the build's dependencies.
 gpu-check:  ## on a GPU machine, no network: build in $(GPU_BUILD), run the gpu and device tests, print the GPU table

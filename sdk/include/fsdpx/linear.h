@@ -22,9 +22,8 @@ namespace fsdpx {
 
 FSDPX_API at::Tensor linear(const at::Tensor& x, const at::Tensor& weight);
 
-// Whether this process computes bf16 input gradients with fsdpx's kernel (after the first
-// check; false before any bf16 call on the CPU, and wherever the check failed). For tests and
-// the run's log.
+// Whether this process has computed a bf16 input gradient with fsdpx's kernel: false before
+// the first bf16 backward on the CPU, and where every shape's check failed.
 FSDPX_API bool linear_uses_bf16_kernel();
 
 // c = a @ b for 2-D row-major bf16 CPU tensors, in the order of LibTorch's reference loop
