@@ -159,7 +159,9 @@ at::Tensor bf16_matmul_reference_order(const at::Tensor& a, const at::Tensor& b)
 bool linear_uses_bf16_kernel() { return kernel_used; }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight) {
-  const bool differentiable = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  // A weight without gradient is left to at::linear: at::matmul then folds x only where that
+  // needs no copy, a choice the function below would have to repeat.
+  const bool differentiable = at::GradMode::is_enabled() && weight.requires_grad();
   if (!differentiable || !x.device().is_cpu() || x.scalar_type() != at::kBFloat16 ||
       weight.scalar_type() != at::kBFloat16 || x.dim() < 2 || weight.dim() != 2)
     return at::linear(x, weight);
