@@ -84,7 +84,8 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
     b.exchange = S == W ? 0 : W * total * elt(d.reduce);  // the packed rows picked per world rank
     b.reduce_out = W * total * elt(d.reduce);
   } else if (S > 1) {
-    b.received = in.staged_reduce ? b.packed : 0;
+    // Every slice but its own on the first and last rank; the whole on a rank in between.
+    b.received = in.staged_reduce ? (S > 2 ? S : S - 1) * total * elt(d.reduce) : 0;
     b.reduce_out = d.reduce != d.gradient || in.offload ? total * elt(d.reduce) : 0;
   } else if (averages_on_device(in)) {  // the packing, cast to the gradient dtype when it differs
     b.reduce_out = d.reduce != d.gradient ? total * elt(d.gradient) : 0;

@@ -210,6 +210,9 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
   in.clip_grad_norm = s.clip_grad_norm > 0;
   in.step_in_backward = s.optimizer_in_backward;
   in.offload = plan.layout.offloads(s.device == DeviceKind::Cpu);
+  // Gloo's all-to-all receives into the device's memory only where the device is the CPU; sim and
+  // CUDA stage through the host (StagedCommunicator) or reduce in place (NCCL).
+  in.staged_reduce = s.device == DeviceKind::Cpu;
   if (const auto* a = dynamic_cast<const ActivationMemory*>(&model)) {
     const int64_t seq = plan.samples_per_step > 0 ? plan.tokens_per_step / plan.samples_per_step : 1;
     in.layers = a->activations(s.deterministic ? 1 : s.batch_size, seq, plan.dtypes.compute);

@@ -6,7 +6,7 @@
 #include <map>
 
 #include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
+#include <ATen/ops/maximum.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "failure_flag.h"
@@ -23,21 +23,29 @@ c10d::ReduceOp to_c10d(ReduceOp op, bool native_average) {
   return c10d::ReduceOp(c10d::ReduceOp::SUM);
 }
 
-// output := op over the n slices of `received` (rank order), summed in fp32 or wider: straight
-// into `output` when it has the accumulation dtype (the same additions in the same order, so the
-// same bits, without a temporary of its size).
-void reduce_slices(const at::Tensor& received, at::Tensor& output, ReduceOp op, int64_t n) {
+// output := op over the n slices of the reduce-scatter in rank order: this rank's own (`me`) from
+// `input`, the others from `received` (rank order; with a slot of its own at `me` when `own_slot`),
+// summed in fp32 or wider: straight into `output` when it has the accumulation dtype (the same
+// additions in the same order, so the same bits, without a temporary of its size).
+void reduce_slices(const at::Tensor& input, const at::Tensor& received, bool own_slot, int64_t me, at::Tensor& output,
+                   ReduceOp op, int64_t n) {
   at::NoGradGuard no_grad;
-  at::Tensor slices = received.view({n, output.numel()});
-  if (op == ReduceOp::Max) {
-    output.copy_(std::get<0>(slices.max(0)));
-    return;
+  const int64_t m = output.numel();
+  at::Tensor others = received.view({own_slot ? n : n - 1, m});
+  auto slice = [&](int64_t j) {
+    return j == me ? input.view({n, m})[me] : others[own_slot || j < me ? j : j - 1];
+  };
+  const auto acc_type = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const bool in_place = output.scalar_type() == acc_type && op != ReduceOp::Max;
+  at::Tensor sum = in_place ? output.view({-1}) : at::empty({m}, output.options().dtype(acc_type));
+  if (op == ReduceOp::Max) sum = at::empty({m}, input.options());
+  sum.copy_(slice(0));
+  for (int64_t r = 1; r < n; ++r) {
+    if (op == ReduceOp::Max)
+      at::maximum_out(sum, sum, slice(r));
+    else
+      sum.add_(slice(r));
   }
-  const auto acc_type = slices.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const bool in_place = output.scalar_type() == acc_type;
-  at::Tensor sum = in_place ? output.view({-1}) : at::empty({output.numel()}, output.options().dtype(acc_type));
-  sum.copy_(slices[0]);
-  for (int64_t r = 1; r < n; ++r) sum.add_(slices[r]);
   if (op == ReduceOp::Avg) sum.div_(n);
   if (!in_place) output.copy_(sum.view_as(output));
 }
@@ -102,15 +110,29 @@ Work BackendCommunicator::reduce_scatter(at::Tensor output, at::Tensor input, Re
 }
 
 Work BackendCommunicator::reduce_scatter_by_all_to_all(uint64_t id, at::Tensor output, at::Tensor input, ReduceOp op) {
-  at::Tensor received = at::empty_like(input);
-  std::vector<int64_t> even;
+  // The first and the last rank send nothing to themselves (their own slice, at one end of the
+  // input, is read from it), so their receive buffer is (n - 1) / n of the input: at two ranks,
+  // every rank's is half. Gloo's all-to-all takes one contiguous input, so a rank in between
+  // exchanges the whole.
+  const int64_t n = size(), me = rank(), m = output.numel();
+  const bool own_slot = me != 0 && me != n - 1;
+  at::Tensor flat = input.view({-1});
+  at::Tensor send = own_slot ? flat : flat.narrow(0, me == 0 ? m : 0, (n - 1) * m);
+  at::Tensor received = at::empty({own_slot ? n * m : (n - 1) * m}, input.options());
+  // Split sizes on every rank, so that every rank runs Gloo's alltoallv (not its even alltoall);
+  // two vectors, as ProcessGroupGloo moves from each.
+  std::vector<int64_t> in_splits(static_cast<size_t>(n), m);
+  if (!own_slot) in_splits[static_cast<size_t>(me)] = 0;
+  std::vector<int64_t> out_splits = in_splits;
   c10d::AllToAllOptions opts;
   opts.timeout = timeout_;
-  const int64_t n = size();
   return issue(
-      "reduce_scatter", id, [&] { return C10dWorks{backend_->alltoall_base(received, input, even, even, opts)}; },
-      [received, output, op, n]() mutable {
-        reduce_slices(received, output, op, n);
+      "reduce_scatter", id,
+      [&] {  // one rank: nothing to exchange, its slice is the result
+        return n == 1 ? C10dWorks{} : C10dWorks{backend_->alltoall_base(received, send, out_splits, in_splits, opts)};
+      },
+      [flat, received, own_slot, me, output, op, n]() mutable {
+        reduce_slices(flat, received, own_slot, me, output, op, n);
         free_now(received);  // now: Gloo's bookkeeping of the finished work may hold it a while
       });
 }

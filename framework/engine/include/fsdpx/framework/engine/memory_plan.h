@@ -49,7 +49,8 @@ struct StepMemoryInput {
   int prefetch = 1;
   bool deterministic = false;
   int64_t forwards = 1;  // forward-backward passes per step: micro-batches, or samples (deterministic)
-  // Gloo: the reduce-scatter is an all-to-all, whose receive buffer is as large as its input.
+  // Gloo: the reduce-scatter is an all-to-all, whose receive buffer holds every rank's slice but
+  // this rank's own on the first and last rank ((S - 1) / S of its input), the whole in between.
   bool staged_reduce = true;
   bool clip_grad_norm = false;
   // cpu_offload on a device: shards, gradient shards and optimizer state in host memory; a unit's
