@@ -53,9 +53,11 @@ def parse_args():
     p.add_argument("--layers", default="2,8", help="the two depths of part 1")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"), help="both sides' optimizer")
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16_mixed"), help="both sides' precision")
-    p.add_argument("--options", default="--optimizer-in-backward",
+    p.add_argument("--options", default="--optimizer-in-backward,units,units+--optimizer-in-backward",
                    help="fsdpx-train memory options measured one at a time at part 1's deeper depth "
-                        "(comma-separated; '' for none)")
+                        "(comma-separated; '+' joins options into one run; 'units' makes the embedding and the "
+                        "output projection units of their own, --wrap.layer_types Block,Embedding,Output, "
+                        "and adds FSDP2 with the same units, as torchtitan shards them; '' for none)")
     p.add_argument("--budget-gib", type=float, default=16.0, help="memory per node for part 2")
     p.add_argument("--max-layers", type=int, default=96, help="part 2 searches 1..this")
     p.add_argument("--skip-largest", action="store_true", help="leave out part 2 (it takes tens of minutes)")
@@ -66,6 +68,15 @@ def parse_args():
     p.add_argument("--work", default="", help="keep every run's files here (default: a temporary directory)")
     p.add_argument("--json", default="", help="also write the figures as JSON to this file")
     return p.parse_args()
+
+
+def option_args(option):
+    """fsdpx-train's arguments for one entry of --options: flags joined by '+'; 'units' is the
+    embedding and the output projection as units of their own."""
+    out = []
+    for o in option.split("+"):
+        out += ["--wrap.layer_types", "Block,Embedding,Output"] if o == "units" else [o]
+    return out
 
 
 class Budget:
@@ -152,20 +163,26 @@ class Bench:
         self.data = compare.make_tokens(os.path.join(a.work, "tokens.bin"))
 
     def fsdpx_cmd(self, train, layers, out, steps, extra=(), size="1b"):
+        extra = [x for o in extra for x in option_args(o)]
+        types = "Block"
+        if "--wrap.layer_types" in extra:  # an option's layer types replace Block
+            i = extra.index("--wrap.layer_types")
+            types = extra[i + 1]
+            extra = extra[:i] + extra[i + 2:]
         return [train, "--nproc-per-node", str(self.a.nproc), "--model.size", size, "--model.layers", str(layers),
                 "--data.name", "tokens", "--data.path", self.data, "--data.dtype", "uint16", "--data.seq",
-                str(self.a.seq), "--batch-size", "1", "--optimizer.name", self.a.optimizer, "--wrap.layer_types", "Block",
+                str(self.a.seq), "--batch-size", "1", "--optimizer.name", self.a.optimizer, "--wrap.layer_types", types,
                 "--precision.name", self.a.precision,
                 "--steps", str(steps), "--log-every", "1", "--peak-tflops", "1", "--skip-memory-check",
                 "--out", out, *extra]
 
-    def fsdp2_cmd(self, layers, out, steps):
+    def fsdp2_cmd(self, layers, out, steps, units=False):
         return [self.a.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.a.nproc),
                 os.path.join(HERE, "vs_fsdp2", "gpt_fsdp2.py"), "--size", "1b", "--layers", str(layers),
                 "--data", self.data, "--seq", str(self.a.seq), "--batch-size", "1", "--steps", str(steps),
                 "--sharding", "full_shard", "--precision", self.a.precision, "--optimizer", self.a.optimizer, "--out", out,
                 "--quiet",
-                "--fsdpx-lib", self.lib]
+                "--fsdpx-lib", self.lib] + (["--embedding-units"] if units else [])
 
     def peaks(self, side, layers, option=""):
         """The largest allocated step peak and the peak RSS over the run's steps (max over ranks)."""
@@ -177,7 +194,8 @@ class Bench:
             steps = compare.read_steps(os.path.join(d, "metrics.jsonl"), self.a.steps)
             rss = max(max(s["peak_rss_bytes"]) for s in steps)
         else:
-            compare.run(self.fsdp2_cmd(layers, d + ".jsonl", self.a.steps), d + ".log", self.a.timeout, self.env)
+            cmd = self.fsdp2_cmd(layers, d + ".jsonl", self.a.steps, units=option == "units")
+            compare.run(cmd, d + ".log", self.a.timeout, self.env)
             steps = compare.read_steps(d + ".jsonl", self.a.steps)
             rss = max(s["peak_rss_bytes"] for s in steps)
         return max(s["step_peak_allocated_bytes"] for s in steps), rss
@@ -188,6 +206,8 @@ class Bench:
         shard = self.layer_shard_bytes()
         options = [o for o in self.a.options.split(",") if o]
         with_option = {o: self.peaks("fsdpx", hi, o) for o in options}
+        units = any("units" in o.split("+") for o in options)
+        fsdp2_units = self.peaks("fsdp2", hi, "units") if units else None
         name = {"sgd": "SGD", "adamw": "AdamW"}[self.a.optimizer]
         print(f"\n1. Peak per rank, gpt 1b width, {self.a.precision}, {name}, {self.a.nproc} ranks, 1 x {self.a.seq} "
               f"tokens per rank "
@@ -198,9 +218,13 @@ class Bench:
             print(f"   {f'{L} layers':22} {fa / GiB:9.2f} GiB {ta / GiB:8.2f} GiB {fa / ta:6.2f}   "
                   f"{fr / GiB:7.2f} GiB {tr / GiB:6.2f} GiB {fr / tr:6.2f}")
         for o, (fa, fr) in with_option.items():
-            ta, tr = fig["fsdp2"][hi]
-            print(f"   {hi} layers, fsdpx with {o}:\n   {'':22} {fa / GiB:9.2f} GiB {ta / GiB:8.2f} GiB {fa / ta:6.2f}   "
-                  f"{fr / GiB:7.2f} GiB {tr / GiB:6.2f} GiB {fr / tr:6.2f}")
+            against = [("FSDP2, Blocks", fig["fsdp2"][hi])]
+            if fsdp2_units and "units" in o.split("+"):
+                against.append(("FSDP2, same units", fsdp2_units))
+            print(f"   {hi} layers, fsdpx with {o}:")
+            for label, (ta, tr) in against:
+                print(f"   {'  vs ' + label:22} {fa / GiB:9.2f} GiB {ta / GiB:8.2f} GiB {fa / ta:6.2f}   "
+                      f"{fr / GiB:7.2f} GiB {tr / GiB:6.2f} GiB {fr / tr:6.2f}")
         growth = {s: [(fig[s][hi][k] - fig[s][lo][k]) / (hi - lo) for k in (0, 1)] for s in fig}
         print(f"   {'growth per layer':22} {growth['fsdpx'][0] / MiB:8.0f} MiB {growth['fsdp2'][0] / MiB:7.0f} MiB "
               f"{growth['fsdpx'][0] / growth['fsdp2'][0]:6.2f}   {growth['fsdpx'][1] / MiB:6.0f} MiB "
@@ -209,6 +233,7 @@ class Bench:
               f"{growth['fsdpx'][0] / shard:.3f}x that")
         return {"depths": [lo, hi], "layer_shard_bytes": shard, "optimizer": self.a.optimizer,
                 "options": {o: {"allocated": v[0], "rss": v[1]} for o, v in with_option.items()},
+                "fsdp2_units": {"allocated": fsdp2_units[0], "rss": fsdp2_units[1]} if fsdp2_units else None,
                 "peaks": {s: {str(L): {"allocated": v[0], "rss": v[1]} for L, v in fig[s].items()} for s in fig},
                 "growth_per_layer": {s: {"allocated": g[0], "rss": g[1]} for s, g in growth.items()}}
 
@@ -269,8 +294,8 @@ class Bench:
     def step_time(self, train, size, layers, d, option=""):
         shutil.rmtree(d, ignore_errors=True)
         extra = ["--skip-memory-check"] if train == self.train else []
-        extra += [option] if option else []
-        cmd = [x for x in self.fsdpx_cmd(train, layers, d, 6, size=size) if x != "--skip-memory-check"] + extra
+        cmd = [x for x in self.fsdpx_cmd(train, layers, d, 6, [option] if option else [], size=size)
+               if x != "--skip-memory-check"] + extra
         if size == "small":
             cmd[cmd.index("--batch-size") + 1] = "8"
             cmd[cmd.index("--data.seq") + 1] = "128"

@@ -69,6 +69,9 @@ def parse_args():
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every rank")
     p.add_argument("--parity", type=float, default=None, metavar="TOL",
                    help="exit 1 when any step's |fsdpx loss - FSDP2 loss| exceeds TOL")
+    p.add_argument("--embedding-units", action="store_true",
+                   help="the embedding and the output projection are units of their own on both sides, as torchtitan "
+                        "shards them (fsdpx --wrap.layer_types Block,Embedding,Output; the mirror's --embedding-units)")
     p.add_argument("--no-floor", action="store_true", help="skip the 1-rank fsdpx runs")
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed to each run")
     p.add_argument("--work", default="", help="keep every run's files here (default: a temporary directory, removed)")
@@ -182,7 +185,8 @@ class Bench:
         cmd = [self.train, "--nproc-per-node", str(nproc), "--device", a.device,
                "--model.name", "gpt", "--model.size", size,
                "--data.name", "tokens", "--data.path", a.data, "--data.dtype", "uint16", "--data.seq", str(self.seq(size)),
-               "--sharding.name", sharding, "--wrap.name", "layer_type", "--wrap.layer_types", "Block",
+               "--sharding.name", sharding, "--wrap.name", "layer_type",
+               "--wrap.layer_types", "Block,Embedding,Output" if a.embedding_units else "Block",
                "--precision.name", precision, "--optimizer.name", optimizer,
                "--steps", str(a.steps), "--batch-size", str(a.batch_size), "--seed", str(a.seed),
                "--log-every", "1", "--peak-tflops", "1", "--out", out] + extra
@@ -198,6 +202,8 @@ class Bench:
                                "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--seed", str(a.seed),
                                "--sharding", sharding, "--precision", precision, "--optimizer", optimizer,
                                "--init-from", init, "--device", a.device, "--out", out, "--quiet"]
+        if a.embedding_units:
+            cmd.append("--embedding-units")
         if a.lr is not None:
             cmd += ["--lr", repr(a.lr)]
         return cmd

@@ -141,20 +141,39 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+class Embedding(nn.Module):
+    def __init__(self, vocab, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab, dim))
+
+    def forward(self, tokens):
+        return F.embedding(tokens, self.weight)
+
+
+class Output(nn.Module):
+    def __init__(self, vocab, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab, dim))
+
+    def forward(self, h):
+        return F.linear(h, self.weight)
+
+
 class Transformer(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.config = c
-        self.tok_embeddings = nn.Parameter(torch.empty(c["vocab"], c["dim"]))
+        self.tok_embeddings = Embedding(c["vocab"], c["dim"])
         self.layers = nn.ModuleList(Block(c) for _ in range(c["layers"]))
         self.norm = RMSNorm(c["dim"], c["norm_eps"])
-        self.output = None if c["tie_embeddings"] else nn.Parameter(torch.empty(c["vocab"], c["dim"]))
+        self.output = None if c["tie_embeddings"] else Output(c["vocab"], c["dim"])
 
     def forward(self, tokens):
-        h = F.embedding(tokens, self.tok_embeddings)
+        h = self.tok_embeddings(tokens)
         for block in self.layers:
             h = block(h)
-        return F.linear(self.norm(h), self.tok_embeddings if self.output is None else self.output)
+        h = self.norm(h)
+        return F.linear(h, self.tok_embeddings.weight) if self.output is None else self.output(h)
 
 
 def loss_of(model, inputs, targets):
@@ -489,6 +508,9 @@ def parse_args(argv=None):
     g.add_argument("--steps", type=int, default=10)
     g.add_argument("--seed", type=int, default=0, help="seed of the data order (and of the parameters without --init-from)")
     g.add_argument("--sharding", choices=["full_shard", "shard_grad_op", "no_shard"], default="full_shard")
+    g.add_argument("--embedding-units", action="store_true",
+                   help="tok_embeddings and output are units of their own, as torchtitan shards them "
+                        "(fsdpx: --wrap.layer_types Block,Embedding,Output)")
     g.add_argument("--precision", choices=["fp32", "bf16_mixed"], default="fp32")
     g.add_argument("--optimizer", choices=["sgd", "adamw"], default="adamw")
     g.add_argument("--lr", type=float, default=None, help="peak lr (default: the optimizer's fsdpx default, 1e-2 sgd, 1e-3 adamw)")
@@ -519,7 +541,7 @@ def parse_args(argv=None):
 
 def shard_model(model, a, world, device_type):
     """fsdpx's strategies as FSDP2 calls: every Block a unit (fsdpx's layer_type wrap of Block),
-    the rest the root's.
+    with --embedding-units tok_embeddings and output too (Block,Embedding,Output), the rest the root's.
 
     full_shard:    fully_shard(reshard_after_forward=True) on every Block; the root as below.
     shard_grad_op: the same with reshard_after_forward=False (ZeRO-2: gathered once per step).
@@ -547,8 +569,13 @@ def shard_model(model, a, world, device_type):
                                        output_dtype=torch.float32, cast_forward_inputs=True)
     else:
         mp = mp_root = MixedPrecisionPolicy()
-    for block in model.layers:
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    units = list(model.layers)
+    if a.embedding_units:  # torchtitan's: the embedding and the output projection on their own
+        if model.output is None:
+            raise SystemExit("--embedding-units needs untied embeddings (the output projection uses the embedding)")
+        units = [model.tok_embeddings] + units + [model.output]
+    for unit in units:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     # The root: fsdpx never reshards its root unit after forward (its backward starts with it).
     # FSDP2 does the same when reshard_after_forward is left unset (None) on the root; set to True
     # explicitly, torch 2.11 frees the root's parameters after forward and gathers them again in

@@ -352,6 +352,49 @@ TEST(OptimizerInBackward, TheSdkDefaultsSayNo) {
 // gpt of 8 blocks 64 wide, 32 x 128 tokens per rank, every Block recomputed, 2 ranks on sim, with
 // and without --activation-offload Block. The forward's input of each block (1 MiB) is what
 // activation checkpointing keeps; offloaded, at most two are on the device at once.
+// gpt's embedding and output projection as units of their own (torchtitan's wrapping), at 2
+// ranks with a vocabulary that makes them most of the model: the same loss bits as Blocks alone
+// (a reduction over two ranks adds the same two values whatever the grouping), a lower measured
+// peak, and the plan predicts both within 10%. On sim as on the CPU.
+class EmbeddingUnits : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EmbeddingUnits, TheSameBitsAndALowerPeakThePlanPredicts) {
+  test::TempDir dir;
+  OptionRuns r = run_without_and_with(
+      dir.path(),
+      "--nproc-per-node 2 --device " + GetParam() +
+          " --model.vocab 8192 --model.layers 4 --data.name synthetic --data.vocab 8192 --data.seq 16 "
+          "--batch-size 1 --optimizer.name adamw --peak-tflops 1 --steps 3 --log-every 1",
+      "--wrap.layer_types Block,Embedding,Output");
+  ASSERT_EQ(r.losses["without"].size(), 3u);
+  EXPECT_EQ(r.losses["with"], r.losses["without"]);
+  for (const std::string way : {"without", "with"})
+    EXPECT_NEAR(r.measured(way) / r.predicted(way), 1.0, 0.10) << way << ": " << r.plan[way]["memory"].dump();
+  // The two tables (8192 x 64, fp32) are 2 MiB each: no longer gathered through the whole step.
+  EXPECT_LT(r.measured("with"), 0.85 * r.measured("without"));
+  std::vector<std::string> units;
+  for (const auto& u : r.plan["with"]["units"]) units.push_back(u["unit"].get<std::string>());
+  EXPECT_EQ(units.front(), "");  // the root, then the units in forward order
+  EXPECT_NE(std::find(units.begin(), units.end(), "tok_embeddings"), units.end()) << r.plan["with"]["units"].dump();
+  EXPECT_NE(std::find(units.begin(), units.end(), "output"), units.end()) << r.plan["with"]["units"].dump();
+  std::printf("gpt tiny, vocabulary 8192, 2 ranks, %s: peak %.2f MiB with Blocks as units, %.2f MiB with the "
+              "embedding and output too (%.3fx)\n",
+              GetParam().c_str(), r.measured("without") / (1 << 20), r.measured("with") / (1 << 20),
+              r.measured("with") / r.measured("without"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, EmbeddingUnits, ::testing::Values("cpu", "sim"));
+
+// Tied to the output projection, the embedding's table is used after the last layer: refused as
+// a unit in one line that lists the layer types that can be.
+TEST(EmbeddingUnits, ATiedEmbeddingIsRefused) {
+  expect_refused(" --data.name synthetic --data.seq 16 --batch-size 2 --steps 1 --model.tie_embeddings true ",
+                 {{"--wrap.layer_types Block,Embedding",
+                   "unit 'tok_embeddings' is a Embedding, which fsdpx cannot hook: only layers declared with "
+                   "FSDPX_MODULE (fsdpx/unit.h) can be units; this model's wrappable layer types: Block, Attention, "
+                   "FeedForward"}});
+}
+
 const char* const kOffloadRun = " --nproc-per-node 2 --device sim --model.dim 64 --model.heads 2 --model.layers 8 "
                                 "--model.seq 128 --data.seq 128 --data.name synthetic --batch-size 32 --steps 2 "
                                 "--log-every 1 --activation-checkpointing Block ";

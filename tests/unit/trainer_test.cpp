@@ -272,7 +272,7 @@ TEST(Trainer, InitFromStartsFromSavedWeights) {
        "the file holds tensor 'layers.1.attention.wk', which is not a parameter of this model; did you "
        "mean 'layers.0.attention.wk'?"},
       {"--model.layers 3", "model.safetensors has no tensor 'layers.2.attention_norm.weight'"},
-      {"--model.dim 32", "tensor 'tok_embeddings' has shape [256, 64], the run's is [256, 32]"},
+      {"--model.dim 32", "tensor 'tok_embeddings.weight' has shape [256, 64], the run's is [256, 32]"},
       {"--seed 1", "--init-from /nonexistent/w does not exist"},
       {"--out " + (d / "seed0" / "run").string(), "is inside --save-init " + (d / "seed0").string()}};
   for (const auto& [args, expect] : refused) {

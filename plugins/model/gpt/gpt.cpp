@@ -7,7 +7,8 @@
 // Parameters are created deferred (fsdpx::deferred_tensor): nothing is allocated until the
 // sharding engine materialises them one at a time (init_parameter), so even the 7b size plans
 // in an instant.
-// Block, Attention and FeedForward are declared with FSDPX_MODULE: any of them can be a unit.
+// Block, Attention, FeedForward, Embedding and Output are declared with FSDPX_MODULE: any of them
+// can be a unit (torchtitan shards tok_embeddings and output as units of their own).
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -139,24 +140,61 @@ struct BlockImpl : torch::nn::Module {
 };
 FSDPX_MODULE(Block);
 
+// The token embedding, a [vocab, dim] table (torchtitan's tok_embeddings).
+struct EmbeddingImpl : torch::nn::Module {
+  EmbeddingImpl(int64_t vocab, int64_t dim) : torch::nn::Module("Embedding") {
+    weight = register_parameter("weight", deferred({vocab, dim}));
+  }
+  at::Tensor forward(const at::Tensor& tokens) { return at::embedding(weight, tokens); }
+  at::Tensor weight;
+};
+FSDPX_MODULE(Embedding);
+// Tied to the output projection, the table is used again after the last layer, outside the
+// embedding's forward: such an embedding cannot be a unit, so its holder is not wrappable and
+// the engine refuses it by name.
+struct TiedEmbeddingImpl : EmbeddingImpl {
+  using EmbeddingImpl::EmbeddingImpl;
+};
+TORCH_MODULE(TiedEmbedding);
+
+// The output projection to the vocabulary, [vocab, dim], without bias (torchtitan's output).
+struct OutputImpl : torch::nn::Module {
+  OutputImpl(int64_t vocab, int64_t dim) : torch::nn::Module("Output") {
+    weight = register_parameter("weight", deferred({vocab, dim}));
+  }
+  at::Tensor forward(const at::Tensor& h) { return fsdpx::linear(h, weight); }
+  at::Tensor weight;
+};
+FSDPX_MODULE(Output);
+
 struct TransformerImpl : torch::nn::Module {
   TransformerImpl(const Config& c) : torch::nn::Module("Transformer"), config(c) {
-    tok_embeddings = register_parameter("tok_embeddings", deferred({c.vocab, c.dim}));
+    if (c.tie_embeddings)
+      tied_embeddings = register_module("tok_embeddings", TiedEmbedding(c.vocab, c.dim));
+    else
+      tok_embeddings = register_module("tok_embeddings", Embedding(c.vocab, c.dim));
     layers = register_module("layers", torch::nn::ModuleList());
     for (int64_t i = 0; i < c.layers; ++i) {
       blocks.push_back(Block(c));
       layers->push_back(blocks.back());
     }
     norm = register_module("norm", RMSNorm(c.dim, c.norm_eps));
-    if (!c.tie_embeddings) output = register_parameter("output", deferred({c.vocab, c.dim}));
+    if (!c.tie_embeddings) output = register_module("output", Output(c.vocab, c.dim));
   }
   at::Tensor forward(const at::Tensor& tokens) {
-    at::Tensor h = at::embedding(tok_embeddings, tokens);
+    if (config.tie_embeddings) {
+      at::Tensor h = tied_embeddings->forward(tokens);
+      for (auto& block : blocks) h = block(h);
+      return fsdpx::linear(norm(h), tied_embeddings->weight);
+    }
+    at::Tensor h = tok_embeddings(tokens);
     for (auto& block : blocks) h = block(h);
-    return fsdpx::linear(norm(h), config.tie_embeddings ? tok_embeddings : output);
+    return output(norm(h));
   }
   Config config;
-  at::Tensor tok_embeddings, output;
+  Embedding tok_embeddings{nullptr};
+  TiedEmbedding tied_embeddings{nullptr};
+  Output output{nullptr};
   torch::nn::ModuleList layers{nullptr};
   std::vector<Block> blocks;
   RMSNorm norm{nullptr};
@@ -179,8 +217,8 @@ const std::vector<std::pair<std::string, std::string>>& layer_names() {
 }
 
 std::string hf_name_of(const std::string& name) {
-  if (name == "tok_embeddings") return "model.embed_tokens.weight";
-  if (name == "output") return "lm_head.weight";
+  if (name == "tok_embeddings.weight") return "model.embed_tokens.weight";
+  if (name == "output.weight") return "lm_head.weight";
   if (name == "norm.weight") return "model.norm.weight";
   static const std::regex layer(R"(layers\.([0-9]+)\.(.+))");
   std::smatch m;
@@ -227,11 +265,14 @@ std::vector<fsdpx::LayerActivations> gpt_activations(const Config& c, int64_t ba
     out.back().path = p + "feed_forward";
   }
   out.push_back(norm("norm"));
-  // The output projection and the loss: log_softmax keeps its fp32 output; the fp32 logits are
-  // a temporary (below fp32, the logits in the compute dtype go once cast); its backward holds
-  // three N x V fp32 tensors at once.
+  // The output projection (its input is the final norm's output, counted there); its backward
+  // holds the logits' fp32 gradient (and below fp32 its cast) with the input's gradient.
   const int64_t NV = N * V;
-  out.push_back({"output", 4 * NV, x, 4 * NV, 12 * NV + x});
+  out.push_back({"output", 0, x, 0, 4 * NV + (fp32 ? 0 : NV * e) + x});
+  // The loss, the root's own code after the model's output: log_softmax keeps its fp32 output;
+  // the fp32 logits are a temporary (below fp32, the logits in the compute dtype go once cast);
+  // its backward holds three N x V fp32 tensors at once.
+  out.push_back({"loss", 4 * NV, NV * e, 4 * NV, 12 * NV + x});
   return out;
 }
 
@@ -290,7 +331,11 @@ class Gpt final : public fsdpx::Model,
     return s;
   }
 
-  std::vector<std::string> layer_types() const override { return {"Block", "Attention", "FeedForward"}; }
+  // Tied, the embedding's table is used after the last layer too: it cannot be a unit.
+  std::vector<std::string> layer_types() const override {
+    if (config_.tie_embeddings) return {"Block", "Attention", "FeedForward"};
+    return {"Block", "Attention", "FeedForward", "Embedding", "Output"};
+  }
   std::vector<fsdpx::LayerActivations> activations(int64_t batch, int64_t seq, c10::ScalarType compute) const override {
     return gpt_activations(config_, batch, seq, compute);
   }

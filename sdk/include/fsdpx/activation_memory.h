@@ -19,8 +19,8 @@ namespace fsdpx {
 
 // What one layer of the model holds in one forward and backward, in bytes on one rank.
 struct LayerActivations {
-  // The layer's module path, e.g. "layers.3.feed_forward", or a parameter's name for code of the
-  // model's own (e.g. "output"). The unit whose path prefixes it holds the layer (else the root);
+  // The layer's module path, e.g. "layers.3.feed_forward", or a name of the model's own for code
+  // outside any module (e.g. "loss"). The unit whose path prefixes it holds the layer (else the root);
   // the parameters whose names it prefixes (or equals) get their gradients in its backward.
   std::string path;
   int64_t saved = 0;  // kept by its forward for its backward (freed as its backward runs)
