@@ -141,20 +141,20 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-class Embedding(nn.Module):
+class VocabTable(nn.Module):
+    """A [vocab, dim] table: the weight of gpt.cpp's Embedding and Output."""
+
     def __init__(self, vocab, dim):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab, dim))
 
+
+class Embedding(VocabTable):
     def forward(self, tokens):
         return F.embedding(tokens, self.weight)
 
 
-class Output(nn.Module):
-    def __init__(self, vocab, dim):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab, dim))
-
+class Output(VocabTable):
     def forward(self, h):
         return F.linear(h, self.weight)
 

@@ -140,13 +140,18 @@ struct BlockImpl : torch::nn::Module {
 };
 FSDPX_MODULE(Block);
 
-// The token embedding, a [vocab, dim] table (torchtitan's tok_embeddings).
-struct EmbeddingImpl : torch::nn::Module {
-  EmbeddingImpl(int64_t vocab, int64_t dim) : torch::nn::Module("Embedding") {
+// A [vocab, dim] table, the weight of the token embedding and of the output projection.
+struct VocabTable : torch::nn::Module {
+  VocabTable(const std::string& type, int64_t vocab, int64_t dim) : torch::nn::Module(type) {
     weight = register_parameter("weight", deferred({vocab, dim}));
   }
-  at::Tensor forward(const at::Tensor& tokens) { return at::embedding(weight, tokens); }
   at::Tensor weight;
+};
+
+// The token embedding (torchtitan's tok_embeddings).
+struct EmbeddingImpl : VocabTable {
+  EmbeddingImpl(int64_t vocab, int64_t dim) : VocabTable("Embedding", vocab, dim) {}
+  at::Tensor forward(const at::Tensor& tokens) { return at::embedding(weight, tokens); }
 };
 FSDPX_MODULE(Embedding);
 // Tied to the output projection, the table is used again after the last layer, outside the
@@ -157,13 +162,10 @@ struct TiedEmbeddingImpl : EmbeddingImpl {
 };
 TORCH_MODULE(TiedEmbedding);
 
-// The output projection to the vocabulary, [vocab, dim], without bias (torchtitan's output).
-struct OutputImpl : torch::nn::Module {
-  OutputImpl(int64_t vocab, int64_t dim) : torch::nn::Module("Output") {
-    weight = register_parameter("weight", deferred({vocab, dim}));
-  }
+// The output projection to the vocabulary, without bias (torchtitan's output).
+struct OutputImpl : VocabTable {
+  OutputImpl(int64_t vocab, int64_t dim) : VocabTable("Output", vocab, dim) {}
   at::Tensor forward(const at::Tensor& h) { return fsdpx::linear(h, weight); }
-  at::Tensor weight;
 };
 FSDPX_MODULE(Output);
 
