@@ -349,9 +349,6 @@ TEST(OptimizerInBackward, TheSdkDefaultsSayNo) {
   }
 }
 
-// gpt of 8 blocks 64 wide, 32 x 128 tokens per rank, every Block recomputed, 2 ranks on sim, with
-// and without --activation-offload Block. The forward's input of each block (1 MiB) is what
-// activation checkpointing keeps; offloaded, at most two are on the device at once.
 // gpt's embedding and output projection as units of their own (torchtitan's wrapping), at 2
 // ranks with a vocabulary that makes them most of the model: the same loss bits as Blocks alone
 // (a reduction over two ranks adds the same two values whatever the grouping), a lower measured
@@ -374,7 +371,7 @@ TEST_P(EmbeddingUnits, TheSameBitsAndALowerPeakThePlanPredicts) {
   EXPECT_LT(r.measured("with"), 0.85 * r.measured("without"));
   std::vector<std::string> units;
   for (const auto& u : r.plan["with"]["units"]) units.push_back(u["unit"].get<std::string>());
-  EXPECT_EQ(units.front(), "");  // the root, then the units in forward order
+  EXPECT_EQ(units.front(), "");  // the root, then the units in module order
   EXPECT_NE(std::find(units.begin(), units.end(), "tok_embeddings"), units.end()) << r.plan["with"]["units"].dump();
   EXPECT_NE(std::find(units.begin(), units.end(), "output"), units.end()) << r.plan["with"]["units"].dump();
   std::printf("gpt tiny, vocabulary 8192, 2 ranks, %s: peak %.2f MiB with Blocks as units, %.2f MiB with the "
@@ -395,6 +392,9 @@ TEST(EmbeddingUnits, ATiedEmbeddingIsRefused) {
                    "FeedForward"}});
 }
 
+// gpt of 8 blocks 64 wide, 32 x 128 tokens per rank, every Block recomputed, 2 ranks on sim, with
+// and without --activation-offload Block. The forward's input of each block (1 MiB) is what
+// activation checkpointing keeps; offloaded, at most two are on the device at once.
 const char* const kOffloadRun = " --nproc-per-node 2 --device sim --model.dim 64 --model.heads 2 --model.layers 8 "
                                 "--model.seq 128 --data.seq 128 --data.name synthetic --batch-size 32 --steps 2 "
                                 "--log-every 1 --activation-checkpointing Block ";

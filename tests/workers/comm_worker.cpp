@@ -84,15 +84,24 @@ void collectives(Communicator& c) {
       std::vector<at::Tensor> parts;
       for (int k = 0; k < w; ++k) parts.push_back(values(k, n, dtype));
       expect_equal(out, at::cat(parts), "all_gather" + at_);
-      // reduce_scatter: this rank's slice of the elementwise sum (and average).
-      for (auto op : {ReduceOp::Sum, ReduceOp::Avg}) {
+      // reduce_scatter: this rank's slice of the elementwise sum (average, max); on the CPU also
+      // in place, into the input's own slice (NCCL's in-place form).
+      for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+        std::vector<at::Tensor> all;
+        for (int k = 0; k < w; ++k) all.push_back(values(k, n, at::kFloat, r * n));
+        at::Tensor s = at::stack(all);
+        at::Tensor want = op == ReduceOp::Max ? std::get<0>(s.max(0)) : s.sum(0);
+        if (op == ReduceOp::Avg) want /= w;
+        const std::string what =
+            std::string("reduce_scatter ") + (op == ReduceOp::Sum ? "sum" : op == ReduceOp::Avg ? "avg" : "max");
         at::Tensor shard = dev(at::empty({n}, dtype));
         c.reduce_scatter(shard, dev(values(r, w * n, dtype)), op).wait();
-        at::Tensor want = at::zeros({n}, at::kFloat);
-        for (int k = 0; k < w; ++k) want += values(k, n, at::kFloat, r * n);
-        if (op == ReduceOp::Avg) want /= w;
-        expect_equal(shard, want.to(dtype),
-                     std::string(op == ReduceOp::Sum ? "reduce_scatter sum" : "reduce_scatter avg") + at_);
+        expect_equal(shard, want.to(dtype), what + at_);
+        if (!g_device.is_cpu()) continue;
+        at::Tensor input = values(r, w * n, dtype);
+        at::Tensor own = input.narrow(0, r * n, n);
+        c.reduce_scatter(own, input, op).wait();
+        expect_equal(own, want.to(dtype), what + " in place" + at_);
       }
       // all_reduce: sum, average, max.
       for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {

@@ -188,10 +188,13 @@ void Replay::map_layers() {
     if (!has[u]) layers_.push_back(LayerActivations{in_.units[u].fqn, 0, 0, 0, 0});
   first_layer_.assign(units_.size(), layers_.size());
   last_layer_.assign(units_.size(), 0);
+  // The root's forward begins first (ShardingEngine::forward), whatever its first layer is (after
+  // the embedding's unit, gpt's is the final norm); the others as their first layers come.
+  forward_order_.push_back(0);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const int u = unit_of(layers_[l].path);
     layer_unit_.push_back(u);
-    if (first_layer_[static_cast<size_t>(u)] == layers_.size()) forward_order_.push_back(u);
+    if (u != 0 && first_layer_[static_cast<size_t>(u)] == layers_.size()) forward_order_.push_back(u);
     first_layer_[static_cast<size_t>(u)] = std::min(first_layer_[static_cast<size_t>(u)], l);
     last_layer_[static_cast<size_t>(u)] = l;
   }

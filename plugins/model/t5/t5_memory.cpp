@@ -78,7 +78,7 @@ std::vector<fsdpx::LayerActivations> activations(const Config& c, int64_t batch,
   // An untied shared embedding gets its gradient here first (its path names the parameter).
   out.push_back({c.tie_embeddings ? "decoder.embed_tokens" : "shared", 8 * Nd, 0, 0, Nd * z.C * z.e + 16 * Nd});
   add_stack(out, c, z, true);
-  // lm_head and the loss, as gpt's output: log_softmax keeps its fp32 output; the logits are a
+  // lm_head and the loss in one (gpt states them apart): log_softmax keeps its fp32 output; the logits are a
   // temporary; its backward holds three N x V fp32 tensors at once. Tied: the shared embedding's
   // gradient starts here.
   out.push_back({c.tie_embeddings ? "shared" : "lm_head", 4 * NV, Nd * z.C * z.e, 4 * NV, 12 * NV + Nd * z.C * z.e});

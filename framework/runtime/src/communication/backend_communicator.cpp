@@ -36,9 +36,11 @@ void reduce_slices(const at::Tensor& input, const at::Tensor& received, bool own
     return j == me ? input.view({n, m})[me] : others[own_slot || j < me ? j : j - 1];
   };
   const auto acc_type = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const bool in_place = output.scalar_type() == acc_type && op != ReduceOp::Max;
-  at::Tensor sum = in_place ? output.view({-1}) : at::empty({m}, output.options().dtype(acc_type));
-  if (op == ReduceOp::Max) sum = at::empty({m}, input.options());
+  // Not in place where the output is part of the input (the own slice, NCCL's in-place form): it
+  // is read until the last addition.
+  const bool in_place = output.scalar_type() == acc_type && op != ReduceOp::Max && !output.is_alias_of(input);
+  at::Tensor sum = in_place ? output.view({-1})
+                  : at::empty({m}, op == ReduceOp::Max ? input.options() : output.options().dtype(acc_type));
   sum.copy_(slice(0));
   for (int64_t r = 1; r < n; ++r) {
     if (op == ReduceOp::Max)
