@@ -49,8 +49,9 @@ struct StepMemoryInput {
   int prefetch = 1;
   bool deterministic = false;
   int64_t forwards = 1;  // forward-backward passes per step: micro-batches, or samples (deterministic)
-  // Gloo: the reduce-scatter is an all-to-all, whose receive buffer holds every rank's slice but
-  // this rank's own on the first and last rank ((S - 1) / S of its input), the whole in between.
+  // Whether the reduce-scatter's receive buffer is in the planned memory: Gloo's all-to-all on the
+  // CPU (run_plan sets it so), whose buffer holds every rank's slice but this rank's own on the first
+  // and last rank ((S - 1) / S of its input), the whole in between. sim and CUDA have none there.
   bool staged_reduce = true;
   bool clip_grad_norm = false;
   // cpu_offload on a device: shards, gradient shards and optimizer state in host memory; a unit's
