@@ -10,7 +10,11 @@
      peak-allocated ratio fsdpx/FSDP2, and the largest loss difference;
   3. the largest gpt at 1b width (by layers) that trains one step, full_shard and cpu_offload
      (base full_shard), and their ratio: doubling from 16 layers until a run fails, then bisecting;
-  4. the 1b step time with --overlap 1 and --overlap 0.
+  4. the 1b step time with --overlap 1 and --overlap 0;
+  5. the memory options (docs/memory.md): gpt 1b's peak allocated with --optimizer-in-backward, the
+     embedding and output projection as units, activation checkpointing and offload, alone and
+     together, against FSDP2's plain peak and FSDP2 with the same units and checkpointing, each a
+     short run on the same weights and batches (--options picks them, --no-options leaves them out).
 Step times and rates are medians over the steps after the first (it includes warm-up). A run that
 fails ends the script with its log's last lines: the table shows only what was measured.
 
@@ -57,13 +61,21 @@ def parse_args():
     p.add_argument("--seq", type=int, default=2048, help="tokens per sample (gpt 1b's context)")
     p.add_argument("--max-layers", type=int, default=1024, help="the search for the largest model stops here")
     p.add_argument("--no-largest", action="store_true", help="leave out the search for the largest model")
+    p.add_argument("--options", type=option_keys, default=option_keys(DEFAULT_OPTIONS),
+                   help=f"the memory options measured in part 5, comma-separated (default {DEFAULT_OPTIONS}; "
+                        f"all: {','.join(OPTIONS)}): fsdpx-train's --optimizer-in-backward, --wrap.layer_types "
+                        f"{UNITS}, --activation-checkpointing Block, --activation-offload Block; --no-options "
+                        "leaves them out")
+    p.add_argument("--no-options", dest="options", action="store_const", const=[],
+                   help="leave out the memory options' peaks (part 5)")
+    p.add_argument("--options-steps", type=int, default=3, help="steps of each memory option's run")
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each timed run")
     p.add_argument("--probe-timeout", type=float, default=900,
                    help="seconds allowed to each 1-step run of the search (one that takes longer counts as failed)")
     p.add_argument("--work", default="", help="keep every run's files here (default: a temporary directory)")
     p.add_argument("--json", default="", help="also write every figure to this file")
     a = p.parse_args()
-    for name, low in (("steps", 2), ("batch_size", 1), ("seq", 1), ("max_layers", FIRST_LAYERS)):
+    for name, low in (("steps", 2), ("options_steps", 2), ("batch_size", 1), ("seq", 1), ("max_layers", FIRST_LAYERS)):
         if getattr(a, name) < low:
             p.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(a, name)}")
     if a.peak_tflops < 0 or a.timeout <= 0 or a.probe_timeout <= 0:
@@ -116,12 +128,12 @@ class Table:
         self.a, self.train, self.peak = a, train, peak
         self.env = dict(os.environ)
 
-    def fsdpx_cmd(self, out, sharding="full_shard", layers=0, steps=None, extra=()):
+    def fsdpx_cmd(self, out, sharding="full_shard", layers=0, steps=None, extra=(), layer_types="Block"):
         a = self.a
         cmd = [self.train, "--nproc-per-node", "1", "--device", "cuda", "--backend", a.backend,
                "--model.name", "gpt", "--model.size", "1b",
                "--data.name", "tokens", "--data.path", a.data, "--data.dtype", "uint16", "--data.seq", str(a.seq),
-               "--sharding.name", sharding, "--wrap.name", "layer_type", "--wrap.layer_types", "Block",
+               "--sharding.name", sharding, "--wrap.name", "layer_type", "--wrap.layer_types", layer_types,
                "--precision.name", "bf16_mixed", "--optimizer.name", "adamw",
                "--steps", str(steps or a.steps), "--batch-size", str(a.batch_size), "--seed", "0",
                "--log-every", "1", "--peak-tflops", repr(self.peak), "--out", out]
@@ -129,12 +141,13 @@ class Table:
             cmd += ["--model.layers", str(layers)]
         return cmd + list(extra)
 
-    def fsdpx(self, name, extra=()):
+    def fsdpx(self, name, extra=(), steps=None, layer_types="Block"):
         out = os.path.join(self.a.work, name)
         shutil.rmtree(out, ignore_errors=True)
-        t = compare.run(self.fsdpx_cmd(out, extra=extra), out + ".log", self.a.timeout, self.env)
+        t = compare.run(self.fsdpx_cmd(out, steps=steps, extra=extra, layer_types=layer_types), out + ".log",
+                        self.a.timeout, self.env)
         print(f"  fsdpx {name}: {t:.0f} s", flush=True)
-        return compare.read_steps(os.path.join(out, "metrics.jsonl"), self.a.steps)
+        return compare.read_steps(os.path.join(out, "metrics.jsonl"), steps or self.a.steps)
 
     def init_weights(self):
         """gpt 1b's initial weights, whole, written by fsdpx-train --save-init (one step)."""
@@ -148,17 +161,18 @@ class Table:
         print(f"  initial weights {path}: {t:.0f} s", flush=True)
         return path
 
-    def fsdp2(self, init):
+    def fsdp2(self, init, name="fsdp2", steps=None, extra=()):
         a = self.a
-        out = os.path.join(a.work, "fsdp2.jsonl")
+        steps = steps or a.steps
+        out = os.path.join(a.work, name + ".jsonl")
         cmd = [a.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                os.path.join(HERE, "vs_fsdp2", "gpt_fsdp2.py"), "--size", "1b", "--data", a.data, "--seq", str(a.seq),
-               "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--seed", "0", "--sharding", "full_shard",
+               "--batch-size", str(a.batch_size), "--steps", str(steps), "--seed", "0", "--sharding", "full_shard",
                "--precision", "bf16_mixed", "--optimizer", "adamw", "--init-from", init, "--device", "cuda",
-               "--out", out, "--quiet"]
-        t = compare.run(cmd, os.path.join(a.work, "fsdp2.log"), a.timeout, self.env)
-        print(f"  FSDP2: {t:.0f} s", flush=True)
-        return compare.read_steps(out, a.steps)
+               "--out", out, "--quiet", *extra]
+        t = compare.run(cmd, os.path.join(a.work, name + ".log"), a.timeout, self.env)
+        print(f"  {name}: {t:.0f} s", flush=True)
+        return compare.read_steps(out, steps)
 
     def probe(self, layers, sharding):
         """Whether gpt at 1b width with this many layers trains one step: (ok, why not)."""
@@ -228,9 +242,69 @@ def measure(a, table):
     r["memory_ratio"] = r["fsdpx"]["peak_allocated_bytes"] / r["fsdp2"]["peak_allocated_bytes"]
     r["max_abs_loss_diff"] = max(abs(x["loss"] - y["loss"]) for x, y in zip(fx, f2))
     r["overlap_off_step_time_s"] = median(fx_off, "step_time_s")
+    if a.options:
+        r["options"] = measure_options(a, table, init, fx, r["fsdp2"]["peak_allocated_bytes"])
     if not a.no_largest:
         r["largest"] = {s: table.largest(s) for s in ("full_shard", "cpu_offload")}
     return r
+
+
+UNITS = "Block,Embedding,Output"  # the embedding and the output projection as units of their own
+AC = ["--activation-checkpointing", "Block"]
+OIB = ["--optimizer-in-backward"]
+# The memory options (docs/memory.md), each: key -> (fsdpx-train's extra flags, its wrap's layer types, the
+# FSDP2 run that holds the same units and recomputes the same: a key of FSDP2_RUNS).
+OPTIONS = {"oib": (OIB, "Block", "plain"),
+           "units": ([], UNITS, "units"),
+           "units+oib": (OIB, UNITS, "units"),
+           "ac": (AC, "Block", "ac"),
+           "ac+oib": (AC + OIB, "Block", "ac"),
+           "ac+units+oib": (AC + OIB, UNITS, "ac+units"),
+           "ac+offload+units+oib": (AC + ["--activation-offload", "Block"] + OIB, UNITS, "ac+units")}
+DEFAULT_OPTIONS = "ac,ac+oib,ac+offload+units+oib"  # about 90 s on an H200 (the others: --options)
+FSDP2_RUNS = {"units": ["--embedding-units"], "ac": ["--activation-checkpointing"],
+              "ac+units": ["--activation-checkpointing", "--embedding-units"]}
+
+
+def option_keys(text):
+    keys = [k for k in text.split(",") if k]
+    bad = [k for k in keys if k not in OPTIONS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown memory option(s) {', '.join(bad)}: the keys are "
+                                         f"{', '.join(OPTIONS)}")
+    return keys
+
+
+def measure_options(a, table, init, fx, fsdp2_peak):
+    """Peak allocated of each memory option against FSDP2's plain peak (the runs above) and FSDP2 with the
+    same units and recomputation; each option's step time and largest loss difference against a plain run
+    of the same length made here. On CUDA the same run differs from itself by its kernels' order of
+    additions (cuDNN's attention backward, atomics): the plain run's loss difference to the first steps of
+    the timed run above is that noise, the scale the options' differences compare with."""
+    n = min(a.options_steps, a.steps)
+    plain = table.fsdpx("fsdpx-options-plain", ["--init-from", init], steps=n)
+    refs = {"plain": fsdp2_peak}
+    for key in dict.fromkeys(OPTIONS[k][2] for k in a.options):
+        if key not in refs:
+            run = table.fsdp2(init, "fsdp2-" + key.replace("+", "-"), steps=n, extra=FSDP2_RUNS[key])
+            refs[key] = max(s["cuda_peak_allocated_bytes"] for s in run)
+    rows = []
+    for key in a.options:
+        extra, types, ref = OPTIONS[key]
+        run = table.fsdpx("fsdpx-" + key.replace("+", "-"), ["--init-from", init, *extra], steps=n,
+                          layer_types=types)
+        peak = max(s["step_peak_allocated_bytes"] for s in run)
+        rows.append({"option": key, "flags": " ".join(extra + ["--wrap.layer_types", types]),
+                     "peak_allocated_bytes": peak, "vs_fsdp2": peak / fsdp2_peak, "fsdp2_same": ref,
+                     "vs_fsdp2_same": peak / refs[ref], "max_abs_loss_diff_to_plain": loss_diff(run, plain),
+                     "step_time_ratio_to_plain": median(run, "step_time_s") / median(plain, "step_time_s")})
+    return {"steps": n, "plain_peak_allocated_bytes": max(s["step_peak_allocated_bytes"] for s in plain),
+            "plain_step_time_s": median(plain, "step_time_s"), "run_to_run_loss_diff": loss_diff(plain, fx),
+            "fsdp2_peak_allocated_bytes": refs, "rows": rows}
+
+
+def loss_diff(xs, ys):
+    return max(abs(x["loss"] - y["loss"]) for x, y in zip(xs, ys))
 
 
 PHASES = ("forward", "backward", "all_gather_wait", "reduce_scatter_wait", "optimizer", "other")
@@ -274,6 +348,18 @@ def breakdown_rows(ranks, step_time):
             f"{100 * max(values) / step_time:.0f}% of the step" + (f"; per rank {per_rank} ms" if per_rank else ""))
 
 
+def options_rows(o):
+    refs = o["fsdp2_peak_allocated_bytes"]
+    row(f"memory options ({o['steps']} steps each)", "", f"fsdpx plain {gib(o['plain_peak_allocated_bytes'])}, "
+        f"{o['plain_step_time_s'] * 1e3:.1f} ms, |loss diff| to its own first run {o['run_to_run_loss_diff']:.1e}; "
+        "FSDP2 " + ", ".join(f"{k} {gib(v)}" for k, v in refs.items()))
+    for x in o["rows"]:
+        same = "" if x["fsdp2_same"] == "plain" else f", {x['vs_fsdp2_same']:.2f}x FSDP2 {x['fsdp2_same']}"
+        row(f"  {x['option']}", gib(x["peak_allocated_bytes"]),
+            f"{x['vs_fsdp2']:.2f}x FSDP2{same}; step {x['step_time_ratio_to_plain']:.2f}x plain; "
+            f"max |loss diff| to plain {x['max_abs_loss_diff_to_plain']:.1e}")
+
+
 def row(figure, value, detail=""):
     print(f"{figure:<40} {value:>14}   {detail}".rstrip())
 
@@ -309,6 +395,8 @@ def report(a, r, name, count, peak, peak_from):
     row("fsdpx / FSDP2 peak allocated", f"{r['memory_ratio']:.2f}",
         f"fsdpx {gib(fx['peak_allocated_bytes'])}, FSDP2 {gib(f2['peak_allocated_bytes'])} "
         f"(torch.cuda.max_memory_allocated); max |loss diff| {r['max_abs_loss_diff']:.1e}")
+    if "options" in r:
+        options_rows(r["options"])
     if "largest" in r:
         largest_rows(r)
     row("step time, overlap on", f"{fx['step_time_s'] * 1e3:.1f} ms", "--overlap 1 (the runs above)")

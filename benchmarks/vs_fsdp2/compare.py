@@ -72,6 +72,9 @@ def parse_args():
     p.add_argument("--embedding-units", action="store_true",
                    help="the embedding and the output projection are units of their own on both sides, as torchtitan "
                         "shards them (fsdpx --wrap.layer_types Block,Embedding,Output; the mirror's --embedding-units)")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="every Block recomputes its forward in backward on both sides (fsdpx "
+                        "--activation-checkpointing Block; the mirror's --activation-checkpointing)")
     p.add_argument("--no-floor", action="store_true", help="skip the 1-rank fsdpx runs")
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed to each run")
     p.add_argument("--work", default="", help="keep every run's files here (default: a temporary directory, removed)")
@@ -190,6 +193,8 @@ class Bench:
                "--precision.name", precision, "--optimizer.name", optimizer,
                "--steps", str(a.steps), "--batch-size", str(a.batch_size), "--seed", str(a.seed),
                "--log-every", "1", "--peak-tflops", "1", "--out", out] + extra
+        if a.activation_checkpointing:
+            cmd += ["--activation-checkpointing", "Block"]
         if a.lr is not None:
             cmd += ["--optimizer.lr", repr(a.lr)]
         return cmd
@@ -204,6 +209,8 @@ class Bench:
                                "--init-from", init, "--device", a.device, "--out", out, "--quiet"]
         if a.embedding_units:
             cmd.append("--embedding-units")
+        if a.activation_checkpointing:
+            cmd.append("--activation-checkpointing")
         if a.lr is not None:
             cmd += ["--lr", repr(a.lr)]
         return cmd

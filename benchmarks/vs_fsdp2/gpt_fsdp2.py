@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed._composable import checkpoint
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -511,6 +512,9 @@ def parse_args(argv=None):
     g.add_argument("--embedding-units", action="store_true",
                    help="tok_embeddings and output are units of their own, as torchtitan shards them "
                         "(fsdpx: --wrap.layer_types Block,Embedding,Output)")
+    g.add_argument("--activation-checkpointing", action="store_true",
+                   help="every Block recomputes its forward in backward (torch.distributed._composable's "
+                        "checkpoint before fully_shard, as torchtitan; fsdpx: --activation-checkpointing Block)")
     g.add_argument("--precision", choices=["fp32", "bf16_mixed"], default="fp32")
     g.add_argument("--optimizer", choices=["sgd", "adamw"], default="adamw")
     g.add_argument("--lr", type=float, default=None, help="peak lr (default: the optimizer's fsdpx default, 1e-2 sgd, 1e-3 adamw)")
@@ -574,6 +578,9 @@ def shard_model(model, a, world, device_type):
         if model.output is None:
             raise SystemExit("--embedding-units needs untied embeddings (the output projection uses the embedding)")
         units = [model.tok_embeddings] + units + [model.output]
+    if a.activation_checkpointing:  # each Block's saved tensors: its input alone, the rest recomputed
+        for block in model.layers:
+            checkpoint(block)
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     # The root: fsdpx never reshards its root unit after forward (its backward starts with it).
