@@ -21,10 +21,20 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// Whether `inner` names a part of `outer` at a dot ("output" and "output.weight"): a name that
+// became a module's, or the reverse.
+bool dotted_part(const std::string& inner, const std::string& outer) {
+  return outer.size() > inner.size() && outer.compare(0, inner.size(), inner) == 0 && outer[inner.size()] == '.';
+}
+
 }  // namespace
 
 std::optional<std::string> closest_name(const std::string& name,
                                         const std::vector<std::string>& candidates) {
+  std::vector<std::string> dotted;
+  for (const auto& c : candidates)
+    if (dotted_part(name, c) || dotted_part(c, name)) dotted.push_back(c);
+  if (dotted.size() == 1) return dotted.front();
   std::optional<std::string> best;
   size_t best_distance = SIZE_MAX;
   for (const auto& c : candidates) {

@@ -156,6 +156,25 @@ TEST_F(CheckpointCompleteness, ResumingFromAnIncompleteCheckpointIsRefused) {
   EXPECT_EQ(r.out.find("resumed"), std::string::npos) << r.out;
 }
 
+// A checkpoint whose tensor is held under an older name (gpt's "tok_embeddings" before it became
+// a module's "tok_embeddings.weight", 2026-11-28) is refused naming both.
+TEST_F(CheckpointCompleteness, ATensorHeldUnderAnOlderNameIsNamed) {
+  json index = json::parse(read_file(step(4) / "index.json"));
+  json& tensors = index["tensors"];
+  ASSERT_TRUE(tensors.contains("tok_embeddings.weight")) << tensors.dump();
+  tensors["tok_embeddings"] = tensors["tok_embeddings.weight"];
+  tensors.erase("tok_embeddings.weight");
+  write_file(step(4) / "index.json", index.dump());
+  auto r = run_command(train() + kRun + "--steps 6 --resume " + step(4).string() + " --out " +
+                       (dir() / "next").string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("checkpoint " + step(4).string() + " has no tensor 'tok_embeddings.weight' but holds "
+                       "'tok_embeddings': was it saved by an older version of the model, or saved from another "
+                       "model, optimizer or precision?"),
+            std::string::npos)
+      << r.err;
+}
+
 // consolidate into its own checkpoint (onto a rank file, the index, the directory, or a new file
 // in it) is refused, and the checkpoint stays as it was (it exited 0 and corrupted it).
 TEST_F(Outputs, ConsolidateNeverWritesInsideItsCheckpoint) {

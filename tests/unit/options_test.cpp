@@ -129,5 +129,18 @@ TEST(Suggest, DistinctComparesWholeNames) {
   EXPECT_EQ(join_names(distinct({})), "(none)");
 }
 
+// A name moved into a module ("output" -> "output.weight", gpt's embedding and output projection
+// on 2026-11-28), or out of one, is suggested though its edit distance is long; two such
+// candidates suggest neither, and typos are suggested by edit distance as before.
+TEST(Suggest, ANameMovedIntoOrOutOfAModuleIsSuggested) {
+  const std::vector<std::string> now = {"tok_embeddings.weight", "norm.weight", "output.weight"};
+  EXPECT_EQ(did_you_mean("output", now), "; did you mean 'output.weight'?");
+  EXPECT_EQ(did_you_mean("tok_embeddings", now), "; did you mean 'tok_embeddings.weight'?");
+  EXPECT_EQ(did_you_mean("output.weight", {"tok_embeddings", "output"}), "; did you mean 'output'?");
+  EXPECT_EQ(did_you_mean("norm", {"norm.weight", "norm.bias"}), "");
+  EXPECT_EQ(did_you_mean("outptu.weight", now), "; did you mean 'output.weight'?");
+  EXPECT_EQ(did_you_mean("layers", now), "");
+}
+
 }  // namespace
 }  // namespace fsdpx

@@ -110,7 +110,13 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
         if (t.name.rfind(kOptimPrefix, 0) == 0)
           throw Error(p.string() + " holds no optimizer state ('" + t.name + "'): it was saved with optimizer=false; "
                       "it can initialise a model but not resume training exactly");
-        throw Error(p.string() + " has no tensor '" + t.name + "'; was it saved from another model?");
+        std::vector<std::string> held;
+        for (const auto& [name, _] : r.entries()) held.push_back(name);
+        const auto near = closest_name(t.name, held);
+        throw Error(p.string() + " has no tensor '" + t.name + "'" +
+                    (near ? " but holds '" + *near + "': was it saved by an older version of the model, or"
+                          : "; was it") +
+                    " saved from another model?");
       }
       const SafetensorsEntry& e = r.entry(t.name);
       if (want.contains(t.name) && want[t.name].is_string())

@@ -10,8 +10,10 @@
 
 namespace fsdpx {
 
-// The candidate closest to `name` by edit distance, if it is close enough to be a likely typo
-// (distance at most max(2, longer length / 3)).
+// The one candidate that `name` is a dotted part of, or that is a dotted part of `name` ("output"
+// and "output.weight": a name moved into a module, or out of one); else the candidate closest to
+// `name` by edit distance, if it is close enough to be a likely typo (distance at most
+// max(2, longer length / 3)).
 FSDPX_API std::optional<std::string> closest_name(const std::string& name,
                                                   const std::vector<std::string>& candidates);
 
