@@ -13,9 +13,11 @@ units (every Block, the rest in the root), seeded weights and batches.
   2. The largest gpt at 1b width, by layers, that trains one step on 2 ranks within a budget per
      node (--budget-gib, 16 by default), enforced by a memory cgroup that this script creates
      (root and a writable cgroup v1 or v2 memory controller), else by RLIMIT_DATA per process
-     (the budget split over the ranks; said so in the output): fsdpx, fsdpx with activation
-     checkpointing of every Block, and FSDP2. Each try is a fresh run; a try fails when a rank
-     is killed or cannot allocate.
+     (the budget split over the ranks; said so in the output): by default fsdpx, fsdpx with activation
+     checkpointing of every Block, and FSDP2; --largest-sides names others (memory options, FSDP2
+     recomputing Blocks). Each try is a fresh run; a try fails when a rank is killed or cannot allocate.
+     With --device sim (and --skip-peaks) the budget is sim's device memory (FSDPX_SIM_MEMORY per rank),
+     fsdpx alone, and 'offload' adds activation offload.
   3. With --before BUILD (an older fsdpx build directory): step time of this build and that one,
      interleaved, on gpt small and at 1b width with 2 layers, and their ratio.
   4. With --option-cost: the step time of gpt small with each memory option of --options against
@@ -60,6 +62,15 @@ def parse_args():
                         "and adds FSDP2 with the same units, as torchtitan shards them; '' for none)")
     p.add_argument("--budget-gib", type=float, default=16.0, help="memory per node for part 2")
     p.add_argument("--max-layers", type=int, default=96, help="part 2 searches 1..this")
+    p.add_argument("--largest-sides", default=None,
+                   help="part 2's runs, comma-separated: fsdp2 or fsdpx, then '+'-joined options ('ac' recomputes "
+                        "every Block on either side, 'units' as in --options; fsdpx also takes 'offload', "
+                        "--activation-offload Block, and its flags, e.g. fsdpx+units+--optimizer-in-backward; default "
+                        "fsdp2,fsdpx,fsdpx+ac, on sim fsdpx,fsdpx+ac,fsdpx+ac+offload)")
+    p.add_argument("--skip-peaks", action="store_true", help="leave out part 1 (about 10 minutes at AdamW)")
+    p.add_argument("--device", choices=("cpu", "sim"), default="cpu",
+                   help="fsdpx's device. sim: part 2's budget is sim's device memory (FSDPX_SIM_MEMORY, the budget "
+                        "split over the ranks), fsdpx sides only (FSDP2 has no sim); needs --skip-peaks")
     p.add_argument("--skip-largest", action="store_true", help="leave out part 2 (it takes tens of minutes)")
     p.add_argument("--before", default="", help="an older fsdpx build directory to time against (part 3)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of parts 3 and 4")
@@ -67,14 +78,31 @@ def parse_args():
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each run")
     p.add_argument("--work", default="", help="keep every run's files here (default: a temporary directory)")
     p.add_argument("--json", default="", help="also write the figures as JSON to this file")
-    return p.parse_args()
+    a = p.parse_args()
+    if a.largest_sides is None:
+        a.largest_sides = "fsdpx,fsdpx+ac,fsdpx+ac+offload" if a.device == "sim" else "fsdp2,fsdpx,fsdpx+ac"
+    for side in a.largest_sides.split(","):
+        who, *opts = side.split("+")
+        allowed = ("ac", "units") if who == "fsdp2" else ("ac", "offload", "units")
+        bad = [o for o in opts if o not in allowed and not (who == "fsdpx" and o.startswith("--"))]
+        if who not in ("fsdp2", "fsdpx") or bad:
+            p.error(f"--largest-sides: '{side}' is not fsdp2 or fsdpx followed by '+'-joined options "
+                    f"({', '.join(allowed)}{', or fsdpx-train flags' if who == 'fsdpx' else ''})")
+    if a.device == "sim":
+        if not a.skip_peaks or a.before or a.option_cost:
+            p.error("--device sim measures part 2 alone: add --skip-peaks and leave out --before and --option-cost "
+                    "(they hold fsdpx against FSDP2 or an older build on the CPU)")
+        if any(side.split("+")[0] != "fsdpx" for side in a.largest_sides.split(",")):
+            p.error(f"--device sim: every --largest-sides entry must be fsdpx's (FSDP2 has no sim), got "
+                    f"'{a.largest_sides}'")
+    return a
 
 
 def option_args(option):
     """fsdpx-train's arguments for one entry of --options: flags joined by '+'; 'units' is the
     embedding and the output projection as units of their own."""
     out = []
-    for o in option.split("+"):
+    for o in filter(None, option.split("+")):
         out += ["--wrap.layer_types", "Block,Embedding,Output"] if o == "units" else [o]
     return out
 
@@ -111,6 +139,9 @@ class Budget:
                 with contextlib.suppress(OSError):
                     os.rmdir(path)
 
+    def env(self, env):
+        return env
+
     def describe(self):
         if self.path:
             return f"{self.limit / GiB:.1f} GiB for the whole run, by a memory {self.kind}"
@@ -142,6 +173,27 @@ class Budget:
             time.sleep(0.1)
 
 
+class SimBudget:
+    """The budget on sim: each rank's simulated device holds at most limit / nproc bytes
+    (FSDPX_SIM_MEMORY; past it an allocation fails as CUDA's does). Host memory is not bounded."""
+
+    def __init__(self, limit, nproc):
+        self.limit, self.nproc = limit, nproc
+
+    def describe(self):
+        return (f"{self.limit / GiB:.1f} GiB of sim device memory per node, FSDPX_SIM_MEMORY of "
+                f"{self.limit / self.nproc / GiB:.2f} GiB per rank (host memory not bounded)")
+
+    def env(self, env):
+        return dict(env, FSDPX_SIM_MEMORY=str(int(self.limit / self.nproc)))
+
+    def preexec(self):
+        os.setsid()
+
+    def close(self):
+        pass
+
+
 def run_in(cmd, log, timeout, env, preexec=None):
     """Runs cmd in its own session, output to `log`; returns its exit status (killed at the time limit)."""
     with open(log, "w") as out:
@@ -169,7 +221,8 @@ class Bench:
             i = extra.index("--wrap.layer_types")
             types = extra[i + 1]
             extra = extra[:i] + extra[i + 2:]
-        return [train, "--nproc-per-node", str(self.a.nproc), "--model.size", size, "--model.layers", str(layers),
+        return [train, "--nproc-per-node", str(self.a.nproc), "--device", self.a.device,
+                "--model.size", size, "--model.layers", str(layers),
                 "--data.name", "tokens", "--data.path", self.data, "--data.dtype", "uint16", "--data.seq",
                 str(self.a.seq), "--batch-size", "1", "--optimizer.name", self.a.optimizer, "--wrap.layer_types", types,
                 "--precision.name", self.a.precision,
@@ -246,16 +299,24 @@ class Bench:
         block = next(u for u in plan["units"] if u["unit"] == "layers.0")
         return 2 * block["shard_numel"] * 4
 
+    def side_cmd(self, side, layers, d):
+        """One try of a --largest-sides entry: 'fsdp2' or 'fsdpx', then '+'-joined options ('ac' recomputes
+        every Block, 'units' makes the embedding and output units; fsdpx also takes 'offload', which offloads
+        the recomputed Blocks' inputs, and its own flags)."""
+        who, *opts = side.split("+")
+        if who == "fsdp2":
+            cmd = self.fsdp2_cmd(layers, d + ".jsonl", 1, units="units" in opts)
+            return cmd + (["--activation-checkpointing"] if "ac" in opts else [])
+        flags = {"ac": ["--activation-checkpointing", "Block"], "offload": ["--activation-offload", "Block"]}
+        named = [x for o in opts if o in flags for x in flags[o]]
+        return self.fsdpx_cmd(self.train, layers, d, 1, named + [o for o in opts if o not in flags])
+
     def fits(self, side, layers, budget):
-        d = os.path.join(self.a.work, f"fit-{side}-{layers}")
+        d = os.path.join(self.a.work, f"fit-{side.replace('+', '-')}-{layers}")
         shutil.rmtree(d, ignore_errors=True)
-        if side == "fsdp2":
-            cmd = self.fsdp2_cmd(layers, d + ".jsonl", 1)
-        else:
-            cmd = self.fsdpx_cmd(self.train, layers, d, 1,
-                                 ["--activation-checkpointing", "Block"] if side == "fsdpx+ac" else [])
+        cmd = self.side_cmd(side, layers, d)
         t0 = time.perf_counter()
-        rc = run_in(cmd, d + ".log", self.a.timeout, self.env, budget.preexec)
+        rc = run_in(cmd, d + ".log", self.a.timeout, budget.env(self.env), budget.preexec)
         print(f"   {side:9} {layers:3d} layers: {'trains' if rc == 0 else f'fails (exit {rc})'} "
               f"({time.perf_counter() - t0:.0f} s)", flush=True)
         return rc == 0
@@ -280,15 +341,21 @@ class Bench:
         return lo
 
     def part2(self):
-        budget = Budget(self.a.budget_gib * GiB, self.a.nproc)
+        budget = (SimBudget if self.a.device == "sim" else Budget)(self.a.budget_gib * GiB, self.a.nproc)
         print(f"\n2. The largest gpt at 1b width (layers) that trains one step on {self.a.nproc} ranks within "
               f"{budget.describe()}")
         try:
-            most = {side: self.largest(side, budget) for side in ("fsdp2", "fsdpx", "fsdpx+ac")}
+            most = {side: self.largest(side, budget) for side in self.a.largest_sides.split(",")}
         finally:
             budget.close()
+        base = "fsdp2" if "fsdp2" in most else next(iter(most))  # FSDP2, else the first side (sim)
         for side, n in most.items():
-            print(f"   {side:9} {n:3d} layers ({n / max(most['fsdp2'], 1):.2f}x FSDP2's)")
+            who, *opts = side.split("+")
+            # FSDP2 wrapped the same way, however its entry orders its options
+            same = next((k for k in most if k.split("+")[0] == "fsdp2" and
+                         sorted(k.split("+")[1:]) == sorted(o for o in opts if o in ("ac", "units"))), None)
+            against = f", {n / max(most[same], 1):.2f}x {same}'s" if who == "fsdpx" and same not in (None, base) else ""
+            print(f"   {side:9} {n:3d} layers ({n / max(most[base], 1):.2f}x {base}'s{against})", flush=True)
         return {"budget": budget.describe(), "layers": most}
 
     def step_time(self, train, size, layers, d, option=""):
@@ -348,7 +415,7 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     try:
         b = Bench(a)
-        results = {"part1": b.part1()}
+        results = {} if a.skip_peaks else {"part1": b.part1()}
         if not a.skip_largest:
             results["part2"] = b.part2()
         if a.before:

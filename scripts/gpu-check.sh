@@ -27,8 +27,8 @@ counts it, 6*N_non_embedding + 12*L*H*Q*T FLOPs per token, against the GPU's den
 allocated), PyTorch FSDP2 on the same weights and batches (step-time and peak-memory ratios),
 the largest gpt at 1b width that trains one step with and without cpu_offload, and the step time
 with overlap on and off, where a step's time goes (CUDA events), and the memory options' peaks
-(recomputed Blocks, --optimizer-in-backward, activation offload) against FSDP2 recomputing the same. With two or more GPUs
-visible it then runs one rank per GPU over NCCL (benchmarks/gpu_multi.py): losses against the
+(recomputed Blocks, --optimizer-in-backward, activation offload) against FSDP2 recomputing the
+same. With two or more GPUs visible it then runs one rank per GPU over NCCL (benchmarks/gpu_multi.py): losses against the
 CPU for full_shard, shard_grad_op, hybrid_shard and cpu_offload, the step time with overlap on and
 off, and a rank killed mid-step named within the collective timeout; with one GPU it says that
 part did not run. A failed step does not stop the ones after it (the table runs after failed
@@ -41,7 +41,7 @@ on a machine with network and apt, 'scripts/gpu-check.sh --fetch-deps' downloads
 12 MB) into .gpu-check/debs; copy that folder to the GPU machine, where they are unpacked with
 dpkg-deb -x (or ar and tar) into .gpu-check/prefix (no root needed) and CMake is pointed at it.
 How long: on H100 and H200 machines with 16 cores, the build 113 to 147 s; the probe and the
-gpu tests under a minute; the table 2.5 min without the search for the largest model, which
+gpu tests under a minute; the table 2.1 to 2.4 min without the search for the largest model, which
 takes about 10 min more (each try is a 1-step run of 12 to 80 s).
 
 options:
