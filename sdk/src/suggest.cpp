@@ -21,20 +21,27 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-// Whether `inner` names a part of `outer` at a dot ("output" and "output.weight"): a name that
+// Whether `inner` is `outer` up to one of its dots ("output" and "output.weight"): a name that
 // became a module's, or the reverse.
-bool dotted_part(const std::string& inner, const std::string& outer) {
+bool dotted_prefix(const std::string& inner, const std::string& outer) {
   return outer.size() > inner.size() && outer.compare(0, inner.size(), inner) == 0 && outer[inner.size()] == '.';
 }
 
 }  // namespace
 
+std::optional<std::string> moved_name(const std::string& name, const std::vector<std::string>& candidates) {
+  std::optional<std::string> found;
+  for (const auto& c : candidates)
+    if (dotted_prefix(name, c) || dotted_prefix(c, name)) {
+      if (found) return std::nullopt;  // several: none is the one
+      found = c;
+    }
+  return found;
+}
+
 std::optional<std::string> closest_name(const std::string& name,
                                         const std::vector<std::string>& candidates) {
-  std::vector<std::string> dotted;
-  for (const auto& c : candidates)
-    if (dotted_part(name, c) || dotted_part(c, name)) dotted.push_back(c);
-  if (dotted.size() == 1) return dotted.front();
+  if (auto moved = moved_name(name, candidates)) return moved;
   std::optional<std::string> best;
   size_t best_distance = SIZE_MAX;
   for (const auto& c : candidates) {

@@ -140,6 +140,9 @@ TEST(Suggest, ANameMovedIntoOrOutOfAModuleIsSuggested) {
   EXPECT_EQ(did_you_mean("norm", {"norm.weight", "norm.bias"}), "");
   EXPECT_EQ(did_you_mean("outptu.weight", now), "; did you mean 'output.weight'?");
   EXPECT_EQ(did_you_mean("layers", now), "");
+  EXPECT_EQ(moved_name("output", now), "output.weight");
+  EXPECT_EQ(moved_name("outptu.weight", now), std::nullopt);  // a typo, not a move
+  EXPECT_EQ(moved_name("layers.2.attention_norm.weight", {"layers.1.attention_norm.weight"}), std::nullopt);
 }
 
 }  // namespace

@@ -112,7 +112,7 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
                       "it can initialise a model but not resume training exactly");
         std::vector<std::string> held;
         for (const auto& [name, _] : r.entries()) held.push_back(name);
-        const auto near = closest_name(t.name, held);
+        const auto near = moved_name(t.name, held);
         throw Error(p.string() + " has no tensor '" + t.name + "'" +
                     (near ? " but holds '" + *near + "': was it saved by an older version of the model, or"
                           : "; was it") +

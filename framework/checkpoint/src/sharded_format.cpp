@@ -268,7 +268,7 @@ void load_sharded(const std::string& dir, CheckpointState& st, const CheckpointC
       if (!tensors.contains(t.name)) {
         std::vector<std::string> held;
         for (const auto& [name, _] : tensors.items()) held.push_back(name);
-        const auto near = closest_name(t.name, held);
+        const auto near = moved_name(t.name, held);
         const std::string held_near =
             near ? " but holds '" + *near + "': was it saved by an older version of the model, or" : "; was it";
         throw Error("checkpoint " + dir + " has no tensor '" + t.name + "'" + held_near +

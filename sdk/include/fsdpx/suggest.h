@@ -10,10 +10,14 @@
 
 namespace fsdpx {
 
-// The one candidate that `name` is a dotted part of, or that is a dotted part of `name` ("output"
-// and "output.weight": a name moved into a module, or out of one); else the candidate closest to
-// `name` by edit distance, if it is close enough to be a likely typo (distance at most
-// max(2, longer length / 3)).
+// The one candidate that `name` is a dotted prefix of, or that is a dotted prefix of `name`
+// ("output" and "output.weight": a name moved into a module, or out of one); none when no
+// candidate or several are.
+FSDPX_API std::optional<std::string> moved_name(const std::string& name,
+                                                const std::vector<std::string>& candidates);
+
+// moved_name's candidate if there is one; else the candidate closest to `name` by edit distance,
+// if it is close enough to be a likely typo (distance at most max(2, longer length / 3)).
 FSDPX_API std::optional<std::string> closest_name(const std::string& name,
                                                   const std::vector<std::string>& candidates);
 
