@@ -240,7 +240,7 @@ def measure(a, table):
                   "peak_allocated_bytes": max(s["cuda_peak_allocated_bytes"] for s in f2)}
     r["time_ratio"] = r["fsdpx"]["step_time_s"] / r["fsdp2"]["step_time_s"]
     r["memory_ratio"] = r["fsdpx"]["peak_allocated_bytes"] / r["fsdp2"]["peak_allocated_bytes"]
-    r["max_abs_loss_diff"] = max(abs(x["loss"] - y["loss"]) for x, y in zip(fx, f2))
+    r["max_abs_loss_diff"] = loss_diff(fx, f2)
     r["overlap_off_step_time_s"] = median(fx_off, "step_time_s")
     if a.options:
         r["options"] = measure_options(a, table, init, fx, r["fsdp2"]["peak_allocated_bytes"])
@@ -249,7 +249,7 @@ def measure(a, table):
     return r
 
 
-UNITS = "Block,Embedding,Output"  # the embedding and the output projection as units of their own
+UNITS = compare.EMBEDDING_UNITS
 AC = ["--activation-checkpointing", "Block"]
 OIB = ["--optimizer-in-backward"]
 # The memory options (docs/memory.md), each: key -> (fsdpx-train's extra flags, its wrap's layer types, the

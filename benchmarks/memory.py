@@ -103,7 +103,7 @@ def option_args(option):
     embedding and the output projection as units of their own."""
     out = []
     for o in filter(None, option.split("+")):
-        out += ["--wrap.layer_types", "Block,Embedding,Output"] if o == "units" else [o]
+        out += ["--wrap.layer_types", compare.EMBEDDING_UNITS] if o == "units" else [o]
     return out
 
 

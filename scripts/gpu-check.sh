@@ -28,11 +28,12 @@ allocated), PyTorch FSDP2 on the same weights and batches (step-time and peak-me
 the largest gpt at 1b width that trains one step with and without cpu_offload, and the step time
 with overlap on and off, where a step's time goes (CUDA events), and the memory options' peaks
 (recomputed Blocks, --optimizer-in-backward, activation offload) against FSDP2 recomputing the
-same. With two or more GPUs visible it then runs one rank per GPU over NCCL (benchmarks/gpu_multi.py): losses against the
-CPU for full_shard, shard_grad_op, hybrid_shard and cpu_offload, the step time with overlap on and
-off, and a rank killed mid-step named within the collective timeout; with one GPU it says that
-part did not run. A failed step does not stop the ones after it (the table runs after failed
-tests); the last line names each step that failed, and the exit status is then 1.
+same. With two or more GPUs visible it then runs one rank per GPU over NCCL
+(benchmarks/gpu_multi.py): losses against the CPU for full_shard, shard_grad_op, hybrid_shard and
+cpu_offload, the step time with overlap on and off, and a rank killed mid-step named within the
+collective timeout; with one GPU it says that part did not run. A failed step does not stop the
+ones after it (the table runs after failed tests); the last line names each step that failed, and
+the exit status is then 1.
 
 Needs: an x86-64 Linux machine with an NVIDIA GPU and its driver (nvidia-smi), the CUDA 13.0
 toolkit (nvcc), a C++17 compiler, CMake >= 3.25, Ninja, and a Python with torch ${TORCH_VERSION}+cu130

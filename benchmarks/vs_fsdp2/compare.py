@@ -41,6 +41,8 @@ FULL = [f"{s}:{sh}:{p}:{o}" for s in SIZES for sh in SHARDINGS for p in PRECISIO
 QUICK = ["tiny:full_shard:fp32:sgd", "tiny:shard_grad_op:fp32:adamw", "tiny:no_shard:fp32:sgd",
          "tiny:full_shard:bf16_mixed:adamw"]
 CONTEXT = {"tiny": 64, "small": 128}  # the presets' context length (plugins/model/gpt/gpt.cpp)
+# fsdpx's layer types with gpt's embedding and output projection as units of their own (torchtitan's wrapping)
+EMBEDDING_UNITS = "Block,Embedding,Output"
 
 
 class RunFailed(Exception):
@@ -189,7 +191,7 @@ class Bench:
                "--model.name", "gpt", "--model.size", size,
                "--data.name", "tokens", "--data.path", a.data, "--data.dtype", "uint16", "--data.seq", str(self.seq(size)),
                "--sharding.name", sharding, "--wrap.name", "layer_type",
-               "--wrap.layer_types", "Block,Embedding,Output" if a.embedding_units else "Block",
+               "--wrap.layer_types", EMBEDDING_UNITS if a.embedding_units else "Block",
                "--precision.name", precision, "--optimizer.name", optimizer,
                "--steps", str(a.steps), "--batch-size", str(a.batch_size), "--seed", str(a.seed),
                "--log-every", "1", "--peak-tflops", "1", "--out", out] + extra

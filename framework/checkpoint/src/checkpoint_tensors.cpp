@@ -5,6 +5,7 @@
 #include <ATen/ops/from_blob.h>
 
 #include "fsdpx/framework/base/shard_geometry.h"
+#include "fsdpx/suggest.h"
 
 namespace fsdpx::ckpt {
 
@@ -34,6 +35,12 @@ at::Tensor receiving_tensor(const at::Tensor& local, c10::ScalarType saved) {
 
 void finish_load(at::Tensor& local, const at::Tensor& received) {
   if (!received.is_same(local)) local.copy_(received);  // casts when the run stores another dtype
+}
+
+std::string missing_tensor_question(const std::string& name, const std::vector<std::string>& held) {
+  const auto moved = moved_name(name, held);
+  return moved ? " but holds '" + *moved + "': was it saved by an older version of the model, or saved from another "
+               : "; was it saved from another ";
 }
 
 }  // namespace fsdpx::ckpt

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -25,5 +26,11 @@ at::Tensor bytes_to_tensor(std::vector<char>& bytes, const std::vector<int64_t>&
 // that dtype (no copy), else a new tensor that finish_load then casts into `local`.
 at::Tensor receiving_tensor(const at::Tensor& local, c10::ScalarType saved);
 void finish_load(at::Tensor& local, const at::Tensor& received);
+
+// What a load says of a tensor `name` that the checkpoint lacks, after "has no tensor 'name'":
+// where `held` has it under a name moved into a module or out of one (suggest.h's moved_name),
+// " but holds 'x': was it saved by an older version of the model, or saved from another ", else
+// "; was it saved from another " (the caller names what: model, optimizer or precision).
+std::string missing_tensor_question(const std::string& name, const std::vector<std::string>& held);
 
 }  // namespace fsdpx::ckpt

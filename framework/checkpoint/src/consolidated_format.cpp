@@ -112,11 +112,7 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
                       "it can initialise a model but not resume training exactly");
         std::vector<std::string> held;
         for (const auto& [name, _] : r.entries()) held.push_back(name);
-        const auto near = moved_name(t.name, held);
-        throw Error(p.string() + " has no tensor '" + t.name + "'" +
-                    (near ? " but holds '" + *near + "': was it saved by an older version of the model, or"
-                          : "; was it") +
-                    " saved from another model?");
+        throw Error(p.string() + " has no tensor '" + t.name + "'" + missing_tensor_question(t.name, held) + "model?");
       }
       const SafetensorsEntry& e = r.entry(t.name);
       if (want.contains(t.name) && want[t.name].is_string())

@@ -12,7 +12,6 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
-#include "fsdpx/suggest.h"
 #include "fsdpx/framework/base/dtype_name.h"
 #include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/base/shard_geometry.h"
@@ -268,11 +267,8 @@ void load_sharded(const std::string& dir, CheckpointState& st, const CheckpointC
       if (!tensors.contains(t.name)) {
         std::vector<std::string> held;
         for (const auto& [name, _] : tensors.items()) held.push_back(name);
-        const auto near = moved_name(t.name, held);
-        const std::string held_near =
-            near ? " but holds '" + *near + "': was it saved by an older version of the model, or" : "; was it";
-        throw Error("checkpoint " + dir + " has no tensor '" + t.name + "'" + held_near +
-                    " saved from another model, optimizer or precision? (fsdpx-ckpt inspect lists what it holds)");
+        throw Error("checkpoint " + dir + " has no tensor '" + t.name + "'" + missing_tensor_question(t.name, held) +
+                    "model, optimizer or precision? (fsdpx-ckpt inspect lists what it holds)");
       }
       const json& e = tensors[t.name];
       digests[i].kind = RowDigest::kind_of(e.value("digest", ""));
