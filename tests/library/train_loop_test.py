@@ -1,17 +1,21 @@
 """fsdpx as a library (examples/train_loop, built against the installed package by sdk_consumer_build):
-its losses, sharded over 1, 2 and 4 CPU ranks and 2 sim ranks under torchrun, equal the same loop
+its losses, sharded over 1, 2 and 4 CPU ranks and 2 sim ranks, equal the same loop
 without fsdpx in one process within 1e-6 (fp32), for full_shard, shard_grad_op, hybrid_shard and
 cpu_offload, and with prefetch depth 2; each rank holds 1/S of the parameter bytes (S: its shard
 group's size, plus padding); a write inside a writable summon_full_params reaches the shards (the
 next loss and the weights' sum as the plain loop's after the same write); a checkpoint saved at 2
 ranks loads at 3 and the losses go on as the plain loop's; a bad plugin name is one line naming
-the right one.
+the right one. The ranks of two runs (2 CPU ranks, full_shard; the save at 2 ranks) are started by
+torchrun, and those of the others as torchrun starts them (its variables, one thread each), which
+costs a tenth of torchrun's 3 s of Python per run.
 usage: train_loop_test.py EXAMPLE PYTHON"""
+import os
 import re
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 example, python = sys.argv[1], sys.argv[2]
 failures = []
@@ -23,16 +27,53 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(ranks, args):
-    cmd = [example] + args
-    if ranks:
+def start(ranks, cmd, torchrun):
+    """The ranks' stdout, joined; the ranks under torchrun, or started with the variables it sets."""
+    port = str(free_port())
+    if torchrun:
         cmd = [python, "-m", "torch.distributed.run", "--no-python", "--nproc-per-node", str(ranks),
-               "--master-port", str(free_port())] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr[-3000:]}")
+               "--master-port", port] + cmd
+    if torchrun or not ranks:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr[-3000:]}")
+        return p.stdout
+    env = dict(os.environ, WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=port, OMP_NUM_THREADS="1")
+    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(ranks)]
+    procs = [subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r, (out, err) in enumerate(files)]
+    try:  # the first rank to fail ends the run (the others would wait for it in a collective)
+        deadline = time.monotonic() + 180
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.returncode for p in procs):
+                break
+            time.sleep(0.05)
+        codes = [p.poll() for p in procs]
+        bad = [r for r, c in enumerate(codes) if c not in (0, None)] or [r for r, c in enumerate(codes) if c is None]
+        if bad:
+            r = bad[0]
+            files[r][1].seek(0)
+            raise RuntimeError(f"rank {r} of {ranks}: {' '.join(cmd)} "
+                               f"{'ran past 180 s' if codes[r] is None else f'exited {codes[r]}'}:\n"
+                               f"{files[r][1].read()[-3000:]}")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    text = ""
+    for out, err in files:
+        out.seek(0)
+        text += out.read()
+        out.close()
+        err.close()
+    return text
+
+
+def run(ranks, args, torchrun=False):
+    stdout = start(ranks, [example] + args, torchrun)
     losses, held, after = {}, {}, []
-    for line in p.stdout.splitlines():
+    for line in stdout.splitlines():
         m = re.match(r"rank (\d+) weights sum (\S+) next loss (\S+)", line)
         if m:
             after.append((float(m.group(2)), float(m.group(3))))
@@ -64,7 +105,7 @@ for ranks, device, sharding, options, shard_size in cases:
     for o in options:
         args += ["--option", o] if "=" in o else []
     name = ' '.join([sharding] + options) + f" at {ranks} {device} rank(s)"
-    by_step, held = run(ranks, args)
+    by_step, held = run(ranks, args, torchrun=(ranks, device, sharding, options) == (2, "cpu", "full_shard", []))
     losses = [by_step[s] for s in sorted(k for k in by_step if k != "after")]
     diff = max(abs(a - b) for a, b in zip(losses, plain)) if len(losses) == len(plain) else float("inf")
     worst = max(abs(h / (m / shard_size) - 1) for h, m in held.values()) if len(held) == ranks else float("inf")
@@ -86,7 +127,7 @@ if abs(sum_f - sum_p) > 1e-6 * abs(sum_p) or abs(loss_f - loss_p) > 1e-6:
 
 # A checkpoint saved from the library at 2 ranks after 2 steps, loaded at 3 ranks for steps 2 to 4.
 with tempfile.TemporaryDirectory() as tmp:
-    run(2, ["--steps", "2", "--save", f"{tmp}/step-2"])
+    run(2, ["--steps", "2", "--save", f"{tmp}/step-2"], torchrun=True)
     by_step, _ = run(3, ["--steps", "5", "--load", f"{tmp}/step-2"])
 resumed = [by_step.get(s, float("nan")) for s in range(2, 5)]
 diff = max(abs(a - b) for a, b in zip(resumed, plain[2:]))
