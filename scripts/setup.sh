@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what fsdpx needs to build and test, and is quick when everything is there:
-#   - Debian packages (Boost 1.81, GoogleTest, nlohmann-json, xxHash, ccache, CMake, Ninja, clang 14
-#     for the sanitizer and fuzzing build, and Slurm with munge for the Slurm tests);
+#   - Debian packages (Boost 1.81, GoogleTest, nlohmann-json, xxHash, ccache, CMake, Ninja, and
+#     Slurm with munge for the Slurm tests); with --sanitize also clang 14, for the sanitizer and
+#     fuzzing build (make test-sanitize, make fuzz), which make test does not need;
 #   - torch==2.11.0 from PyPI into a virtual environment cached outside the checkout, with
 #     matplotlib (fsdpx-plot), safetensors (the interop test), scikit-learn (its breast-cancer CSV)
-#     and lizard (the function-length check).
+#     and lizard (the function-length check). Where python3 can make a virtual environment
+#     already, pip runs while apt-get does.
 # --print-breast-cancer-csv prints that CSV's path (after making sure it is installed).
 # Prints nothing but progress on stderr; the venv's python path on stdout when asked with --print-python.
 set -euo pipefail
@@ -17,33 +19,36 @@ DEB_PACKAGES=(
   libboost1.81-dev libboost-program-options1.81-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev
   libxxhash-dev                         # XXH3, the checkpoints' row digests (header-only use)
-  clang-14 libclang-rt-14-dev llvm-14   # make test-sanitize and make fuzz: ASan, UBSan, libFuzzer, symbolizer
   python3-venv
   fortunes                              # the demo's English text corpus (/usr/share/games/fortunes)
   slurmctld slurmd slurm-client munge   # the Slurm tests' one-node cluster
 )
+SANITIZE_PACKAGES=(clang-14 libclang-rt-14-dev llvm-14)  # ASan, UBSan, libFuzzer, the symbolizer
 
 say() { printf 'setup: %s\n' "$*" >&2; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 
-if [[ ${1:-} == --print-python ]]; then
-  echo "$VENV/bin/python"
-  exit 0
-fi
+case ${1:-} in
+  --print-python) echo "$VENV/bin/python"; exit 0 ;;
+  --sanitize) DEB_PACKAGES+=("${SANITIZE_PACKAGES[@]}") ;;
+  --print-breast-cancer-csv | "") ;;
+  *) die "unknown option '$1': the options are --sanitize, --print-python and --print-breast-cancer-csv" ;;
+esac
 
 # --- Debian packages -----------------------------------------------------------------
-missing=()
-for p in "${DEB_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
-done
-if ((${#missing[@]})); then
+install_debian_packages() {
+  local missing=() p SUDO=
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+  done
+  ((${#missing[@]})) || return 0
   command -v apt-get >/dev/null || die "missing Debian packages (${missing[*]}) and no apt-get to install them"
-  SUDO=; [[ $(id -u) == 0 ]] || SUDO=sudo
+  [[ $(id -u) == 0 ]] || SUDO=sudo
   say "installing Debian packages: ${missing[*]}"
   $SUDO apt-get update -q >&2 || die "apt-get update failed: the Debian package registry cannot be reached"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >&2 \
     || die "apt-get install ${missing[*]} failed (see above)"
-fi
+}
 
 # --- torch in a cached virtual environment --------------------------------------------
 have_torch() {
@@ -53,7 +58,8 @@ import sys, importlib.metadata as md
 sys.exit(0 if md.version("torch").split("+")[0] == sys.argv[1] else 1)
 PY
 }
-if ! have_torch; then
+install_torch() {
+  have_torch && return 0
   mkdir -p "$CACHE_ROOT"
   if [[ ! -x $VENV/bin/python ]]; then
     say "creating virtual environment $VENV"
@@ -67,6 +73,19 @@ if ! have_torch; then
     die "pip install torch==$TORCH_VERSION into $VENV failed (see above)"
   fi
   have_torch || die "torch==$TORCH_VERSION is not importable from $VENV after installing it"
+}
+# pip beside apt-get when the venv can be made without Debian's python3-venv (a fresh machine's
+# two downloads at once); else apt-get first.
+if ! have_torch && { [[ -x $VENV/bin/python ]] || python3 -c 'import ensurepip, venv' 2>/dev/null; }; then
+  install_torch &
+  torch_pid=$!
+  trap '[[ -n $torch_pid ]] && kill "$torch_pid" 2>/dev/null' EXIT  # apt-get failed: pip stops too
+  install_debian_packages "${DEB_PACKAGES[@]}"
+  wait "$torch_pid" || exit 1
+  torch_pid=
+else
+  install_debian_packages "${DEB_PACKAGES[@]}"
+  install_torch
 fi
 # --- Python tools beside torch: plots, the safetensors interop test, the breast-cancer CSV, ----
 # --- transformers and tokenizers for the Hugging Face interop (scripts/tokenize, tests/hf) -------
