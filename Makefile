@@ -69,7 +69,7 @@ test: build  ## set up, build, and run every test (ctest; TEST_JOBS at once, PyT
 	  cp tests/ctest_costs.txt $(BUILD)/Testing/Temporary/CTestCostData.txt
 	cd $(BUILD) && THP_MEM_ALLOC_ENABLE=1 ctest --output-on-failure -j $(TEST_JOBS) --timeout 900
 
-sanitize-build: setup
+sanitize-build:
 	@bash scripts/setup.sh --sanitize
 	@[[ -f $(SAN_BUILD)/build.ninja ]] || cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
 	  -DFSDPX_SANITIZE=address,undefined -DFSDPX_FUZZ=ON -DFSDPX_PYTHON=$(PYTHON) $(CMAKE_ARGS)

@@ -79,7 +79,8 @@ install_torch() {
 if ! have_torch && { [[ -x $VENV/bin/python ]] || python3 -c 'import ensurepip, venv' 2>/dev/null; }; then
   install_torch &
   torch_pid=$!
-  trap '[[ -n $torch_pid ]] && kill "$torch_pid" 2>/dev/null' EXIT  # apt-get failed: pip stops too
+  # apt-get failed: pip (the background shell's child) stops too.
+  trap '[[ -n $torch_pid ]] && { kids=$(pgrep -P "$torch_pid"); kill "$torch_pid" $kids; } 2>/dev/null' EXIT
   install_debian_packages "${DEB_PACKAGES[@]}"
   wait "$torch_pid" || exit 1
   torch_pid=

@@ -6,7 +6,7 @@ group's size, plus padding); a write inside a writable summon_full_params reache
 next loss and the weights' sum as the plain loop's after the same write); a checkpoint saved at 2
 ranks loads at 3 and the losses go on as the plain loop's; a bad plugin name is one line naming
 the right one. The ranks of two runs (2 CPU ranks, full_shard; the save at 2 ranks) are started by
-torchrun, and those of the others as torchrun starts them (its variables, one thread each), which
+torchrun, and those of the others with the variables torchrun sets (and one thread each), which
 costs a tenth of torchrun's 3 s of Python per run.
 usage: train_loop_test.py EXAMPLE PYTHON"""
 import os
@@ -45,8 +45,9 @@ def start(ranks, cmd, torchrun):
              for r, (out, err) in enumerate(files)]
     try:  # the first rank to fail ends the run (the others would wait for it in a collective)
         deadline = time.monotonic() + 180
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if any(p.returncode for p in procs):
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in procs]
+            if any(codes) or None not in codes:
                 break
             time.sleep(0.05)
         codes = [p.poll() for p in procs]
@@ -54,9 +55,10 @@ def start(ranks, cmd, torchrun):
         if bad:
             r = bad[0]
             files[r][1].seek(0)
+            files[r][0].seek(0)
             raise RuntimeError(f"rank {r} of {ranks}: {' '.join(cmd)} "
                                f"{'ran past 180 s' if codes[r] is None else f'exited {codes[r]}'}:\n"
-                               f"{files[r][1].read()[-3000:]}")
+                               f"{files[r][0].read()}\n{files[r][1].read()[-3000:]}")
     finally:
         for p in procs:
             p.kill()
