@@ -58,13 +58,20 @@ import sys, importlib.metadata as md
 sys.exit(0 if md.version("torch").split("+")[0] == sys.argv[1] else 1)
 PY
 }
+# A venv with pip in it; one that python3 could not finish (Debian's python3 without python3-venv
+# leaves one without pip) is removed. Quiet: the caller says what failing means.
+make_venv() {
+  "$VENV/bin/python" -m pip --version >/dev/null 2>&1 && return 0
+  rm -rf "$VENV"
+  mkdir -p "$CACHE_ROOT"
+  say "creating virtual environment $VENV"
+  python3 -m venv "$VENV" >/dev/null 2>&1 && "$VENV/bin/python" -m pip --version >/dev/null 2>&1 && return 0
+  rm -rf "$VENV"
+  return 1
+}
 install_torch() {
   have_torch && return 0
-  mkdir -p "$CACHE_ROOT"
-  if [[ ! -x $VENV/bin/python ]]; then
-    say "creating virtual environment $VENV"
-    python3 -m venv "$VENV" || die "python3 -m venv $VENV failed"
-  fi
+  make_venv || die "python3 -m venv $VENV failed (python3 -m venv $VENV shows why)"
   say "installing torch==$TORCH_VERSION (with its CUDA libraries) into $VENV; this is large and happens once"
   if ! "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" >&2; then
     if ! "$VENV/bin/python" -m pip download -q --no-deps -d "$(mktemp -d)" six >/dev/null 2>&1; then
@@ -74,9 +81,9 @@ install_torch() {
   fi
   have_torch || die "torch==$TORCH_VERSION is not importable from $VENV after installing it"
 }
-# pip beside apt-get when the venv can be made without Debian's python3-venv (a fresh machine's
-# two downloads at once); else apt-get first.
-if ! have_torch && { [[ -x $VENV/bin/python ]] || python3 -c 'import ensurepip, venv' 2>/dev/null; }; then
+# pip beside apt-get when the venv can be made before Debian's python3-venv is there (a fresh
+# machine's two downloads at once); else apt-get first.
+if ! have_torch && make_venv; then
   install_torch &
   torch_pid=$!
   # apt-get failed: pip (the background shell's child) stops too.

@@ -6,8 +6,8 @@ group's size, plus padding); a write inside a writable summon_full_params reache
 next loss and the weights' sum as the plain loop's after the same write); a checkpoint saved at 2
 ranks loads at 3 and the losses go on as the plain loop's; a bad plugin name is one line naming
 the right one. The ranks of two runs (2 CPU ranks, full_shard; the save at 2 ranks) are started by
-torchrun, and those of the others with the variables torchrun sets (and one thread each), which
-costs a tenth of torchrun's 3 s of Python per run.
+torchrun, and those of the others directly, with the variables torchrun sets (and one thread each):
+that skips torchrun's 3 s of Python per run.
 usage: train_loop_test.py EXAMPLE PYTHON"""
 import os
 import re
