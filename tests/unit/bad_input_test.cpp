@@ -1,7 +1,7 @@
 // Bad input to fsdpx-train, fsdpx-plugins and the option parser, one class of defect per suite
 // (issue 26): paths used without checking what they are (InputPaths), options accepted without
 // effect (OptionEffects), flags that cannot go together (FlagConflicts), and messages (Messages).
-// Every case runs the real programs on real files, through test::run_command (a 60 s timeout).
+// Every case runs the real programs on real files, through test::run_command (a 180 s timeout).
 #include <sys/stat.h>
 #include <unistd.h>
 

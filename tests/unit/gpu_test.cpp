@@ -22,8 +22,9 @@ std::string worker() { return (fsdpx::test::build_dir() / "tests" / "engine_work
 
 // The engine_worker's mean losses of `args` at `n` ranks.
 std::vector<double> losses(const std::string& args, int n, const std::string& out) {
-  auto r = fsdpx::test::run_command("timeout 600 " + worker() + " --nproc-per-node " + std::to_string(n) +
-                                    " --steps 3 " + args + " --out " + out);
+  auto r = fsdpx::test::run_command(worker() + " --nproc-per-node " + std::to_string(n) + " --steps 3 " +
+                                        args + " --out " + out,
+                                    600);
   EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.out << r.err;
   std::vector<double> v;
   std::istringstream in(fsdpx::test::read_file(out + ".losses"));
@@ -75,9 +76,9 @@ TEST(Gpu, TrainerOnCudaMatchesTheCpuAndItsCheckpointsResumeAnywhere) {
     const std::string ranks = "--nproc-per-node " + std::to_string(n) + " ";
     const std::string cpu = (dir.path() / ("cpu" + std::to_string(n))).string(),
                       gpu = (dir.path() / ("gpu" + std::to_string(n))).string();
-    auto a = fsdpx::test::run_command("timeout 600 " + train + ranks + "--device cpu --out " + cpu);
-    auto b = fsdpx::test::run_command("timeout 600 " + train + ranks + "--save-every 2 --device cuda --backend " +
-                                      backend + " --out " + gpu);
+    auto a = fsdpx::test::run_command(train + ranks + "--device cpu --out " + cpu, 600);
+    auto b = fsdpx::test::run_command(
+        train + ranks + "--save-every 2 --device cuda --backend " + backend + " --out " + gpu, 600);
     ASSERT_EQ(a.exit_code, 0) << a.err;
     ASSERT_EQ(b.exit_code, 0) << b.err;
     const auto lc = step_losses(cpu), lg = step_losses(gpu);
@@ -85,8 +86,8 @@ TEST(Gpu, TrainerOnCudaMatchesTheCpuAndItsCheckpointsResumeAnywhere) {
     for (size_t i = 0; i < lc.size(); ++i)
       EXPECT_NEAR(lg[i], lc[i], 1e-4 * std::abs(lc[i])) << n << " rank(s), step " << i;
     const std::string resumed = (dir.path() / ("resumed" + std::to_string(n))).string();
-    auto c = fsdpx::test::run_command("timeout 600 " + train + ranks + "--device cpu --resume " + gpu +
-                                      "/checkpoints/step-00000002 --out " + resumed);
+    auto c = fsdpx::test::run_command(
+        train + ranks + "--device cpu --resume " + gpu + "/checkpoints/step-00000002 --out " + resumed, 600);
     ASSERT_EQ(c.exit_code, 0) << c.err;
     const auto lr = step_losses(resumed);
     ASSERT_EQ(lr.size(), 2u);

@@ -75,10 +75,11 @@ void write_file(const fs::path& p, const std::string& text) {
   if (!out) throw std::runtime_error("cannot write " + p.string());
 }
 
-CommandResult run_command(const std::string& command) {
+CommandResult run_command(const std::string& command, int timeout_s) {
   TempDir dir;
   const fs::path out = dir.path() / "out", err = dir.path() / "err";
-  std::string full = "timeout 60 " + command + " >" + out.string() + " 2>" + err.string();
+  const std::string full =
+      "timeout " + std::to_string(timeout_s) + " " + command + " >" + out.string() + " 2>" + err.string();
   int status = std::system(full.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

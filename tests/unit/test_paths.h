@@ -53,13 +53,16 @@ std::vector<nlohmann::json> read_json_lines(const std::filesystem::path& p);
 std::vector<nlohmann::json> step_metrics(const std::filesystem::path& run_dir);
 std::map<std::string, std::string> tensor_digests(const std::filesystem::path& checkpoint, bool with_optimizer = true);
 
-// Runs a command through the shell; captures stdout and stderr (merged unless split).
+// Runs a command through the shell, stopped after `timeout_s` seconds (exit code 124); captures
+// stdout and stderr (merged unless split). The limit is there so that nothing hangs; it is three
+// minutes because make test runs three tests at once on two cores, heaviest first (a run that
+// takes 25 s alone has taken over a minute beside the slurm and SDK tests).
 struct CommandResult {
   int exit_code = -1;
   std::string out;
   std::string err;
 };
-CommandResult run_command(const std::string& command);
+CommandResult run_command(const std::string& command, int timeout_s = 180);
 
 // Whether this test binary runs under AddressSanitizer (make test-sanitize): a few heavy cases,
 // whose code the lighter ones cover, are skipped there for the CI's time.
