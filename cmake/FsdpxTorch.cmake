@@ -2,7 +2,8 @@
 # and the CUDA toolkit it was built against. Used in-tree and by fsdpxConfig.cmake.
 #
 # Inputs:  FSDPX_PYTHON (cache): the python whose torch to use; found on PATH when unset.
-# Outputs: targets torch and fsdpx_torch (imported; link the latter), FSDPX_TORCH_VERSION, FSDPX_WITH_CUDA (ON for a CUDA build).
+# Outputs: targets torch, fsdpx_torch and fsdpx_torch_cpu (imported; link one of the latter two),
+#          FSDPX_TORCH_VERSION, FSDPX_WITH_CUDA (ON for a CUDA build).
 #          With CUDA: FSDPX_TORCH_NCCL_INCLUDE_DIR (the wheel's nccl.h), FSDPX_TORCH_RPATH_LINK.
 include_guard(GLOBAL)
 
@@ -67,5 +68,26 @@ if(NOT TARGET fsdpx_torch)
   add_library(fsdpx_torch INTERFACE IMPORTED GLOBAL)
   set_property(TARGET fsdpx_torch PROPERTY INTERFACE_LINK_LIBRARIES
     "-Wl,--push-state,--no-as-needed;stdc++;-Wl,--pop-state;torch")
+endif()
+# fsdpx_torch_cpu: what fsdpx's own tree links (libfsdpx, its plugins and hosts, the tests). The
+# same headers and definitions as torch, so every object compiles alike, but only LibTorch's CPU
+# libraries: loading libtorch_cuda and the CUDA libraries costs each process 0.2 s of CPU, and the
+# test suite starts over two thousand of them. A run that asks for CUDA loads libfsdpx_cuda.so
+# (devices/cuda), which links torch and with it libtorch_cuda. Programs that use CUDA themselves
+# (a training loop written against the library, tests/cuda's probe) link fsdpx_torch, as the
+# installed package's users do.
+if(NOT TARGET fsdpx_torch_cpu)
+  add_library(fsdpx_torch_cpu INTERFACE IMPORTED GLOBAL)
+  set_property(TARGET fsdpx_torch_cpu PROPERTY INTERFACE_LINK_LIBRARIES
+    "-Wl,--push-state,--no-as-needed;stdc++;-Wl,--pop-state;torch_cpu_library;c10")
+  set(_fsdpx_torch_includes ${TORCH_INCLUDE_DIRS})
+  if(FSDPX_WITH_CUDA)
+    list(APPEND _fsdpx_torch_includes "$<TARGET_PROPERTY:torch::cudart,INTERFACE_INCLUDE_DIRECTORIES>")
+    set_property(TARGET fsdpx_torch_cpu PROPERTY INTERFACE_COMPILE_DEFINITIONS
+      "$<TARGET_PROPERTY:torch_cuda,INTERFACE_COMPILE_DEFINITIONS>")
+  endif()
+  set_property(TARGET fsdpx_torch_cpu PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${_fsdpx_torch_includes}")
+  set_property(TARGET fsdpx_torch_cpu PROPERTY INTERFACE_COMPILE_OPTIONS
+    "$<TARGET_PROPERTY:torch,INTERFACE_COMPILE_OPTIONS>")
 endif()
 message(STATUS "fsdpx: LibTorch ${FSDPX_TORCH_VERSION} from ${_fsdpx_torch_prefix} (CUDA: ${FSDPX_WITH_CUDA} ${_fsdpx_torch_cuda})")

@@ -11,12 +11,13 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include "fsdpx/error.h"
-#include "sim_library.h"
+#include "device_libraries.h"
 
 namespace fsdpx {
 
@@ -135,42 +136,104 @@ class AcceleratorRuntime final : public DeviceRuntime {
   std::vector<c10::Stream> streams_;  // by StreamRole
 };
 
+// A device library (see device_libraries.h): loaded once, from `env` when set, else from beside
+// libfsdpx.
+class DeviceLibrary {
+ public:
+  DeviceLibrary(const char* file, const char* env, const char* needed_by)
+      : file_(file), env_(env), needed_by_(needed_by) {}
+
+  void* load() {
+    std::call_once(once_, [this] {
+      std::string path;
+      if (const char* env = std::getenv(env_); env && *env) {
+        path = env;
+      } else {
+        Dl_info info{};
+        if (dladdr(reinterpret_cast<void*>(&load_sim), &info) && info.dli_fname)
+          path = (std::filesystem::path(info.dli_fname).parent_path() / file_).string();
+      }
+      // RTLD_GLOBAL: its registrations with LibTorch hold pointers into it for the life of the process.
+      if (!path.empty()) handle_ = ::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+      if (!handle_) {
+        const char* why = path.empty() ? nullptr : ::dlerror();
+        failure_ = std::string(needed_by_) + ", " + file_ + ", which did not load from " +
+                   (path.empty() ? std::string("beside libfsdpx") : path) + (why ? std::string(": ") + why : "") +
+                   "; build it (make build) or point " + env_ + " at it";
+      }
+    });
+    if (!handle_) throw Error(failure_);
+    return handle_;
+  }
+
+  void* function(const char* name) {
+    void* f = ::dlsym(load(), name);
+    if (!f)
+      throw Error(std::string(file_) + " has no " + name +
+                  ": it is older than this libfsdpx; rebuild both (make build)");
+    return f;
+  }
+
+ private:
+  const char* file_;
+  const char* env_;
+  const char* needed_by_;
+  std::once_flag once_;
+  void* handle_ = nullptr;
+  std::string failure_;
+};
+
+DeviceLibrary& sim_library() {
+  static DeviceLibrary lib("libfsdpx_sim.so", "FSDPX_SIM_LIBRARY", "--device sim needs the simulated device's library");
+  return lib;
+}
+
+DeviceLibrary& cuda_library() {
+  static DeviceLibrary lib("libfsdpx_cuda.so", "FSDPX_CUDA_LIBRARY",
+                           "CUDA needs fsdpx's CUDA library (it loads LibTorch's CUDA libraries)");
+  return lib;
+}
+
 }  // namespace
 
-void load_sim() {
-  static std::once_flag once;
-  static std::string failure;
-  std::call_once(once, [] {
-    std::string path;
-    if (const char* env = std::getenv("FSDPX_SIM_LIBRARY"); env && *env) {
-      path = env;
-    } else {
-      Dl_info info{};
-      if (dladdr(reinterpret_cast<void*>(&load_sim), &info) && info.dli_fname)
-        path = (std::filesystem::path(info.dli_fname).parent_path() / "libfsdpx_sim.so").string();
-    }
-    // RTLD_GLOBAL: its registrations hold pointers into it for the life of the process.
-    if (path.empty() || !::dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL)) {
-      const char* why = ::dlerror();
-      failure = "--device sim needs the simulated device's library, libfsdpx_sim.so, which did not load from " +
-                (path.empty() ? std::string("beside libfsdpx") : path) + (why ? std::string(": ") + why : "") +
-                "; build it (make build) or point FSDPX_SIM_LIBRARY at it";
-    }
-  });
-  if (!failure.empty()) throw Error(failure);
+void load_sim() { sim_library().load(); }
+
+void load_cuda() {
+#ifdef FSDPX_WITH_CUDA
+  cuda_library().load();
+#else
+  throw Error("this fsdpx was built without CUDA (its LibTorch has none); train with --device cpu or --device sim");
+#endif
+}
+
+void* cuda_function(const char* name) {
+  load_cuda();
+  return cuda_library().function(name);
 }
 
 namespace {
 
 // How many devices of `type` this process sees (0 when the type has no runtime here).
 int visible_devices(c10::DeviceType type) {
-  if (type == c10::kCUDA && !at::hasCUDA()) return 0;
+  if (type == c10::kCUDA) {
+    // LibTorch decides once, the first time anything asks, whether CUDA is there: asked before
+    // libtorch_cuda loaded, it has said no for the life of the process.
+    if (!at::detail::getCUDAHooks().hasCUDART())
+      throw Error("--device cuda: LibTorch was asked about CUDA before libfsdpx_cuda.so (and with it "
+                  "libtorch_cuda) loaded, and has no CUDA in this process; link this program with LibTorch's "
+                  "CUDA libraries (CMake target fsdpx_torch, or torch), or open the device before any other "
+                  "use of CUDA");
+    if (!at::hasCUDA()) return 0;
+  }
   return c10::impl::VirtualGuardImpl(type).deviceCount();
 }
 
 c10::DeviceType device_type_of(const std::string& spec) {
   if (spec == "cpu") return c10::kCPU;
-  if (spec == "cuda") return c10::kCUDA;
+  if (spec == "cuda") {
+    load_cuda();  // before anything asks LibTorch about CUDA
+    return c10::kCUDA;
+  }
   if (spec == "sim") {
     load_sim();
     return c10::kPrivateUse1;

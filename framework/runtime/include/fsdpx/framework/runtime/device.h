@@ -80,8 +80,10 @@ class FSDPX_API OnStream {
 // The device `spec` names ("cpu", "cuda", "sim") for the rank with local index `local_rank`:
 // device local_rank of that type (modulo the devices visible: ranks sharing a device), with
 // CUDA_VISIBLE_DEVICES respected (device 0 when a rank sees one GPU); for sim, after loading
-// libfsdpx_sim.so from beside libfsdpx (or from FSDPX_SIM_LIBRARY). Throws fsdpx::Error naming
-// what is missing: an unknown name, no device visible, a library that does not load.
+// libfsdpx_sim.so from beside libfsdpx (or from FSDPX_SIM_LIBRARY), and for cuda after loading
+// libfsdpx_cuda.so (or FSDPX_CUDA_LIBRARY), which loads LibTorch's CUDA libraries. Throws
+// fsdpx::Error naming what is missing: an unknown name, no device visible, a library that does
+// not load, a LibTorch that was asked about CUDA before that library loaded.
 FSDPX_API std::shared_ptr<DeviceRuntime> open_device(const std::string& spec, int local_rank);
 // The device open_device(spec, local_rank) opens, without opening it.
 FSDPX_API c10::Device device_for_rank(const std::string& spec, int local_rank);
