@@ -74,8 +74,8 @@ endif()
 # libraries: loading libtorch_cuda and the CUDA libraries costs each process 0.2 s of CPU, and the
 # test suite starts over two thousand of them. A run that asks for CUDA loads libfsdpx_cuda.so
 # (devices/cuda), which links torch and with it libtorch_cuda. Programs that use CUDA themselves
-# (a training loop written against the library, tests/cuda's probe) link fsdpx_torch, as the
-# installed package's users do.
+# before fsdpx opens the device (a training loop written against the library, such as
+# tests/workers/library_worker) link fsdpx_torch, as the installed package's users do.
 if(NOT TARGET fsdpx_torch_cpu)
   add_library(fsdpx_torch_cpu INTERFACE IMPORTED GLOBAL)
   set_property(TARGET fsdpx_torch_cpu PROPERTY INTERFACE_LINK_LIBRARIES

@@ -258,8 +258,7 @@ printf '%s\n' "$probe_out"
 # --- the tests: on a GPU, a skipped test proves nothing, so skips are listed by name -----------
 # The device tests whose expectation depends on whether a GPU is visible run once more with none
 # visible (CUDA_VISIBLE_DEVICES=), so that both of their branches run on the GPU machine.
-GPU_DEPENDENT='^(Sim\.CopiesConvertAndPinnedMemoryIsPinned|'
-GPU_DEPENDENT+='SimTrainBadInput\.DevicesThatCannotRunAreOneLineBeforeAnyWorker)$'
+GPU_DEPENDENT='^(SimTrainBadInput\.DevicesThatCannotRunAreOneLineBeforeAnyWorker)$'
 run_ctest() {  # name (of the log), then ctest's selection; a failure is recorded with the tests' names
   local name=$1 log=$build_dir/gpu-check-ctest-$1.log
   shift

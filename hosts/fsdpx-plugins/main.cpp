@@ -215,7 +215,9 @@ int cmd_info() {
   std::printf("fsdpx         %s\n", b.fsdpx_version.c_str());
   std::printf("plugin ABI    %d.%d\n", b.abi_major, b.abi_minor);
   std::printf("LibTorch      %s (_GLIBCXX_USE_CXX11_ABI=%d)\n", b.torch_version.c_str(), b.cxx11_abi);
-  if (b.cuda_build) {
+  if (b.cuda_build && b.cuda_version.empty()) {  // libfsdpx_cuda.so did not load
+    std::printf("CUDA          %s\n", b.cuda_status.c_str());
+  } else if (b.cuda_build) {
     std::printf("CUDA          %s, NCCL %s\n", b.cuda_version.c_str(), b.nccl_version.c_str());
     std::printf("CUDA devices  %d%s%s\n", b.cuda_devices, b.cuda_status.empty() ? "" : " (",
                 b.cuda_status.empty() ? "" : (b.cuda_status + ")").c_str());

@@ -13,10 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include <ATen/Context.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
 #include <gtest/gtest.h>
 
+#include "fsdpx/framework/runtime/build_info.h"
 #include "test_paths.h"
 
 using namespace fsdpx::test;
@@ -331,7 +330,7 @@ TEST(SimTrainBadInput, DevicesThatCannotRunAreOneLineBeforeAnyWorker) {
   // --device cuda with no GPU visible (CUDA_VISIBLE_DEVICES empty hides a machine's GPUs, so this
   // branch runs on every machine), and with the GPUs this machine has and one rank more than them:
   // no GPU visible again, or more ranks than GPUs (NCCL, the default on CUDA, takes one per rank).
-  const int gpus = at::hasCUDA() ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0;
+  const int gpus = fsdpx::build_info().cuda_devices;  // libfsdpx_cuda.so's count: no CUDA is loaded here
   const std::string more_ranks = "--nproc-per-node " + std::to_string(gpus + 1) + " ";
   auto hidden = run_command("env CUDA_VISIBLE_DEVICES= " + run + "--device cuda");
   auto cuda = run_command("timeout 120 " + train() + kTiny + "--steps 1 --device cuda " + more_ranks);

@@ -3,14 +3,13 @@
 // runs them on the first GPU (ctest -L gpu).
 #include <gtest/gtest.h>
 
-#include <ATen/Context.h>
-#include <c10/core/impl/VirtualGuardImpl.h>
-
+#include "fsdpx/framework/runtime/build_info.h"
 #include "test_paths.h"
 
 namespace {
 
-int gpus() { return at::hasCUDA() ? c10::impl::VirtualGuardImpl(c10::kCUDA).deviceCount() : 0; }
+// From libfsdpx_cuda.so, which build_info loads: this binary links LibTorch's CPU libraries only.
+int gpus() { return fsdpx::build_info().cuda_devices; }
 
 #define FSDPX_NEEDS_GPUS(n)                                     \
   if (gpus() < (n))                                             \

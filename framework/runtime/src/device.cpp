@@ -215,6 +215,9 @@ namespace {
 
 // How many devices of `type` this process sees (0 when the type has no runtime here).
 int visible_devices(c10::DeviceType type) {
+#ifndef FSDPX_WITH_CUDA
+  if (type == c10::kCUDA) return 0;  // a LibTorch without CUDA: "no GPU visible", as on a machine without one
+#endif
   if (type == c10::kCUDA) {
     // LibTorch decides once, the first time anything asks, whether CUDA is there: asked before
     // libtorch_cuda loaded, it has said no for the life of the process.
@@ -231,7 +234,9 @@ int visible_devices(c10::DeviceType type) {
 c10::DeviceType device_type_of(const std::string& spec) {
   if (spec == "cpu") return c10::kCPU;
   if (spec == "cuda") {
+#ifdef FSDPX_WITH_CUDA
     load_cuda();  // before anything asks LibTorch about CUDA
+#endif
     return c10::kCUDA;
   }
   if (spec == "sim") {
