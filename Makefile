@@ -72,7 +72,7 @@ test: build  ## set up, build, and run every test (ctest; TEST_JOBS at once, PyT
 sanitize-build:
 	@bash scripts/setup.sh --sanitize
 	@[[ -f $(SAN_BUILD)/build.ninja ]] || cmake -S . -B $(SAN_BUILD) -G Ninja -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
-	  -DFSDPX_SANITIZE=address,undefined -DFSDPX_FUZZ=ON -DFSDPX_PYTHON=$(PYTHON) $(CMAKE_ARGS)
+	  -DFSDPX_SANITIZE=address,undefined -DFSDPX_FUZZ=ON -DFSDPX_UNITY_BUILD=OFF -DFSDPX_PYTHON=$(PYTHON) $(CMAKE_ARGS)
 	cmake --build $(SAN_BUILD) -j $(JOBS)
 
 test-sanitize: sanitize-build  ## the tests under ASan + UBSan (fsdpx's code instrumented, LibTorch as shipped), in $(SAN_BUILD), but those tests/sanitize/skip.txt leaves out; SANITIZE_TESTS=regex for a subset

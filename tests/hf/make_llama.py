@@ -1,10 +1,12 @@
-"""Builds a small random LlamaForCausalLM offline, saves it as a Hugging Face model directory
+"""Builds small random LlamaForCausalLMs offline, saves each as a Hugging Face model directory
 (config.json + safetensors, optionally sharded with model.safetensors.index.json), and writes
-reference fp32 logits of the model on fixed token ids to a separate safetensors file (tensors
-`ids` int64 [2,24] and `logits` float32 [2,24,vocab]); the logits file is kept out of the model
-directory so that a loader reading every *.safetensors there sees weights only.
+reference fp32 logits of each model on fixed token ids to a separate safetensors file beside it,
+DIR.logits.safetensors (tensors `ids` int64 [2,24] and `logits` float32 [2,24,vocab]); the logits
+file is kept out of the model directory so that a loader reading every *.safetensors there sees
+weights only. Every model starts from the same seed, as if made alone; one process makes them all,
+since importing transformers is most of its time.
 
-  python tests/hf/make_llama.py --out DIR --tied 0|1 [--sharded] [--logits-out FILE] ...
+  python tests/hf/make_llama.py [--seed N --layers N ...] DIR[,tied][,sharded] ...
 """
 import argparse
 import inspect
@@ -30,10 +32,9 @@ def reference_ids(vocab):
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="model directory to write")
-    p.add_argument("--tied", type=int, choices=(0, 1), required=True, help="tie lm_head to embed_tokens")
-    p.add_argument("--sharded", action="store_true", help="save in several small shards with an index")
-    p.add_argument("--logits-out", help="reference logits file (default DIR/../<basename DIR>.logits.safetensors)")
+    p.add_argument("models", nargs="+", metavar="DIR[,tied][,sharded]",
+                   help="model directory to write; tied: lm_head tied to embed_tokens; sharded: several small "
+                        "shards with an index")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=1000)
@@ -85,12 +86,21 @@ def main(argv):
         print(f"make_llama: --hidden {a.hidden} must divide by --heads {a.heads}, "
               f"and --heads by --kv-heads {a.kv_heads}", file=sys.stderr)
         return 2
-    out = os.path.abspath(a.out)
-    logits_out = a.logits_out or os.path.join(os.path.dirname(out), os.path.basename(out) + ".logits.safetensors")
-    if os.path.abspath(os.path.dirname(os.path.abspath(logits_out))) == out:
-        print("make_llama: --logits-out must not lie in the model directory", file=sys.stderr)
-        return 2
+    for spec in a.models:
+        out, *flags = spec.split(",")
+        if not out or any(f not in ("tied", "sharded") for f in flags):
+            print(f"make_llama: {spec!r} is not DIR[,tied][,sharded]", file=sys.stderr)
+            return 2
+        a.out, a.tied, a.sharded = os.path.abspath(out), "tied" in flags, "sharded" in flags
+        rc = make_model(a)
+        if rc:
+            return rc
+    return 0
 
+
+def make_model(a):
+    out = a.out
+    logits_out = out + ".logits.safetensors"
     torch.manual_seed(a.seed)
     cfg = make_config(a)
     model = LlamaForCausalLM(cfg).to(torch.float32)

@@ -27,7 +27,7 @@ namespace {
 namespace fs = std::filesystem;
 using test::run_command;
 
-std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
+using fsdpx::test::train;
 std::string plugins_tool() { return (test::bin_dir() / "fsdpx-plugins").string(); }
 
 // A quick run's configuration: small data, one step.

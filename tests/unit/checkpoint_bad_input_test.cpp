@@ -24,17 +24,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string train() { return (bin_dir() / "fsdpx-train").string(); }
-std::string ckpt() { return (bin_dir() / "fsdpx-ckpt").string(); }
+using fsdpx::test::train;
+using fsdpx::test::ckpt;
 
 const std::string kBase = " --nproc-per-node 2 --data.name synthetic --data.seq 16 --batch-size 2 --log-every 1 ";
-const std::string kRun = kBase + "--checkpoint.name sharded ";
+const std::string kShardedRun = kBase + "--checkpoint.name sharded ";
 
 // A run directory with checkpoints at steps 2 and 4, made once per test.
 class RunWithCheckpoints : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto r = run_command(train() + kRun + "--steps 4 --save-every 2 --out " + run().string());
+    auto r = run_command(train() + kShardedRun + "--steps 4 --save-every 2 --out " + run().string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   }
   fs::path run() const { return dir_.path() / "run"; }
@@ -136,7 +136,7 @@ TEST_F(CheckpointCompleteness, ResumeAutoNamesEachNewerCheckpointItSkips) {
   EXPECT_EQ(fsdpx::skipped_checkpoints((run() / "checkpoints").string()),
             (std::vector<std::string>{step(6).string() + ": index.json is missing",
                                       step(4).string() + ": trainer_state.json is missing"}));
-  auto r = run_command(train() + kRun + "--steps 8 --resume auto --out " + run().string());
+  auto r = run_command(train() + kShardedRun + "--steps 8 --resume auto --out " + run().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("resumed from " + step(2).string() + " at step 2"), std::string::npos) << r.out;
   for (const std::string& skipped : {step(6).string() + ": index.json is missing",
@@ -147,7 +147,7 @@ TEST_F(CheckpointCompleteness, ResumeAutoNamesEachNewerCheckpointItSkips) {
 // A checkpoint named with --resume DIR must be complete too.
 TEST_F(CheckpointCompleteness, ResumingFromAnIncompleteCheckpointIsRefused) {
   write_file(step(4) / "trainer_state.json", json{{"step", 4}, {"seed", 0}}.dump());
-  auto r = run_command(train() + kRun + "--steps 6 --resume " + step(4).string() + " --out " +
+  auto r = run_command(train() + kShardedRun + "--steps 6 --resume " + step(4).string() + " --out " +
                        (dir() / "next").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("checkpoint " + step(4).string() + " is not complete: trainer_state.json has no data position"),
@@ -165,7 +165,7 @@ TEST_F(CheckpointCompleteness, ATensorHeldUnderAnOlderNameIsNamed) {
   tensors["tok_embeddings"] = tensors["tok_embeddings.weight"];
   tensors.erase("tok_embeddings.weight");
   write_file(step(4) / "index.json", index.dump());
-  auto r = run_command(train() + kRun + "--steps 6 --resume " + step(4).string() + " --out " +
+  auto r = run_command(train() + kShardedRun + "--steps 6 --resume " + step(4).string() + " --out " +
                        (dir() / "next").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("checkpoint " + step(4).string() + " has no tensor 'tok_embeddings.weight' but holds "
@@ -239,7 +239,7 @@ TEST_F(Outputs, NonRegularTargetsAreRefusedAndNothingIsLeftBehind) {
 // A run's outputs never lie inside what it reads: --out inside the checkpoint it resumes from,
 // --save-init holding --init-from (the save replaces its whole directory).
 TEST_F(Outputs, ARunsOutputsStayOutOfItsInputs) {
-  auto r = run_command(train() + kRun + "--steps 6 --resume " + step(4).string() + " --out " +
+  auto r = run_command(train() + kShardedRun + "--steps 6 --resume " + step(4).string() + " --out " +
                        (step(4) / "run").string());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--out " + (step(4) / "run").string() + " lies inside --resume " + step(4).string()),

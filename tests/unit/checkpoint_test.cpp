@@ -27,8 +27,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string train() { return (bin_dir() / "fsdpx-train").string(); }
-std::string ckpt() { return (bin_dir() / "fsdpx-ckpt").string(); }
+using fsdpx::test::train;
+using fsdpx::test::ckpt;
 
 // fp32, small: 2 ranks, a global batch of 12 (6 per rank at 2, 4 at 3, 12 at 1).
 const std::string kRun = " --log-every 1 --data.seq 32 --checkpoint.name sharded ";

@@ -19,7 +19,7 @@ using test::run_command;
 
 // gpt tiny, 5 steps, a global batch of 12 samples; clipping at 0.5 engages at every step (the
 // gradient norms are above 1), so the fixed-point norm is tested too.
-const std::string kRun = " --data.seq 32 --log-every 1 --clip-grad-norm 0.5 --checkpoint.name sharded ";
+const std::string kDeterministicRun = " --data.seq 32 --log-every 1 --clip-grad-norm 0.5 --checkpoint.name sharded ";
 
 struct Outcome {
   std::vector<json> steps;
@@ -30,7 +30,7 @@ struct Outcome {
 
 Outcome train(const std::string& flags, const fs::path& out) {
   auto r =
-      run_command((test::bin_dir() / "fsdpx-train").string() + kRun + "--steps 5 " + flags + " --out " + out.string());
+      run_command(test::train() + kDeterministicRun + "--steps 5 " + flags + " --out " + out.string());
   EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.out << r.err;
   Outcome run;
   if (r.exit_code != 0) return run;
@@ -101,7 +101,7 @@ TEST(Deterministic, ResumingAtAnotherWorldSizeContinuesTheSameBits) {
   test::TempDir dir;
   const Outcome whole = train(ranks(1) + " --deterministic", dir.path() / "whole");
   const fs::path split = dir.path() / "split";
-  auto r = run_command((test::bin_dir() / "fsdpx-train").string() + kRun + ranks(2) + " --deterministic --out " +
+  auto r = run_command(test::train() + kDeterministicRun + ranks(2) + " --deterministic --out " +
                        split.string() + " --steps 3");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const Outcome resumed = train(ranks(3) + " --sharding.name shard_grad_op --deterministic --resume auto", split);
@@ -146,7 +146,7 @@ TEST(Deterministic, SameTrainingAsTheNormalModeAndBytesAsPlanned) {
 }
 
 TEST(Deterministic, DryRunSaysWhatItCosts) {
-  auto r = run_command((test::bin_dir() / "fsdpx-train").string() + " " + ranks(2) + " --deterministic --dry-run");
+  auto r = run_command(test::train() + " " + ranks(2) + " --deterministic --dry-run");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("threads    1 per rank (--deterministic"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("deterministic one sample per forward"), std::string::npos) << r.out;
@@ -161,7 +161,7 @@ TEST(Deterministic, RanksThatDisagreeOnItStopAtOnce) {
   for (int r : {0, 1})
     script += "(RANK=" + std::to_string(r) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(r) +
               " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + port + " timeout 60 " +
-              (test::bin_dir() / "fsdpx-train").string() + kRun + "--steps 3 --batch-size 4 --collective-timeout 30" +
+              test::train() + kDeterministicRun + "--steps 3 --batch-size 4 --collective-timeout 30" +
               (r == 1 ? " --deterministic" : "") + " --out o" + std::to_string(r) + " > r" + std::to_string(r) +
               ".out 2> r" + std::to_string(r) + ".err; echo $? > r" + std::to_string(r) + ".code) &\n";
   script += "wait\n";

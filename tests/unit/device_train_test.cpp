@@ -23,8 +23,8 @@ using nlohmann::json;
 
 namespace {
 
-std::string train() { return (bin_dir() / "fsdpx-train").string(); }
-std::string ckpt() { return (bin_dir() / "fsdpx-ckpt").string(); }
+using fsdpx::test::train;
+using fsdpx::test::ckpt;
 
 const char* const kTiny = " --model.size tiny --data.name synthetic --log-every 1 --clip-grad-norm 0.5 ";
 

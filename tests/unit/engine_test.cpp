@@ -42,8 +42,7 @@ struct Param {
 };
 using Params = std::map<std::string, Param>;
 
-std::string worker() { return (test::build_dir() / "tests" / "engine_worker").string(); }
-
+using fsdpx::test::engine_worker;
 struct WorkerRun {
   std::vector<double> losses;
   Params params;
@@ -56,7 +55,7 @@ WorkerRun run(const std::string& args, int nproc) {
   static test::TempDir dir;
   const std::string prefix = (dir.path() / ("run" + std::to_string(counter++))).string();
   const std::string launch = nproc > 0 ? " --nproc-per-node " + std::to_string(nproc) : "";
-  auto r = test::run_command(worker() + launch + " " + args + " --out " + prefix);
+  auto r = test::run_command(engine_worker() + launch + " " + args + " --out " + prefix);
   EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.out << r.err;
   WorkerRun out;
   std::ifstream losses(prefix + ".losses");
@@ -345,7 +344,7 @@ TEST(Engine, PureBf16HalvesParameterAndGradientMemory) {
 }
 
 TEST(Engine, MismatchedModelsAcrossRanksAreRefused) {
-  auto r = test::run_command(worker() + " --nproc-per-node 2 --skew-rank1 --out /dev/null");
+  auto r = test::run_command(engine_worker() + " --nproc-per-node 2 --skew-rank1 --out /dev/null");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("the model differs between ranks: the parameter names and shapes, the units, the sharding "
                        "layout, the overlap settings or the deterministic mode of rank(s) 1 do not match rank 0's"),
@@ -354,7 +353,7 @@ TEST(Engine, MismatchedModelsAcrossRanksAreRefused) {
 }
 
 TEST(Engine, WrapPolicyThatSelectsNothingIsAnError) {
-  auto r = test::run_command(worker() + " --nproc-per-node 2 --wrap size_based --out /dev/null");
+  auto r = test::run_command(engine_worker() + " --nproc-per-node 2 --wrap size_based --out /dev/null");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("size_based selected no unit: no wrappable layer holds min_num_params=100000000 parameters"),
             std::string::npos)
@@ -571,7 +570,7 @@ TEST(EngineSteps, TheMemoryPlanFollowsTheEnginesStep) {
     SCOPED_TRACE(ways[i]);
     const std::string prefix = (dir.path() / ("way" + std::to_string(i))).string();
     const std::string ranks = ways[i].find("--nproc-per-node") == std::string::npos ? " --nproc-per-node 2" : "";
-    auto r = test::run_command(worker() + ranks + " --steps 2 --step-trace --model-option layers=4 " + ways[i] +
+    auto r = test::run_command(engine_worker() + ranks + " --steps 2 --step-trace --model-option layers=4 " + ways[i] +
                                " --out " + prefix);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     const auto engine = lines_of(prefix + ".engine_trace"), plan = lines_of(prefix + ".plan_trace");
@@ -603,7 +602,7 @@ TEST(EngineSteps, OneRankMixedPrecisionFreesItsCopiesAfterForwardAsTheLayoutSays
                                                                                    {"shard_grad_op", 1}}) {
     SCOPED_TRACE(strategy);
     const std::string prefix = (dir.path() / strategy).string();
-    auto r = test::run_command(worker() + " --nproc-per-node 1 --precision bf16_mixed --steps 2 --step-trace " +
+    auto r = test::run_command(engine_worker() + " --nproc-per-node 1 --precision bf16_mixed --steps 2 --step-trace " +
                                "--model-option layers=4 --strategy " + strategy + " --out " + prefix);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     const auto engine = lines_of(prefix + ".engine_trace");
@@ -633,7 +632,7 @@ TEST(EngineSteps, GatheredUnitsAreBoundedByThePrefetchDepth) {
   for (const auto& [args, bound] : std::vector<std::pair<std::string, size_t>>{
            {"--prefetch 1", 2}, {"--prefetch 2", 3}, {"--prefetch 3", 4}, {"--overlap 0 --prefetch 3", 1}}) {
     const std::string prefix = (dir.path() / ("depth" + std::to_string(bound))).string();
-    auto r = test::run_command(worker() + " --nproc-per-node 2 --steps 2 --step-trace --model-option layers=6 " +
+    auto r = test::run_command(engine_worker() + " --nproc-per-node 2 --steps 2 --step-trace --model-option layers=6 " +
                                "--strategy full_shard " + args + " --out " + prefix);
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     std::set<std::string> held;

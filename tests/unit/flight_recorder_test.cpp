@@ -17,8 +17,8 @@ using test::read_file;
 using test::run_command;
 using Clock = std::chrono::steady_clock;
 
-std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
-std::string worker() { return (test::build_dir() / "tests" / "comm_worker").string(); }
+using fsdpx::test::train;
+using fsdpx::test::comm_worker;
 
 // gpt tiny at 2 ranks where rank 1 skips the first all-gather of unit layers.0: its collectives
 // run one behind from there (Gloo pairs them by order, and layers.1 has the size of layers.0).
@@ -59,7 +59,7 @@ TEST(FlightRecorder, CheckCollectivesStopsTheSkippingRankBeforeTheCollectiveRuns
 }
 
 TEST(FlightRecorder, CheckCollectivesCatchesAMismatchedElementCount) {
-  auto r = run_command(worker() + " --nproc-per-node 2 --scenario mismatch --fail-rank 1 --check-collectives "
+  auto r = run_command(comm_worker() + " --nproc-per-node 2 --scenario mismatch --fail-rank 1 --check-collectives "
                        "--collective-timeout 20");
   r.out += r.err;
   EXPECT_NE(r.exit_code, 0);

@@ -17,11 +17,11 @@ int gpus() { return fsdpx::build_info().cuda_devices; }
                << " visible here: the CUDA "                    \
                   "path is compiled and linked, its logic tested on sim; make gpu-check runs this"
 
-std::string worker() { return (fsdpx::test::build_dir() / "tests" / "engine_worker").string(); }
+using fsdpx::test::engine_worker;
 
 // The engine_worker's mean losses of `args` at `n` ranks.
 std::vector<double> losses(const std::string& args, int n, const std::string& out) {
-  auto r = fsdpx::test::run_command(worker() + " --nproc-per-node " + std::to_string(n) + " --steps 3 " +
+  auto r = fsdpx::test::run_command(engine_worker() + " --nproc-per-node " + std::to_string(n) + " --steps 3 " +
                                         args + " --out " + out,
                                     600);
   EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.out << r.err;

@@ -5,6 +5,7 @@
 // import exported untrained is bit-identical; a tokenizer made here feeds scripts/tokenize.
 #include <regex>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -20,9 +21,9 @@ std::string python() { return test::venv_python(); }
 std::string hf_script(const std::string& name) {
   return python() + " " + (test::source_dir() / "tests" / "hf" / name).string();
 }
-std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
-std::string ckpt() { return (test::bin_dir() / "fsdpx-ckpt").string(); }
-std::string worker() { return (test::build_dir() / "tests" / "hf_worker").string(); }
+using fsdpx::test::train;
+using fsdpx::test::hf_worker;
+using fsdpx::test::ckpt;
 
 // Runs `cmd`, expecting success; returns stdout + stderr.
 std::string ok(const std::string& cmd) {
@@ -31,17 +32,19 @@ std::string ok(const std::string& cmd) {
   return r.out + r.err;
 }
 
-// A random LlamaForCausalLM saved by save_pretrained into DIR/name, its reference logits beside it.
-fs::path make_llama(const fs::path& dir, const std::string& name, bool tied, bool sharded) {
-  ok(hf_script("make_llama.py") + " --out " + (dir / name).string() + " --tied " + (tied ? "1" : "0") +
-     (sharded ? " --sharded" : ""));
-  return dir / name;
+// Random LlamaForCausalLMs saved by save_pretrained into DIR/name, their reference logits beside
+// them; each name may end in ",tied" and ",sharded" (make_llama.py). One python process for all of
+// them, since importing transformers is most of its time.
+void make_llamas(const fs::path& dir, const std::vector<std::string>& names) {
+  std::string cmd = hf_script("make_llama.py");
+  for (const auto& name : names) cmd += " " + (dir / name).string();
+  ok(cmd);
 }
 
 // fsdpx's logits at `ranks` ranks against transformers' (`reference`), within `tol`.
 void expect_logits(const fs::path& model, const fs::path& reference, int ranks, const std::string& extra = "") {
   const std::string out = model.string() + ".fsdpx" + std::to_string(ranks) + ".safetensors";
-  ok(worker() + " --nproc-per-node " + std::to_string(ranks) + " --from-hf " + model.string() + " --ids " +
+  ok(hf_worker() + " --nproc-per-node " + std::to_string(ranks) + " --from-hf " + model.string() + " --ids " +
      reference.string() + " --out " + out + " " + extra);
   const std::string cmp = ok(hf_script("compare_logits.py") + " " + reference.string() + " " + out + " --tol 1e-4");
   std::printf("%s at %d rank(s): %s", model.filename().c_str(), ranks, cmp.c_str());
@@ -49,10 +52,11 @@ void expect_logits(const fs::path& model, const fs::path& reference, int ranks, 
 
 TEST(HfInterop, ImportedLlamaGivesTransformersLogitsAtOneTwoThreeRanks) {
   test::TempDir dir;
+  make_llamas(dir.path(), {"untied", "untied_sharded,sharded", "tied,tied", "tied_sharded,tied,sharded"});
   for (bool tied : {false, true}) {
     for (bool sharded : {false, true}) {
       const std::string name = std::string(tied ? "tied" : "untied") + (sharded ? "_sharded" : "");
-      const fs::path m = make_llama(dir.path(), name, tied, sharded);
+      const fs::path m = dir.path() / name;
       if (sharded) {
         EXPECT_TRUE(fs::exists(m / "model.safetensors.index.json"));
       }
@@ -68,7 +72,8 @@ TEST(HfInterop, ImportedLlamaGivesTransformersLogitsAtOneTwoThreeRanks) {
 TEST(HfInterop, TrainedWeightsExportedLoadInTransformersWithFsdpxLogits) {
   test::TempDir dir;
   const fs::path d = dir.path();
-  const fs::path m = make_llama(d, "llama", false, false);
+  make_llamas(d, {"llama"});
+  const fs::path m = d / "llama";
   std::string corpus;
   for (int i = 0; i < 60; ++i)
     corpus += "Sample " + std::to_string(i) + ": the sharded model reads its own rows and trains on tokens.\n";
@@ -93,7 +98,7 @@ TEST(HfInterop, TrainedWeightsExportedLoadInTransformersWithFsdpxLogits) {
   const fs::path ids = d / "llama.logits.safetensors";
   ok(hf_script("hf_logits.py") + " --model " + (d / "exported").string() + " --ids " + ids.string() + " --out " +
      (d / "hf_trained.safetensors").string());
-  ok(worker() + " --nproc-per-node 2 --from-hf " + m.string() + " --init-from " + step.string() + " --ids " +
+  ok(hf_worker() + " --nproc-per-node 2 --from-hf " + m.string() + " --init-from " + step.string() + " --ids " +
      ids.string() + " --out " + (d / "fsdpx_trained.safetensors").string());
   const std::string cmp = ok(hf_script("compare_logits.py") + " " + (d / "hf_trained.safetensors").string() + " " +
                              (d / "fsdpx_trained.safetensors").string() + " --tol 1e-4");
@@ -107,9 +112,9 @@ TEST(HfInterop, TrainedWeightsExportedLoadInTransformersWithFsdpxLogits) {
 TEST(HfInterop, ImportThenExportUntrainedIsBitIdentical) {
   test::TempDir dir;
   const fs::path d = dir.path();
+  make_llamas(d, {"untied,sharded", "tied,tied,sharded"});
   for (bool tied : {false, true}) {
     const std::string name = tied ? "tied" : "untied";
-    make_llama(d, name, tied, /*sharded=*/true);
     ok("bash -c 'cd " + d.string() + " && " + train() + " --model.name gpt --model.from_hf " + name +
        " --data.name synthetic --data.seq 16 --steps 1 --save-init init_" + name + " --out run_" + name + "'");
     // Shards of at most 200 kB, as the source has: the index is written too.
@@ -134,7 +139,8 @@ TEST(HfInterop, ImportThenExportUntrainedIsBitIdentical) {
 TEST(HfInterop, BadDirectoriesAreOneClearLine) {
   test::TempDir dir;
   const fs::path d = dir.path();
-  const fs::path m = make_llama(d, "llama", false, false);
+  make_llamas(d, {"llama"});
+  const fs::path m = d / "llama";
   const std::string base = nlohmann::json::parse(test::read_file(m / "config.json")).dump();
   struct Case {
     std::function<void(nlohmann::json&)> edit;

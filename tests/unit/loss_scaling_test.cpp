@@ -17,8 +17,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using test::run_command;
 
-const std::string kRun = " --nproc-per-node 2 --batch-size 4 --data.seq 32 --log-every 1 ";
-std::string train() { return (test::bin_dir() / "fsdpx-train").string() + kRun; }
+const std::string kTwoRanks = " --nproc-per-node 2 --batch-size 4 --data.seq 32 --log-every 1 ";
+std::string train_2() { return test::train() + kTwoRanks; }
 
 std::vector<double> field(const std::vector<json>& m, const char* key) {
   std::vector<double> out;
@@ -34,7 +34,7 @@ TEST(LossScaling, Fp16MixedTrainsCloseToFp32AndBf16) {
   test::TempDir dir;
   std::map<std::string, std::vector<double>> loss;
   for (const std::string p : {"fp32", "bf16_mixed", "fp16_mixed"}) {
-    auto r = run_command(train() + "--steps 30 --precision.name " + p + " --out " + (dir.path() / p).string());
+    auto r = run_command(train_2() + "--steps 30 --precision.name " + p + " --out " + (dir.path() / p).string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     loss[p] = field(test::step_metrics(dir.path() / p), "loss");
     ASSERT_EQ(loss[p].size(), 30u) << p;
@@ -59,7 +59,7 @@ TEST(LossScaling, Fp16MixedTrainsCloseToFp32AndBf16) {
 TEST(LossScaling, AnInfOnOneRankSkipsTheStepOnEveryRankAndHalvesTheScale) {
   test::TempDir dir;
   const fs::path out = dir.path() / "run";
-  auto r = run_command("env FSDPX_FAULT=inf-grad:1:3 " + train() +
+  auto r = run_command("env FSDPX_FAULT=inf-grad:1:3 " + train_2() +
                        "--steps 5 --precision.name fp16_mixed --checkpoint.name sharded --save-every 1 --out " +
                        out.string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
@@ -80,7 +80,7 @@ TEST(LossScaling, TheScaleGrowsAfterItsInterval) {
   test::TempDir dir;
   // From 1024, so that no gradient overflows in fp16 on the way up (from 65536 the fifth step's
   // 262144 can, depending on the initial weights).
-  auto r = run_command(train() + "--steps 5 --precision.name fp16_mixed --precision.growth_interval 2 " +
+  auto r = run_command(train_2() + "--steps 5 --precision.name fp16_mixed --precision.growth_interval 2 " +
                        "--precision.init_scale 1024 --out " + dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   const auto m = test::step_metrics(dir.path());
@@ -92,7 +92,7 @@ TEST(LossScaling, TheScaleGrowsAfterItsInterval) {
 // scale grows at steps 2, 4 and 6, so the resumed run must know the step since the last growth).
 TEST(LossScaling, ResumeRestoresTheScale) {
   test::TempDir whole, split;
-  const std::string run = train() +
+  const std::string run = train_2() +
                           "--precision.name fp16_mixed --precision.growth_interval 2 --precision.init_scale 1024 "
                           "--checkpoint.name sharded ";
   ASSERT_EQ(run_command(run + "--steps 6 --out " + whole.path().string()).exit_code, 0);
@@ -137,7 +137,7 @@ TEST(UnitPrecision, EachUnitGathersInItsOwnDtype) {
       {"", {}}, {"root", {"root"}}, {"layers\\.1", {"layers.1"}}, {"root,layers\\.0", {"root", "layers.0"}}};
   for (const auto& [units, in_fp32] : cases) {
     const fs::path out = dir.path() / ("u" + std::to_string(measured.size()));
-    auto r = run_command(train() + "--steps 2 --precision.name bf16_mixed --precision.fp32_units '" + units +
+    auto r = run_command(train_2() + "--steps 2 --precision.name bf16_mixed --precision.fp32_units '" + units +
                          "' --out " + out.string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     const json plan = test::read_json(out / "plan.json");
@@ -185,7 +185,7 @@ TEST(UnitPrecision, MixedUnitsTrainCloseToFp32) {
       {"fp32", "--precision.name fp32"}, {"bf16", "--precision.name bf16_mixed"},
       {"mixed", "--precision.name bf16_mixed --precision.fp32_units root"}};
   for (const auto& [name, opts] : runs) {
-    auto r = run_command(train() + "--steps 30 " + opts + " --out " + (dir.path() / name).string());
+    auto r = run_command(train_2() + "--steps 30 " + opts + " --out " + (dir.path() / name).string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     loss[name] = field(test::step_metrics(dir.path() / name), "loss");
     ASSERT_EQ(loss[name].size(), 30u);

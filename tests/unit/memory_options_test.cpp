@@ -30,8 +30,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string worker() { return (test::build_dir() / "tests" / "engine_worker").string(); }
-std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
+using fsdpx::test::train;
+using fsdpx::test::engine_worker;
 
 struct Case {
   std::string name, device, args;
@@ -57,7 +57,7 @@ TEST_P(InBackward, SameBitsAsTheStepAfterBackward) {
     for (const char* way : {"after", "inside"}) {
       const std::string out = (dir.path() / (std::string(way) + std::to_string(n))).string();
       const std::string inside = std::string(way) == "inside" ? " --step-in-backward" : "";
-      auto r = test::run_command(worker() + " --nproc-per-node " + std::to_string(n) +
+      auto r = test::run_command(engine_worker() + " --nproc-per-node " + std::to_string(n) +
                                  " --steps 3 --device " + c.device + " " + c.args + inside + " --out " + out);
       ASSERT_EQ(r.exit_code, 0) << way << " " << n << "\n" << r.out << r.err;
       files[std::string(way) + ".losses"] = test::read_file(out + ".losses");

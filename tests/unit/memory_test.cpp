@@ -17,7 +17,7 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string train() { return (bin_dir() / "fsdpx-train").string(); }
+using fsdpx::test::train;
 
 struct Measured {
   json plan;          // plan.json as summary.json holds it

@@ -212,7 +212,7 @@ TEST(PluginErrors, ABrokenPluginInADirectoryDoesNotStopTheOthers) {
 
 // --- Plugin loading is strict where the user was explicit (issue 26, class 7) -------------------
 
-std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
+using fsdpx::test::train;
 const std::string kQuick = " --data.name synthetic --data.seq 16 --batch-size 2 --steps 1 ";
 
 // A file named with --plugin must load: its failure stops the run with one line (it was a

@@ -17,9 +17,9 @@ namespace {
 namespace fs = std::filesystem;
 using test::run_command;
 
-std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
+using fsdpx::test::train;
 
-const std::string kRun = " --nproc-per-node 2 --data.name synthetic --data.seq 16 --batch-size 2 ";
+const std::string kLockRun = " --nproc-per-node 2 --data.name synthetic --data.seq 16 --batch-size 2 ";
 
 TEST(RunLock, ASecondWriterOfADirectoryIsRefusedNamingTheFirst) {
   test::TempDir dir;
@@ -49,13 +49,13 @@ TEST(RunLock, ASecondRunOnARunningRunsDirectoryRefusesNamingItsPid) {
   const fs::path out = dir.path() / "run";
   const fs::path lock = out / RunDirectory::kLockFile;
   const std::string script =
-      "timeout 50 " + train() + kRun + "--steps 100000 --log-every 1 --out " + out.string() + " >" +
+      "timeout 50 " + train() + kLockRun + "--steps 100000 --log-every 1 --out " + out.string() + " >" +
       (dir.path() / "first.out").string() + " 2>&1 &\n"
       "first=$!\n"
       "for i in $(seq 200); do grep -q '^pid' " + lock.string() + " 2>/dev/null && break; sleep 0.1; done\n"
       "sleep 1\n"
-      "timeout 30 " + train() + kRun + "--steps 2 --out " + out.string() + " >" + (dir.path() / "second.out").string() +
-      " 2>" + (dir.path() / "second.err").string() + "\n"
+      "timeout 30 " + train() + kLockRun + "--steps 2 --out " + out.string() +
+      " >" + (dir.path() / "second.out").string() + " 2>" + (dir.path() / "second.err").string() + "\n"
       "echo $? >" + (dir.path() / "second.code").string() + "\n"
       "kill -9 $(pgrep -P $first) $first 2>/dev/null; wait\n";
   test::write_file(dir.path() / "run.sh", script);
@@ -72,7 +72,7 @@ TEST(RunLock, ASecondRunOnARunningRunsDirectoryRefusesNamingItsPid) {
   EXPECT_EQ(test::read_file(dir.path() / "second.out"), "");
   EXPECT_NE(test::read_file(out / "config.ini").find("steps=100000"), std::string::npos);  // still the first's
   // The killed run's lock is no hindrance.
-  auto third = run_command(train() + kRun + "--steps 2 --out " + out.string());
+  auto third = run_command(train() + kLockRun + "--steps 2 --out " + out.string());
   EXPECT_EQ(third.exit_code, 0) << third.err;
 }
 

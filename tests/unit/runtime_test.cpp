@@ -25,13 +25,13 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string worker() { return (test::build_dir() / "tests" / "comm_worker").string(); }
-std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
+using fsdpx::test::train;
+using fsdpx::test::comm_worker;
 
 // One rank started by hand, with torchrun's variables.
 std::string rank_cmd(int rank, int world, int port, const std::string& args) {
   return "env RANK=" + std::to_string(rank) + " WORLD_SIZE=" + std::to_string(world) +
-         " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + worker() + " " + args;
+         " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + comm_worker() + " " + args;
 }
 
 TEST(GlooBackend, SymbolsExistAndWork) {
@@ -93,21 +93,21 @@ TEST(GlooBackend, OtherLibTorchVersionsAreRefused) {
 }
 
 TEST(Runtime, SubgroupsOfSomeRanksThenOfAll) {
-  auto r = test::run_command(worker() + " --nproc-per-node 4 --scenario subgroups --collective-timeout 20");
+  auto r = test::run_command(comm_worker() + " --nproc-per-node 4 --scenario subgroups --collective-timeout 20");
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   for (int k = 0; k < 4; ++k)
     EXPECT_NE(r.out.find("[rank" + std::to_string(k) + "]: subgroups ok"), std::string::npos) << r.out;
 }
 
 TEST(Runtime, CollectivesAtTwoRanks) {
-  auto r = test::run_command(worker() + " --nproc-per-node 2 --scenario collectives");
+  auto r = test::run_command(comm_worker() + " --nproc-per-node 2 --scenario collectives");
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("[rank0]: collectives ok"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("[rank1]: collectives ok"), std::string::npos) << r.out;
 }
 
 TEST(Runtime, CollectivesAtFourRanks) {
-  auto r = test::run_command(worker() + " --nproc-per-node 4 --scenario collectives");
+  auto r = test::run_command(comm_worker() + " --nproc-per-node 4 --scenario collectives");
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   for (int k = 0; k < 4; ++k)
     EXPECT_NE(r.out.find("[rank" + std::to_string(k) + "]: collectives ok"), std::string::npos) << r.out;
@@ -191,7 +191,7 @@ TEST(Launcher, CheckCommPassesAndOutputIsPrefixedByRank) {
 
 TEST(Launcher, AFailingRankStopsTheOthers) {
   auto start = Clock::now();
-  auto r = test::run_command(worker() + " --nproc-per-node 3 --scenario exit --fail-rank 1 --code 7");
+  auto r = test::run_command(comm_worker() + " --nproc-per-node 3 --scenario exit --fail-rank 1 --code 7");
   double secs = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(r.exit_code, 7);
   EXPECT_NE(r.err.find("comm_worker: rank 1 exited with status 7; stopping the other ranks"), std::string::npos)
@@ -204,7 +204,7 @@ TEST(Launcher, SigtermReachesEveryWorker) {
   test::TempDir dir;
   // Start the launcher, wait until both workers wrote their pids, SIGTERM the launcher.
   const std::string cmd =
-      worker() + " --nproc-per-node 2 --scenario sleep --dir " + dir.path().string() + " & L=$!; "
+      comm_worker() + " --nproc-per-node 2 --scenario sleep --dir " + dir.path().string() + " & L=$!; "
       "for i in $(seq 100); do [ -f " + (dir.path() / "pid.0").string() + " ] && [ -f " +
       (dir.path() / "pid.1").string() + " ] && break; sleep 0.1; done; "
       "kill -TERM $L; wait $L; echo launcher=$?";

@@ -16,7 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string train() { return (bin_dir() / "fsdpx-train").string(); }
+using fsdpx::test::train;
 
 const std::string kSmall = " --steps 3 --log-every 1 --data.seq 32 --clip-grad-norm 1e9 ";
 

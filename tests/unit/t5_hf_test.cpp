@@ -21,9 +21,9 @@ using test::run_command;
 std::string hf_script(const std::string& name) {
   return test::venv_python() + " " + (test::source_dir() / "tests" / "hf" / name).string();
 }
-std::string train() { return (test::bin_dir() / "fsdpx-train").string(); }
-std::string ckpt() { return (test::bin_dir() / "fsdpx-ckpt").string(); }
-std::string worker() { return (test::build_dir() / "tests" / "hf_worker").string(); }
+using fsdpx::test::train;
+using fsdpx::test::hf_worker;
+using fsdpx::test::ckpt;
 
 std::string ok(const std::string& cmd) {
   auto r = run_command(cmd);
@@ -45,8 +45,8 @@ fs::path reference(const fs::path& model) { return model.string() + ".logits.saf
 // fsdpx's logits (hf_worker, `init` an fsdpx checkpoint or none) against `expected`, within 1e-4.
 void expect_logits(const fs::path& model, const fs::path& expected, int ranks, const std::string& init = "") {
   const std::string out = model.string() + ".fsdpx" + std::to_string(ranks) + ".safetensors";
-  ok(worker() + " --nproc-per-node " + std::to_string(ranks) + " --model t5 --from-hf " + model.string() + " --ids " +
-     reference(model).string() + " --out " + out + (init.empty() ? "" : " --init-from " + init));
+  ok(hf_worker() + " --nproc-per-node " + std::to_string(ranks) + " --model t5 --from-hf " + model.string() +
+     " --ids " + reference(model).string() + " --out " + out + (init.empty() ? "" : " --init-from " + init));
   const std::string cmp = ok(hf_script("compare_logits.py") + " " + expected.string() + " " + out + " --tol 1e-4");
   std::printf("%s at %d rank(s): %s", model.filename().c_str(), ranks, cmp.c_str());
 }

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string train() { return (bin_dir() / "fsdpx-train").string(); }
+using fsdpx::test::train;
 
 // 120 pairs "copy: <words>" -> "<words reversed>", of 1 to 9 words: sources and targets of many
 // lengths, so that batches hold padding and ignored labels.

@@ -35,6 +35,11 @@ std::string venv_python() { return FSDPX_TEST_PYTHON; }
 fs::path fixture_dir() { return build_dir() / "tests" / "fixtures"; }
 fs::path plugin_dir() { return build_dir() / "lib" / "fsdpx" / "plugins"; }
 fs::path bin_dir() { return build_dir() / "bin"; }
+std::string train() { return (bin_dir() / "fsdpx-train").string(); }
+std::string ckpt() { return (bin_dir() / "fsdpx-ckpt").string(); }
+std::string engine_worker() { return (build_dir() / "tests" / "engine_worker").string(); }
+std::string comm_worker() { return (build_dir() / "tests" / "comm_worker").string(); }
+std::string hf_worker() { return (build_dir() / "tests" / "hf_worker").string(); }
 fs::path fixture(const std::string& name) { return fixture_dir() / ("fixture_" + name + ".so"); }
 
 TempDir::TempDir() {

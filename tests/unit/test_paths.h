@@ -19,6 +19,13 @@ std::filesystem::path fixture_dir();  // built fixture plugins
 std::filesystem::path plugin_dir();   // build/lib/fsdpx/plugins
 std::filesystem::path bin_dir();      // build/bin
 std::filesystem::path fixture(const std::string& name);  // fixture_dir()/fixture_<name>.so
+// The programs the tests run, as command-line words: build/bin/fsdpx-train and fsdpx-ckpt;
+// the workers in build/tests.
+std::string train();
+std::string ckpt();
+std::string engine_worker();
+std::string comm_worker();
+std::string hf_worker();
 std::string csv_path();  // scikit-learn's breast_cancer.csv, as scripts/setup.sh placed it
 
 // A fresh private (0700) directory, removed when the object goes.

@@ -56,7 +56,6 @@ namespace {
 
 using c10::CachingDeviceAllocator::DeviceStats;
 constexpr size_t kAgg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-constexpr int kMaxDevices = 64;
 
 size_t page_size() {
   static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));

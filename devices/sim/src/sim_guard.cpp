@@ -30,8 +30,6 @@ namespace fsdpx::sim {
 
 namespace {
 
-constexpr int kMaxDevices = 64;
-
 c10::DeviceIndex read_device_count() {
   const char* env = std::getenv("FSDPX_SIM_DEVICES");
   long n = env ? std::strtol(env, nullptr, 10) : 8;

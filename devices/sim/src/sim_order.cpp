@@ -36,8 +36,6 @@ struct OrderClock {
 
 namespace {
 
-constexpr int kMaxDevices = 64;
-
 struct DeviceClocks {
   std::map<c10::StreamId, OrderClock> streams;
   OrderClock host;

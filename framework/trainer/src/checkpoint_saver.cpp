@@ -23,12 +23,12 @@
 #include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/runtime/collective_context.h"
 #include "fsdpx/framework/runtime/device.h"
+#include "seconds_since.h"
 
 namespace fsdpx {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 constexpr int64_t kMaxBufferBytes = int64_t{64} << 20;
 
@@ -214,7 +214,7 @@ void write_flight(CheckpointSaver::Flight& f, CheckpointWriter& w, const Checkpo
   } catch (const std::exception& e) {
     f.error = e.what();
   }
-  f.figures.write_s = since(f.start);
+  f.figures.write_s = seconds_since(f.start);
   f.done = true;
 }
 
@@ -242,7 +242,7 @@ void CheckpointSaver::save(const std::string& dir, const CheckpointState& st, st
                            bool defer_staging) {
   const auto t0 = Clock::now();
   wait();
-  const double waited = since(t0);
+  const double waited = seconds_since(t0);
   prepare(st, "checkpoint " + dir);
   CollectivePhase phase("checkpoint");
   auto flight = std::make_shared<Flight>();
@@ -266,18 +266,18 @@ void CheckpointSaver::save(const std::string& dir, const CheckpointState& st, st
       stager_ = std::thread([this, flight, st, mine] {  // `st` by value: its tensors stay alive
         const auto began = Clock::now();
         stage(*flight, st, mine);
-        flight->figures.stage_s = since(began);
+        flight->figures.stage_s = seconds_since(began);
       });
       flight->figures.deferred = unsettled_ = true;
-      save_call_s_ = since(flight->start);
+      save_call_s_ = seconds_since(flight->start);
       stager_wait_s_ = 0;
       return;
     } catch (const std::system_error&) {  // no thread to be had: staged here, as on a device
     }
   }
   stage(*flight, st, mine);
-  flight->figures.stage_s = since(flight->start);
-  flight->figures.stall_s = slowest(since(flight->start));
+  flight->figures.stage_s = seconds_since(flight->start);
+  flight->figures.stall_s = slowest(seconds_since(flight->start));
   if (!background()) wait();
 }
 
@@ -296,7 +296,7 @@ void CheckpointSaver::settle() {
   double waited = 0;
   if (stager_.joinable()) {
     stager_.join();
-    waited = since(t0);
+    waited = seconds_since(t0);
   } else {
     waited = stager_wait_s_;  // in_flight() or wait() joined it first
   }
@@ -309,7 +309,7 @@ void CheckpointSaver::join_stager() {
   if (!stager_.joinable()) return;
   const auto t0 = Clock::now();
   stager_.join();
-  stager_wait_s_ = since(t0);
+  stager_wait_s_ = seconds_since(t0);
   flight_->figures.stall_s = save_call_s_ + stager_wait_s_;
 }
 

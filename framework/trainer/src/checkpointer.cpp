@@ -12,6 +12,7 @@
 #include "fsdpx/framework/trainer/checkpoint_state.h"
 #include "fsdpx/hf_interop.h"
 #include "rank_zero.h"
+#include "seconds_since.h"
 #include "fsdpx/framework/runtime/device.h"
 
 namespace fs = std::filesystem;
@@ -152,7 +153,7 @@ void Checkpointer::save(int64_t step) {
   SaveFigures f;
   f.step = step;
   f.dir = dir;
-  f.stall_s = f.write_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  f.stall_s = f.write_s = seconds_since(t0);
   on_rank_zero(*groups_.control(), [&] {  // the others wait: the checkpoint is complete and pruned when they go on
     report(f);
     if (s_.keep_last > 0) prune_checkpoints(run_dir_.checkpoints(), s_.keep_last);
@@ -181,7 +182,7 @@ void Checkpointer::finish() {
   if (writer_ && !dir.empty() && saver_->background()) {
     char l[300];
     std::snprintf(l, sizeof l, "the run's end waited %.2f s for checkpoint %s to be written",
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), dir.c_str());
+                  seconds_since(t0), dir.c_str());
     out_.line(l);
   }
   poll();

@@ -13,15 +13,12 @@
 #include "plan_json.h"
 #include "proc_memory.h"
 #include "rank_zero.h"
+#include "seconds_since.h"
 
 using json = nlohmann::json;
 
 namespace fsdpx {
 namespace {
-
-double seconds_since(MetricsProcessor::Clock::time_point t) {
-  return std::chrono::duration<double>(MetricsProcessor::Clock::now() - t).count();
-}
 
 json phase_peaks(const WorldStep& w) {
   json j = json::object();

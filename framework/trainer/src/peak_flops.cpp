@@ -7,12 +7,12 @@
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/randn.h>
 
+#include "seconds_since.h"
+
 namespace fsdpx {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 }  // namespace
 

@@ -39,7 +39,8 @@ class Tensor;
 namespace fsdpx::sim {
 
 // ---------------------------------------------------------------- devices --
-// Number of sim devices: env FSDPX_SIM_DEVICES (default 8, max 64).
+// Number of sim devices: env FSDPX_SIM_DEVICES (default 8, at most kMaxDevices).
+inline constexpr int kMaxDevices = 64;
 FSDPX_SIM_API c10::DeviceIndex device_count() noexcept;
 FSDPX_SIM_API c10::DeviceIndex current_device() noexcept;     // thread-local, default 0
 FSDPX_SIM_API void set_device(c10::DeviceIndex index);        // checked
