@@ -500,7 +500,7 @@ TEST(OptionEffects, ModelSizeWithFromHfIsRefusedAndConfigIniRecordsOnlyWhatWasRe
   const std::string d = dir.path().string(), quick = kQuick + "--log-every 1 ";
   auto r = run_command(train() + quick + "--save-init " + d + "/init --out " + d + "/run0");
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  r = run_command((test::bin_dir() / "fsdpx-ckpt").string() + " export-hf " + d + "/init " + d + "/hf");
+  r = run_command(test::ckpt() + " export-hf " + d + "/init " + d + "/hf");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = run_command(train() + quick + "--model.from_hf " + d + "/hf --model.size small --dry-run");
   expect_one_line(r, "fsdpx-train", "--model.size conflicts with --model.from_hf: the configuration comes from " + d +

@@ -64,7 +64,7 @@ TEST(Gpu, TrainerOnCudaMatchesTheCpuAndItsCheckpointsResumeAnywhere) {
   FSDPX_NEEDS_GPUS(1);
   fsdpx::test::TempDir dir;
   const std::string train =
-      (fsdpx::test::bin_dir() / "fsdpx-train").string() +
+      fsdpx::test::train() +
       " --model.size tiny --data.name synthetic --log-every 1 --steps 4 --checkpoint.name sharded ";
   auto step_losses = [&](const std::string& out) {
     std::vector<double> v;

@@ -155,7 +155,7 @@ TEST(Library, ACheckpointOfTheLibraryResumesInFsdpxTrain) {
   const auto lib = worker("--mlp --save " + saved.string());
   ASSERT_EQ(lib.exit_code, 0) << lib.out << lib.err;
   const auto train = test::run_command(
-      (test::bin_dir() / "fsdpx-train").string() + " --nproc-per-node 3 --model.name mlp --data.name csv " +
+      test::train() + " --nproc-per-node 3 --model.name mlp --data.name csv " +
       "--data.path " + test::csv_path() + " --wrap.layer_types Hidden --optimizer.name adamw --optimizer.lr 1e-30 " +
       "--checkpoint.name sharded --resume " + saved.string() + " --steps 4 --batch-size 4 --out " + out.string());
   ASSERT_EQ(train.exit_code, 0) << train.out << train.err;
@@ -165,7 +165,7 @@ TEST(Library, ACheckpointOfTheLibraryResumesInFsdpxTrain) {
             std::string::npos)
       << train.out;
   const fs::path a = dir.path() / "library.safetensors", b = dir.path() / "train.safetensors";
-  const std::string ckpt = (test::bin_dir() / "fsdpx-ckpt").string();
+  const std::string ckpt = test::ckpt();
   for (const auto& [from, to] : {std::pair{saved, a}, std::pair{out / "checkpoints" / "step-00000004", b}}) {
     const auto c = test::run_command(ckpt + " consolidate " + from.string() + " " + to.string() + " --no-optimizer");
     ASSERT_EQ(c.exit_code, 0) << c.out << c.err;
@@ -184,7 +184,7 @@ TEST(Library, ACheckpointOfTheLibraryResumesInFsdpxTrain) {
 // as a synchronous save of step 1; fsdpx-ckpt verify calls it complete.
 TEST(Library, AnAsynchronousSaveHoldsItsStepsState) {
   test::TempDir dir;
-  const std::string ckpt = (test::bin_dir() / "fsdpx-ckpt").string();
+  const std::string ckpt = test::ckpt();
   std::vector<std::unique_ptr<SafetensorsReader>> files;
   for (const std::string way : {"sync", "async"}) {
     const fs::path saved = dir.path() / way / "step-00000001", file = dir.path() / (way + ".safetensors");
@@ -212,7 +212,7 @@ TEST(Library, AModelPluginTrainsAsFsdpxTrainDoes) {
                                      "--size tiny --seq 64 --out " + (dir.path() / "lib").string());
   ASSERT_EQ(lib.exit_code, 0) << lib.out << lib.err;
   const auto train = test::run_command(
-      (test::bin_dir() / "fsdpx-train").string() + common + "--model.name gpt --model.size tiny --model.seq 64 " +
+      test::train() + common + "--model.name gpt --model.size tiny --model.seq 64 " +
       "--data.name synthetic --data.seq 64 --wrap.layer_types Block --optimizer.name adamw --log-every 1 " +
       "--checkpoint.name none --out " + (dir.path() / "train").string());
   ASSERT_EQ(train.exit_code, 0) << train.out << train.err;

@@ -111,7 +111,7 @@ TEST(LossScaling, BadScalerOptionsAreOneClearLine) {
            {"--precision.growth_interval 0",
             "option precision.growth_interval expects an integer of at least 1, got '0'"},
            {"--precision.init_scale -1", "option precision.init_scale expects a number greater than 0, got '-1'"}}) {
-    auto r = run_command((test::bin_dir() / "fsdpx-train").string() + " --steps 1 --precision.name fp16_mixed " + opt);
+    auto r = run_command(test::train() + " --steps 1 --precision.name fp16_mixed " + opt);
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
   }
@@ -162,7 +162,7 @@ TEST(UnitPrecision, EachUnitGathersInItsOwnDtype) {
 }
 
 TEST(UnitPrecision, DryRunShowsEachUnitsDtypes) {
-  auto r = run_command((test::bin_dir() / "fsdpx-train").string() +
+  auto r = run_command(test::train() +
                        " --nproc-per-node 2 --dry-run --precision.name bf16_mixed --precision.fp32_units root");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("dtypes     storage fp32, gradient fp32; compute (and all-gather) and reduce per unit (below)"),
@@ -171,7 +171,7 @@ TEST(UnitPrecision, DryRunShowsEachUnitsDtypes) {
   EXPECT_NE(r.out.find("recompute  compute/reduce"), std::string::npos) << r.out;
   EXPECT_TRUE(r.out.find("no         fp32/fp32") != std::string::npos) << r.out;  // the root
   EXPECT_TRUE(r.out.find("no         bf16/fp32") != std::string::npos) << r.out;  // the blocks
-  auto bad = run_command((test::bin_dir() / "fsdpx-train").string() +
+  auto bad = run_command(test::train() +
                          " --dry-run --precision.name bf16_mixed --precision.fp32_units 'layers[' ");
   EXPECT_NE(bad.err.find("fp32_units: 'layers[' is not a regular expression"), std::string::npos) << bad.err;
 }

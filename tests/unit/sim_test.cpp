@@ -355,7 +355,7 @@ TEST(SimOptimizers, StepOnTheDeviceAsOnTheCpu) {
 // host memory and Gloo (--backend gloo): every collective of the CPU's test, results back on the
 // device; metadata over the control group stays on the CPU.
 TEST(SimCollectives, EveryCollectiveOnTheNcclTwinAndStagedThroughTheHost) {
-  const std::string worker = (fsdpx::test::build_dir() / "tests" / "comm_worker").string();
+  const std::string worker = fsdpx::test::comm_worker();
   for (const char* backend : {"default", "gloo"}) {
     for (int n : {2, 4}) {
       auto r = fsdpx::test::run_command("timeout 300 " + worker + " --nproc-per-node " + std::to_string(n) +
@@ -374,7 +374,7 @@ TEST(SimCollectives, EveryCollectiveOnTheNcclTwinAndStagedThroughTheHost) {
 // collective's buffer before its wait, a buffer freed before the wait, and a stream that did not
 // wait for the one that waited (sim's stream-order check). Kept, the same collectives pass.
 TEST(SimCollectives, TheNcclTwinRefusesEachBrokenRule) {
-  const std::string worker = (fsdpx::test::build_dir() / "tests" / "comm_worker").string();
+  const std::string worker = fsdpx::test::comm_worker();
   auto r = fsdpx::test::run_command("timeout 300 " + worker + " --nproc-per-node 2 --scenario nccl-rules --device sim");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (const char* rule : {"host-tensor", "other-device", "count-mismatch", "dtype-mismatch", "touch-before-wait",
@@ -420,7 +420,7 @@ class SimEngine : public ::testing::TestWithParam<DeviceRun> {};
 TEST_P(SimEngine, LossesAndWeightsEqualTheCpuBitForBit) {
   const DeviceRun& run = GetParam();
   fsdpx::test::TempDir dir;
-  const std::string worker = (fsdpx::test::build_dir() / "tests" / "engine_worker").string();
+  const std::string worker = fsdpx::test::engine_worker();
   for (int n : run.ranks) {
     std::map<std::string, std::string> files;
     for (const char* device : {"cpu", "sim"}) {

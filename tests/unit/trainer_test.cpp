@@ -15,8 +15,6 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string train_cmd() { return (bin_dir() / "fsdpx-train").string(); }
-
 // The number of lines of `text`.
 int lines(const std::string& text) {
   int n = 0;
@@ -30,7 +28,7 @@ int lines(const std::string& text) {
 // (measured: 5.56 -> 3.50 at lr 1e-3; ln 256 = 5.55 is the untrained byte model's loss).
 TEST(Trainer, GptTinyLossFallsOverThirtySteps) {
   TempDir dir;
-  auto r = run_command(train_cmd() + " --nproc-per-node 2 --steps 30 --batch-size 8 --log-every 1 --out " +
+  auto r = run_command(train() + " --nproc-per-node 2 --steps 30 --batch-size 8 --log-every 1 --out " +
                        dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto m = read_json_lines(dir.path() / "metrics.jsonl");
@@ -63,7 +61,7 @@ TEST(Trainer, GptTinyLossFallsOverThirtySteps) {
 // plan opens an instance of its own as rank 0 would (DataSource::open: once per instance).
 TEST(Trainer, EachComponentIsMadeOncePerProcess) {
   TempDir dir;
-  auto r = run_command("env FSDPX_LOG=debug " + train_cmd() + " --data.name synthetic --data.seq 16 --batch-size 2 " +
+  auto r = run_command("env FSDPX_LOG=debug " + train() + " --data.name synthetic --data.seq 16 --batch-size 2 " +
                        "--steps 1 --checkpoint.name sharded --out " + dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   auto made = [&](const std::string& title) { return count_of(r.err, "created " + title); };
@@ -77,11 +75,11 @@ TEST(Trainer, EachComponentIsMadeOncePerProcess) {
 // The resolved configuration in a run's directory reproduces the run.
 TEST(Trainer, ConfigIniReproducesTheRun) {
   TempDir a, b;
-  auto r1 = run_command(train_cmd() +
+  auto r1 = run_command(train() +
                         " --nproc-per-node 2 --steps 4 --log-every 1 --optimizer.name sgd --data.seq 32 --out " +
                         a.path().string());
   ASSERT_EQ(r1.exit_code, 0) << r1.out << r1.err;
-  auto r2 = run_command(train_cmd() + " --nproc-per-node 2 --config " + (a.path() / "config.ini").string() + " --out " +
+  auto r2 = run_command(train() + " --nproc-per-node 2 --config " + (a.path() / "config.ini").string() + " --out " +
                         b.path().string());
   ASSERT_EQ(r2.exit_code, 0) << r2.out << r2.err;
   auto la = read_json_lines(a.path() / "metrics.jsonl"), lb = read_json_lines(b.path() / "metrics.jsonl");
@@ -100,7 +98,7 @@ TEST(Trainer, MlpOnBreastCancerReachesNinetyPercentHeldOut) {
   ASSERT_TRUE(std::filesystem::exists(csv)) << "scikit-learn's breast_cancer.csv: '" << csv << "'";
   TempDir dir;
   auto r =
-      run_command(train_cmd() + " --nproc-per-node 2 --model.name mlp --data.name csv --data.path " + csv +
+      run_command(train() + " --nproc-per-node 2 --model.name mlp --data.name csv --data.path " + csv +
                   " --wrap.layer_types Hidden --steps 100 --batch-size 16 --log-every 50 --out " + dir.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   json s = read_json(dir.path() / "summary.json");
@@ -127,11 +125,11 @@ TEST(Trainer, DryRunBytesEqualMeasured) {
     SCOPED_TRACE(c);
     TempDir plan_dir, run_dir;
     const std::string common = " --nproc-per-node 2 --steps 2 --batch-size 4 --log-every 1 --data.seq 32 " + c;
-    auto d = run_command(train_cmd() + common + " --dry-run --out " + plan_dir.path().string());
+    auto d = run_command(train() + common + " --dry-run --out " + plan_dir.path().string());
     ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
     EXPECT_NE(d.out.find("per rank   parameters"), std::string::npos) << d.out;
     EXPECT_FALSE(std::filesystem::exists(plan_dir.path() / "metrics.jsonl"));
-    auto r = run_command(train_cmd() + common + " --out " + run_dir.path().string());
+    auto r = run_command(train() + common + " --out " + run_dir.path().string());
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
     json plan = read_json(plan_dir.path() / "plan.json");
     json s = read_json(run_dir.path() / "summary.json");
@@ -149,7 +147,7 @@ TEST(Trainer, DryRunBytesEqualMeasured) {
 // Each bad input: a non-zero exit and one line naming what is wrong, before any worker starts.
 TEST(Trainer, BadInputGetsOneClearLine) {
   TempDir dir;
-  const std::string base = train_cmd() + " --nproc-per-node 2 ";
+  const std::string base = train() + " --nproc-per-node 2 ";
   struct Case {
     std::string args, expect;
   };
@@ -184,7 +182,7 @@ TEST(Trainer, BadInputGetsOneClearLine) {
 // A conflict only the data can reveal (sequences longer than the model's context) stops the
 // run on every rank with the fix in the message.
 TEST(Trainer, SequenceLongerThanContextIsNamed) {
-  auto r = run_command(train_cmd() + " --nproc-per-node 2 --steps 2 --data.seq 128");
+  auto r = run_command(train() + " --nproc-per-node 2 --steps 2 --data.seq 128");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("more than the model's context of 64; set --data.seq 64 or less, or --model.seq 128 or more"),
             std::string::npos)
@@ -193,7 +191,7 @@ TEST(Trainer, SequenceLongerThanContextIsNamed) {
 
 // --help lists the trainer's options and those of the components the run would use.
 TEST(Trainer, HelpListsTheChosenComponentsOptions) {
-  auto r = run_command(train_cmd() + " --help --model.name mlp --sharding.name hybrid_shard");
+  auto r = run_command(train() + " --help --model.name mlp --sharding.name hybrid_shard");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* want : {"--steps", "--batch-size", "--grad-accum", "--dry-run", "--nproc-per-node", "model 'mlp'",
                            "in_features", "sharding strategy 'hybrid_shard'", "shard_size", "optimizer 'adamw'",
@@ -226,7 +224,7 @@ TEST(Trainer, RankZeroFailuresEndEveryRank) {
     std::string cmd = "bash -c '";
     for (int r = 0; r < 2; ++r)
       cmd += "(env RANK=" + std::to_string(r) +
-             " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + train_cmd() +
+             " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + train() +
              " --steps 2 --batch-size 4 --log-every 1 --collective-timeout 120 --out " + out.string() +
              " >/dev/null 2>" + (dir.path() / ("err" + std::to_string(r))).string() + "; echo $? >" +
              (dir.path() / ("rc" + std::to_string(r))).string() + ") & ";
@@ -252,7 +250,7 @@ TEST(Trainer, RankZeroFailuresEndEveryRank) {
 // model the file does not fit is refused naming the tensor.
 TEST(Trainer, InitFromStartsFromSavedWeights) {
   TempDir dir;
-  const std::string base = train_cmd() + " --nproc-per-node 2 --steps 1 --optimizer.name sgd ";
+  const std::string base = train() + " --nproc-per-node 2 --steps 1 --optimizer.name sgd ";
   const auto d = dir.path();
   ASSERT_EQ(run_command(base + "--seed 0 --save-init " + (d / "seed0").string()).exit_code, 0);
   auto r =
@@ -290,13 +288,13 @@ TEST(Trainer, InitFromStartsFromSavedWeights) {
 TEST(Trainer, CheckpointNoneSwitchesOffTheFilesCheckpoint) {
   TempDir dir;
   write_file(dir.path() / "run.ini", "steps = 2\n[checkpoint]\nname = sharded\n");
-  auto r = run_command(train_cmd() + " --nproc-per-node 2 --config " + (dir.path() / "run.ini").string() +
+  auto r = run_command(train() + " --nproc-per-node 2 --config " + (dir.path() / "run.ini").string() +
                        " --checkpoint.name none --out " + (dir.path() / "run").string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "run" / "checkpoints"));
   const std::string resolved = read_file(dir.path() / "run" / "config.ini");
   EXPECT_NE(resolved.find("[checkpoint]\nname=none\n"), std::string::npos) << resolved;
-  auto help = run_command(train_cmd() + " --help");
+  auto help = run_command(train() + " --help");
   EXPECT_NE(help.out.find("--checkpoint.name NAME"), std::string::npos) << help.out;
   EXPECT_NE(help.out.find("the checkpoint backend to use, or none\n"), std::string::npos) << help.out;
 }
@@ -308,7 +306,7 @@ TEST(Trainer, CheckpointNoneSwitchesOffTheFilesCheckpoint) {
 TEST(Trainer, ARankFailingAloneEndsTheOthersWithItsMessage) {
   TempDir dir;
   const std::string port = std::to_string(free_port());
-  const std::string cmd = train_cmd() + " --plugin " + fixture("rank_throws").string() +
+  const std::string cmd = train() + " --plugin " + fixture("rank_throws").string() +
                           " --data.name fixture_rank_throws --steps 50 --log-every 1 --collective-timeout 60";
   std::string script = "cd " + dir.path().string() + "\n";
   for (int r : {1, 0})
@@ -336,7 +334,7 @@ TEST(Trainer, MfuCountsFlopsAsTorchtitan) {
   const int64_t C = 64, L = 3, H = 2, V = 256, T = 32, F = 96;
   for (const bool tied : {false, true}) {
     const auto out = dir.path() / (tied ? "tied" : "untied");
-    auto r = run_command(train_cmd() +
+    auto r = run_command(train() +
                          " --steps 2 --log-every 1 --peak-tflops 2 --data.name synthetic --data.seq 32 --model.dim 64"
                          " --model.layers 3 --model.heads 2 --model.vocab 256 --model.seq 32 --model.ffn_hidden 96" +
                          (tied ? " --model.tie_embeddings true" : "") + " --out " + out.string());
@@ -361,7 +359,7 @@ TEST(Trainer, ProfileStepNamesWhatTookMostTime) {
   if (under_sanitizers()) GTEST_SKIP() << "Kineto under ASan/LSan: not run in the sanitized suite";
   TempDir dir;
   const auto out = dir.path() / "run";
-  auto r = run_command(train_cmd() + " --steps 3 --log-every 1 --peak-tflops 1 --data.name synthetic --profile-step 2"
+  auto r = run_command(train() + " --steps 3 --log-every 1 --peak-tflops 1 --data.name synthetic --profile-step 2"
                        " --out " + out.string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("profile of step 2 (cpu operators, by self time): "), std::string::npos) << r.out;
@@ -380,7 +378,7 @@ TEST(Trainer, ProfileStepNamesWhatTookMostTime) {
   EXPECT_TRUE(aten) << "no ATen operator among the largest: " << p.dump();
   EXPECT_LE(shares, 1.0 + 1e-9);
   EXPECT_GT(p["total_s"].get<double>(), 0);
-  auto late = run_command(train_cmd() + " --steps 3 --data.name synthetic --profile-step 4");
+  auto late = run_command(train() + " --steps 3 --data.name synthetic --profile-step 4");
   EXPECT_NE(late.exit_code, 0);
   EXPECT_NE(late.err.find("--profile-step 4 is past the run's last step 3"), std::string::npos) << late.err;
 }
