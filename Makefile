@@ -81,13 +81,14 @@ test-sanitize: sanitize-build  ## the tests under ASan + UBSan (fsdpx's code ins
 fuzz: sanitize-build  ## run every fuzz target (libFuzzer) FUZZ_SECONDS=$(FUZZ_SECONDS) s on its seed corpus (tests/fuzz)
 	bash tests/fuzz/run.sh $(SAN_BUILD) $(FUZZ_SECONDS)
 
-bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing, --deterministic's cost, the library's step vs fsdpx-train's, bf16 products on the CPU by layout, fsdpx vs PyTorch FSDP2 (quick set, and gpt small in fp32 and bf16_mixed)
+bench: build  ## run the benchmarks: Gloo throughput, engine overlap on/off (2 ranks), optimizer step, checkpoint save/load, activation checkpointing, --deterministic's cost, workers forked vs exec'd, the library's step vs fsdpx-train's, bf16 products on the CPU by layout, fsdpx vs PyTorch FSDP2 (quick set, and gpt small in fp32 and bf16_mixed)
 	$(BUILD)/bin/fsdpx-comm-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-engine-bench --nproc-per-node 2
 	$(BUILD)/bin/fsdpx-optim-bench --python $(PYTHON)
 	$(BUILD)/bin/fsdpx-ckpt-bench --nproc-per-node 2
 	bash benchmarks/activation_checkpointing.sh $(BUILD)
 	bash benchmarks/deterministic.sh $(BUILD)
+	bash benchmarks/worker_start.sh $(BUILD)
 	$(PYTHON) benchmarks/library_vs_train.py --build $(BUILD)
 	$(PYTHON) benchmarks/cpu_bf16_mm.py
 	$(PYTHON) benchmarks/vs_fsdp2/compare.py --fsdpx-bin $(BUILD) --python $(PYTHON) --quick

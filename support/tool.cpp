@@ -14,6 +14,7 @@ namespace fsdpx::tool {
 
 int main(int argc, char** argv, const std::string& name, po::options_description desc,
          const std::function<int(const po::variables_map&)>& body) {
+  fork_workers_early(argc, argv);  // with --nproc-per-node: each worker goes on from here
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
     std::vector<std::string> args;

@@ -160,6 +160,9 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
 }  // namespace
 
 int main(int argc, char** argv) {
+  // With --nproc-per-node: the workers, forked now while this process holds one thread; each
+  // goes on from here once the launcher below hands it its environment.
+  fsdpx::fork_workers_early(argc, argv, {"--help", "-h", "--dry-run"});
   // A rank whose peer died writes to a closed socket: the write must fail (EPIPE, a collective
   // error that names the lost ranks) instead of ending this rank at once by SIGPIPE's default,
   // before it can say anything (slurm_two_nodes saw rank 0 end as "task 0: Broken pipe").

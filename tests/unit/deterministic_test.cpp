@@ -82,7 +82,8 @@ TEST_P(LayoutInvariance, BitwiseIdenticalToOneRank) {
   std::printf("\n");
 }
 INSTANTIATE_TEST_SUITE_P(Deterministic, LayoutInvariance,
-                         ::testing::Values("full_shard", "shard_grad_op", "no_shard", "hybrid_shard"));
+                         ::testing::Values("full_shard", "shard_grad_op", "no_shard", "hybrid_shard"),
+                         [](const auto& p) { return p.param; });
 
 // Micro-batches of gradient accumulation keep the order: 2 x 6 samples on 1 rank as 2 x (3 x 2)
 // on 3 ranks.

@@ -125,7 +125,8 @@ TEST_P(Parity, EveryWorldSizeMatchesOneProcess) {
     expect_same(got, ref, GetParam() + " at " + std::to_string(n) + " ranks");
   }
 }
-INSTANTIATE_TEST_SUITE_P(Strategies, Parity, ::testing::Values("full_shard", "shard_grad_op", "no_shard"));
+INSTANTIATE_TEST_SUITE_P(Strategies, Parity, ::testing::Values("full_shard", "shard_grad_op", "no_shard"),
+                         [](const auto& p) { return p.param; });
 
 // Which unit holds a parameter: the longest unit name that prefixes it.
 std::string unit_of(const std::string& param, const std::vector<std::string>& units) {

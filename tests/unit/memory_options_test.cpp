@@ -380,7 +380,8 @@ TEST_P(EmbeddingUnits, TheSameBitsAndALowerPeakThePlanPredicts) {
               r.measured("with") / r.measured("without"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, EmbeddingUnits, ::testing::Values("cpu", "sim"));
+INSTANTIATE_TEST_SUITE_P(Devices, EmbeddingUnits, ::testing::Values("cpu", "sim"),
+                         [](const auto& p) { return p.param; });
 
 // Tied to the output projection, the embedding's table is used after the last layer: refused as
 // a unit in one line that lists the layer types that can be.

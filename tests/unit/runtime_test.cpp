@@ -220,6 +220,60 @@ TEST(Launcher, SigtermReachesEveryWorker) {
   }
 }
 
+// The workers are copies of the launcher forked before it did anything (its arguments, with
+// --nproc-per-node, are still theirs: no exec gave them new ones), unless FSDPX_EXEC_WORKERS=1
+// asks for exec (the arguments without --nproc-per-node). Both run the same; a bad value is refused.
+TEST(Launcher, WorkersAreForkedFromTheLauncherUnlessExecIsAsked) {
+  for (const std::string exec : {"", "1"}) {
+    test::TempDir dir;
+    const std::string env = exec.empty() ? "" : "FSDPX_EXEC_WORKERS=" + exec + " ";
+    const fs::path d = dir.path();
+    // Start the launcher, wait until both workers wrote their pids, keep their arguments, stop it.
+    test::write_file(d / "run.sh",
+                     env + comm_worker() + " --nproc-per-node 2 --scenario sleep --dir " + d.string() + " &\n" +
+                         "L=$!\n"
+                         "for i in $(seq 200); do [ -s " + (d / "pid.0").string() + " ] && [ -s " +
+                         (d / "pid.1").string() + " ] && break; sleep 0.1; done\n"
+                         "for r in 0 1; do tr '\\0' ' ' </proc/$(head -1 " + d.string() + "/pid.$r)/cmdline >" +
+                         d.string() + "/cmdline.$r; done\n"
+                         "kill -TERM $L; wait $L\n");
+    test::run_command("timeout 60 bash " + (d / "run.sh").string());
+    for (int r = 0; r < 2; ++r) {
+      const std::string line = test::read_file(dir.path() / ("cmdline." + std::to_string(r)));
+      EXPECT_NE(line.find("--scenario sleep"), std::string::npos) << line;
+      EXPECT_EQ(line.find("--nproc-per-node 2") != std::string::npos, exec.empty()) << "FSDPX_EXEC_WORKERS=" << exec
+                                                                                    << ": " << line;
+    }
+  }
+  auto bad = test::run_command("env FSDPX_EXEC_WORKERS=yes " + comm_worker() + " --nproc-per-node 2 --scenario exit");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("comm_worker: FSDPX_EXEC_WORKERS must be 0 (workers forked from the launcher) or 1 "
+                         "(workers started by exec), got 'yes'"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_EQ(bad.err.find("[rank"), std::string::npos) << bad.err;
+}
+
+// A launcher that refuses its run after forking its workers early (a bad option, found before any
+// worker is handed its environment) leaves none of them behind: every process still carrying the
+// launcher's environment is gone when it exits.
+TEST(Launcher, ARefusedRunLeavesNoForkedWorkerBehind) {
+  test::TempDir dir;
+  const std::string mark = "LEFTOVER_MARK_" + std::to_string(::getpid()) + "=" + dir.path().filename().string();
+  auto r = test::run_command("env " + mark + " " + train() + " --nproc-per-node 3 --model.name no_such_model");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("no_such_model"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("[rank"), std::string::npos) << r.err;
+  std::vector<std::string> left;
+  for (const auto& p : fs::directory_iterator("/proc")) {
+    std::ifstream in(p.path() / "environ", std::ios::binary);
+    const std::string environment((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (environment.find(mark) != std::string::npos) left.push_back(p.path().filename().string());
+  }
+  EXPECT_TRUE(left.empty()) << "processes left with the launcher's environment: " << left.size() << ", pid "
+                            << (left.empty() ? "" : left[0]);
+}
+
 // Faults: ranks started by hand (no launcher, which would stop the survivors itself).
 
 

@@ -125,32 +125,75 @@ LauncherArgs split_launcher_args(int argc, char** argv) {
   return a;
 }
 
+namespace {
+
+// Why this process may not launch `la`'s workers; empty when it may.
+std::string launch_refused(const LauncherArgs& la) {
+  const char* step = std::getenv("SLURM_STEP_ID");
+  const char* ntasks = std::getenv("SLURM_NTASKS");
+  if (std::getenv("RANK") || (step && ntasks && std::atoi(ntasks) > 1))
+    return std::string("--nproc-per-node starts workers itself, but this process is already one of ") +
+           (std::getenv("RANK") ? "torchrun's workers (RANK is set)"
+                                : "Slurm's tasks (SLURM_STEP_ID and SLURM_NTASKS > 1)") +
+           "; drop --nproc-per-node and let the launcher place the ranks";
+  // A plain bound, whatever memory says: far more processes than CPUs only thrash.
+  const int cpus = std::max(1, affinity_cpus()), most = 32 * cpus;
+  if (la.nproc_per_node > most)
+    return "--nproc-per-node " + std::to_string(la.nproc_per_node) +
+           " starts more workers than this machine can run: " + std::to_string(cpus) +
+           " CPU(s) in this process's affinity mask allow at most " + std::to_string(most) +
+           " (32 per CPU); use more nodes (torchrun, Slurm) for more ranks";
+  return "";
+}
+
+bool launches(const LauncherArgs& la) { return la.nproc_per_node > 0 && !std::getenv("FSDPX_LAUNCHED"); }
+
+// FSDPX_EXEC_WORKERS=1: every worker starts by exec, from the program's first instruction (for a
+// debugger or tool that follows exec); unset or 0: forked early where fork_workers_early ran.
+bool exec_workers() {
+  const char* v = std::getenv("FSDPX_EXEC_WORKERS");
+  if (!v || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  throw Error(std::string("FSDPX_EXEC_WORKERS must be 0 (workers forked from the launcher) or 1 (workers started "
+                          "by exec), got '") + v + "'");
+}
+
+int supervise(const LaunchOptions& o, bool adopt_waiting);
+
+}  // namespace
+
+void fork_workers_early(int argc, char** argv, const std::vector<std::string>& no_launch_flags) {
+  LauncherArgs la;
+  try {
+    la = split_launcher_args(argc, argv);
+  } catch (const Error&) {
+    return;  // launch_if_requested says what is wrong
+  }
+  if (!launches(la) || !launch_refused(la).empty()) return;
+  try {
+    if (exec_workers()) return;
+  } catch (const Error&) {
+    return;  // launch_if_requested refuses the value
+  }
+  for (const auto& a : la.rest)
+    if (std::find(no_launch_flags.begin(), no_launch_flags.end(), a) != no_launch_flags.end()) return;
+  fork_waiting_workers(la.nproc_per_node);
+}
+
 std::optional<int> launch_if_requested(int argc, char** argv, const std::string& name,
                                        std::vector<std::string>& worker_args, const std::string& on_kill_note) {
   LauncherArgs la = split_launcher_args(argc, argv);
   worker_args.assign(la.rest.begin() + 1, la.rest.end());
-  if (la.nproc_per_node == 0 || std::getenv("FSDPX_LAUNCHED")) return std::nullopt;
-  const char* step = std::getenv("SLURM_STEP_ID");
-  const char* ntasks = std::getenv("SLURM_NTASKS");
-  if (std::getenv("RANK") || (step && ntasks && std::atoi(ntasks) > 1))
-    throw Error(std::string("--nproc-per-node starts workers itself, but this process is already one of ") +
-                (std::getenv("RANK") ? "torchrun's workers (RANK is set)"
-                                     : "Slurm's tasks (SLURM_STEP_ID and SLURM_NTASKS > 1)") +
-                "; drop --nproc-per-node and let the launcher place the ranks");
-  // A plain bound, whatever memory says: far more processes than CPUs only thrash.
-  const int cpus = std::max(1, affinity_cpus()), most = 32 * cpus;
-  if (la.nproc_per_node > most)
-    throw Error("--nproc-per-node " + std::to_string(la.nproc_per_node) +
-                " starts more workers than this machine can run: " + std::to_string(cpus) +
-                " CPU(s) in this process's affinity mask allow at most " + std::to_string(most) +
-                " (32 per CPU); use more nodes (torchrun, Slurm) for more ranks");
+  if (!launches(la)) return std::nullopt;
+  if (const std::string why = launch_refused(la); !why.empty()) throw Error(why);
+  exec_workers();  // refuses a value other than 0 and 1
   LaunchOptions lo;
   lo.nproc = la.nproc_per_node;
   lo.argv = la.rest;
   lo.argv[0] = self_executable();
   lo.name = name;
   lo.on_kill_note = on_kill_note;
-  return launch_local(lo);
+  return supervise(lo, true);  // the workers forked early run this program with these arguments
 }
 
 namespace {
@@ -251,12 +294,16 @@ struct Supervision {
 
 }  // namespace
 
-int launch_local(const LaunchOptions& o) {
+int launch_local(const LaunchOptions& o) { return supervise(o, false); }
+
+namespace {
+
+int supervise(const LaunchOptions& o, bool adopt_waiting) {
   if (o.nproc < 1) throw Error("--nproc-per-node must be at least 1, got " + std::to_string(o.nproc));
   if (o.argv.empty()) throw Error("launch_local: no worker command");
   const int port = o.master_port ? o.master_port : pick_rendezvous_port(o.master_addr);
   SignalPipe signals;
-  WorkerPool pool(o.name, o.argv);  // on a failed start, its destructor stops those started
+  WorkerPool pool(o.name, o.argv, adopt_waiting);  // on a failed start, its destructor stops those started
   for (int r = 0; r < o.nproc; ++r) pool.start(r, worker_environment(o, r, port));
 
   Supervision run{o, pool};
@@ -272,5 +319,7 @@ int launch_local(const LaunchOptions& o) {
   }
   return run.exit_code();
 }
+
+}  // namespace
 
 }  // namespace fsdpx

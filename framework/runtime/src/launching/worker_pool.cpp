@@ -1,9 +1,11 @@
 #include "worker_pool.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,10 +41,136 @@ void close_all(std::initializer_list<int> fds) {
     if (fd >= 0) ::close(fd);
 }
 
+// A worker forked by fork_waiting_workers, seen from the launcher.
+struct Waiting {
+  int rank = -1;
+  pid_t pid = -1;
+  int control = -1;         // the environment goes here
+  int out = -1, err = -1;   // the read ends of its stdout and stderr
+};
+
+// The launcher's waiting workers until adopted; those never adopted are killed and reaped when
+// the launcher exits.
+struct WaitingWorkers {
+  std::vector<Waiting> list;
+  ~WaitingWorkers() {
+    for (auto& w : list) {
+      if (w.pid > 0) {
+        ::kill(w.pid, SIGKILL);
+        ::waitpid(w.pid, nullptr, 0);
+      }
+      close_all({w.control, w.out, w.err});
+    }
+  }
+};
+
+WaitingWorkers& waiting() {
+  static WaitingWorkers w;
+  return w;
+}
+
+int threads_of_this_process() {
+  DIR* d = ::opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  while (const dirent* e = ::readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(d);
+  return n;
+}
+
+// What an exec does to descriptors: closes those marked close-on-exec.
+void close_on_exec_descriptors() {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (!d) return;
+  std::vector<int> marked;
+  while (const dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = std::atoi(e->d_name), flags = ::fcntl(fd, F_GETFD);
+    if (fd != ::dirfd(d) && flags >= 0 && (flags & FD_CLOEXEC)) marked.push_back(fd);
+  }
+  ::closedir(d);
+  for (int fd : marked) ::close(fd);
+}
+
+// In a waiting worker: reads the environment the launcher hands over (NUL-terminated
+// "KEY=value" strings) and makes it this process's; exits when the launcher closes the socket
+// without one. The strings stay allocated: the environment points into them.
+void receive_environment(int control) {
+  std::string block;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(control, buf, sizeof buf);
+    if (n > 0) block.append(buf, static_cast<size_t>(n));
+    if (n == 0) break;
+    if (n < 0 && errno != EINTR) ::_exit(127);
+  }
+  if (block.empty()) ::_exit(0);
+  if (block.back() != '\0') ::_exit(127);  // the launcher died while writing it
+  ::clearenv();
+  for (size_t start = 0; start < block.size(); start = block.find('\0', start) + 1)
+    ::putenv(::strdup(block.c_str() + start));
+}
+
+// Hands a waiting worker its environment; a worker that died meanwhile is reaped as any other.
+void hand_over(int control, const std::vector<std::string>& env) {
+  std::string block;
+  for (const auto& kv : env) block += kv + '\0';
+  for (size_t sent = 0; sent < block.size();) {
+    const ssize_t n = ::send(control, block.data() + sent, block.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  ::shutdown(control, SHUT_WR);
+  ::close(control);
+}
+
 }  // namespace
 
-WorkerPool::WorkerPool(const std::string& name, const std::vector<std::string>& argv)
-    : name_(name), path_(resolve_program(argv.at(0))), argv_(argv), launcher_pid_(::getpid()) {}
+int fork_waiting_workers(int n) {
+  if (n < 1 || threads_of_this_process() != 1) return -1;
+  std::fflush(nullptr);  // nothing buffered is written twice
+  const pid_t launcher = ::getpid();
+  auto& list = waiting().list;
+  for (int rank = 0; rank < n; ++rank) {
+    int control[2] = {-1, -1}, out[2] = {-1, -1}, err[2] = {-1, -1};
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, control) != 0 || ::pipe2(out, O_CLOEXEC) != 0 ||
+        ::pipe2(err, O_CLOEXEC) != 0) {
+      close_all({control[0], control[1], out[0], out[1], err[0], err[1]});
+      return -1;  // the ranks not forked here start by exec
+    }
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(127);
+      for (const auto& w : list) close_all({w.control, w.out, w.err});
+      list.clear();
+      close_all({control[0], out[0], err[0]});
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(err[1], STDERR_FILENO);
+      receive_environment(control[1]);
+      close_on_exec_descriptors();
+      ::signal(SIGINT, SIG_DFL);
+      ::signal(SIGTERM, SIG_DFL);
+      return rank;
+    }
+    close_all({control[1], out[1], err[1]});
+    if (pid < 0) {
+      close_all({control[0], out[0], err[0]});
+      return -1;
+    }
+    list.push_back({rank, pid, control[0], out[0], err[0]});
+  }
+  return -1;
+}
+
+WorkerPool::WorkerPool(const std::string& name, const std::vector<std::string>& argv, bool adopt_waiting)
+    : name_(name),
+      path_(resolve_program(argv.at(0))),
+      argv_(argv),
+      launcher_pid_(::getpid()),
+      adopt_waiting_(adopt_waiting) {}
 
 WorkerPool::~WorkerPool() {
   for (auto& w : workers_) {
@@ -56,6 +184,19 @@ WorkerPool::~WorkerPool() {
 }
 
 void WorkerPool::start(int rank, const std::vector<std::string>& env) {
+  Worker w;
+  w.rank = rank;
+  w.running = true;
+  for (auto& waiting_worker : waiting().list) {
+    if (!adopt_waiting_ || waiting_worker.rank != rank || waiting_worker.pid < 0) continue;
+    hand_over(waiting_worker.control, env);
+    w.pid = waiting_worker.pid;
+    w.streams[0] = Stream{waiting_worker.out, stdout, {}};
+    w.streams[1] = Stream{waiting_worker.err, stderr, {}};
+    waiting_worker = Waiting{};
+    workers_.push_back(std::move(w));
+    return;
+  }
   // Everything the child uses is built here, before fork: after fork in a process with threads,
   // only async-signal-safe calls are allowed (no allocation, no PATH search).
   std::vector<char*> cargv, cenv;
@@ -93,10 +234,7 @@ void WorkerPool::start(int rank, const std::vector<std::string>& env) {
     ::_exit(127);
   }
   close_all({out[1], err[1]});
-  Worker w;
-  w.rank = rank;
   w.pid = pid;
-  w.running = true;
   w.streams[0] = Stream{out[0], stdout, {}};
   w.streams[1] = Stream{err[0], stderr, {}};
   workers_.push_back(std::move(w));

@@ -1,5 +1,11 @@
 // WorkerPool: the local launcher's workers. Starts each with its own environment and pipes,
 // relays their output line by line with a "[rankN]: " prefix, reaps them, and signals them.
+//
+// A worker starts one of two ways. Forked waiting (fork_waiting_workers, called first thing in
+// main while the process holds one thread): a copy of the launcher from before it did anything,
+// which waits for its environment and then runs main on, as the program would after an exec,
+// without loading LibTorch and registering its operators again (0.36 CPU-s a process). Else
+// forked and exec'd: the program from the start.
 #pragma once
 
 #include <sys/types.h>
@@ -26,16 +32,18 @@ class WorkerPool {
   };
 
   // `program` is run as is when it contains a '/', else found on PATH (before any fork).
-  // Throws fsdpx::Error when it cannot be found.
-  WorkerPool(const std::string& name, const std::vector<std::string>& argv);
+  // Throws fsdpx::Error when it cannot be found. With `adopt_waiting`, start(rank) hands worker
+  // `rank` forked by fork_waiting_workers its environment instead of starting a new process:
+  // only for `argv` equal to this program's own arguments less --nproc-per-node.
+  WorkerPool(const std::string& name, const std::vector<std::string>& argv, bool adopt_waiting = false);
   // Kills and reaps any worker still running; closes the pipes.
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  // Forks worker `rank` with `env` ("KEY=value" strings, the whole environment). The child
-  // calls only async-signal-safe functions before execve. Throws fsdpx::Error if the pipes or
-  // the fork fail.
+  // Starts worker `rank` with `env` ("KEY=value" strings, the whole environment): the waiting
+  // one, or one forked now that calls only async-signal-safe functions before execve. Throws
+  // fsdpx::Error if the pipes or the fork fail.
   void start(int rank, const std::vector<std::string>& env);
 
   // Waits up to `timeout_ms` for output (or a byte on `wake_fd`, which is not read) and relays it.
@@ -55,7 +63,16 @@ class WorkerPool {
   std::string path_;  // the resolved program
   std::vector<std::string> argv_;
   pid_t launcher_pid_;
+  bool adopt_waiting_;
   std::vector<Worker> workers_;
 };
+
+// Forks `n` workers of this program now, without exec, each waiting for WorkerPool::start to
+// hand it its environment. In the launcher returns -1 (and forks none when this process holds
+// more than one thread: a fork copies only the calling thread, so a lock another thread held
+// would stay held in the copy). In a worker returns its rank once it has its environment, its
+// stdout and stderr its pipes and the launcher's other descriptors closed as an exec would; a
+// worker never handed an environment exits at once (status 0) when the launcher exits.
+int fork_waiting_workers(int n);
 
 }  // namespace fsdpx

@@ -56,6 +56,18 @@ FSDPX_API std::optional<int> launch_if_requested(int argc, char** argv, const st
                                                  std::vector<std::string>& worker_args,
                                                  const std::string& on_kill_note = "");
 
+// The first call in the main of a program that can launch itself, before anything else (the
+// process must hold one thread). When launch_if_requested will start N workers (argv has
+// --nproc-per-node N, this process is not a worker, and none of `no_launch_flags` is given), forks
+// them here, as copies of this process from before it did anything, each waiting for its
+// environment. Returns in the launcher at once; returns in each worker once the launcher's
+// launch_if_requested hands it its environment, as if the program had just been started with it.
+// Workers never handed one end with the launcher. Saves each worker LibTorch's start-up (loading
+// it, registering its operators: about 0.4 CPU-s); without this call (or in a process with
+// threads), launch_if_requested forks and execs them.
+FSDPX_API void fork_workers_early(int argc, char** argv,
+                                  const std::vector<std::string>& no_launch_flags = {"--help", "-h"});
+
 // --nproc-per-node N taken out of argv (the workers get every other argument, so a
 // --master-port among them is the workers' to apply).
 struct LauncherArgs {
