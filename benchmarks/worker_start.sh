@@ -6,6 +6,7 @@
 set -euo pipefail
 BUILD=${1:-build}
 ROUNDS=${2:-5}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "worker_start.sh: ROUNDS must be a positive integer, got '$ROUNDS'" >&2; exit 2; }
 python3 - "$BUILD/bin/fsdpx-train" "$ROUNDS" <<'PY'
 import os, resource, shutil, statistics, subprocess, sys, tempfile, time
 train, rounds = sys.argv[1], int(sys.argv[2])

@@ -1,6 +1,8 @@
 // The runtime with real processes: collectives at 2 and 4 ranks through the real Gloo,
 // sub-groups as 2 nodes x 2, the local launcher, and the fault cases. Every process runs under
 // a hard timeout (run_command), so nothing here can hang the suite.
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -224,9 +226,9 @@ TEST(Launcher, SigtermReachesEveryWorker) {
 // --nproc-per-node, are still theirs: no exec gave them new ones), unless FSDPX_EXEC_WORKERS=1
 // asks for exec (the arguments without --nproc-per-node). Both run the same; a bad value is refused.
 TEST(Launcher, WorkersAreForkedFromTheLauncherUnlessExecIsAsked) {
-  for (const std::string exec : {"", "1"}) {
+  for (const std::string exec : {"0", "1"}) {
     test::TempDir dir;
-    const std::string env = exec.empty() ? "" : "FSDPX_EXEC_WORKERS=" + exec + " ";
+    const std::string env = "FSDPX_EXEC_WORKERS=" + exec + " ";
     const fs::path d = dir.path();
     // Start the launcher, wait until both workers wrote their pids, keep their arguments, stop it.
     test::write_file(d / "run.sh",
@@ -241,8 +243,8 @@ TEST(Launcher, WorkersAreForkedFromTheLauncherUnlessExecIsAsked) {
     for (int r = 0; r < 2; ++r) {
       const std::string line = test::read_file(dir.path() / ("cmdline." + std::to_string(r)));
       EXPECT_NE(line.find("--scenario sleep"), std::string::npos) << line;
-      EXPECT_EQ(line.find("--nproc-per-node 2") != std::string::npos, exec.empty()) << "FSDPX_EXEC_WORKERS=" << exec
-                                                                                    << ": " << line;
+      EXPECT_EQ(line.find("--nproc-per-node 2") != std::string::npos, exec == "0")
+          << "FSDPX_EXEC_WORKERS=" << exec << ": " << line;
     }
   }
   auto bad = test::run_command("env FSDPX_EXEC_WORKERS=yes " + comm_worker() + " --nproc-per-node 2 --scenario exit");
@@ -256,11 +258,14 @@ TEST(Launcher, WorkersAreForkedFromTheLauncherUnlessExecIsAsked) {
 
 // A launcher that refuses its run after forking its workers early (a bad option, found before any
 // worker is handed its environment) leaves none of them behind: every process still carrying the
-// launcher's environment is gone when it exits.
+// launcher's environment is gone when it exits, and it reaped them itself (this test process is
+// made the subreaper of what the launcher leaves, so an unreaped worker would be its child now).
 TEST(Launcher, ARefusedRunLeavesNoForkedWorkerBehind) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
   test::TempDir dir;
   const std::string mark = "LEFTOVER_MARK_" + std::to_string(::getpid()) + "=" + dir.path().filename().string();
-  auto r = test::run_command("env " + mark + " " + train() + " --nproc-per-node 3 --model.name no_such_model");
+  auto r = test::run_command("env FSDPX_EXEC_WORKERS=0 " + mark + " " + train() +
+                             " --nproc-per-node 3 --model.name no_such_model");
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("no_such_model"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("[rank"), std::string::npos) << r.err;
@@ -272,6 +277,8 @@ TEST(Launcher, ARefusedRunLeavesNoForkedWorkerBehind) {
   }
   EXPECT_TRUE(left.empty()) << "processes left with the launcher's environment: " << left.size() << ", pid "
                             << (left.empty() ? "" : left[0]);
+  int status = 0;
+  EXPECT_LE(::waitpid(-1, &status, WNOHANG), 0) << "a worker the launcher did not reap";
 }
 
 // Faults: ranks started by hand (no launcher, which would stop the survivors itself).

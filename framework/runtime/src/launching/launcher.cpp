@@ -160,6 +160,19 @@ bool exec_workers() {
 
 int supervise(const LaunchOptions& o, bool adopt_waiting);
 
+// The arguments the workers forked by fork_workers_early run with (their count first): only a
+// launch of these adopts them.
+std::vector<std::string>& forked_for() {
+  static std::vector<std::string> args;
+  return args;
+}
+
+std::vector<std::string> launch_key(const LauncherArgs& la) {
+  std::vector<std::string> key = la.rest;
+  key.insert(key.begin(), std::to_string(la.nproc_per_node));
+  return key;
+}
+
 }  // namespace
 
 void fork_workers_early(int argc, char** argv, const std::vector<std::string>& no_launch_flags) {
@@ -177,6 +190,7 @@ void fork_workers_early(int argc, char** argv, const std::vector<std::string>& n
   }
   for (const auto& a : la.rest)
     if (std::find(no_launch_flags.begin(), no_launch_flags.end(), a) != no_launch_flags.end()) return;
+  forked_for() = launch_key(la);
   fork_waiting_workers(la.nproc_per_node);
 }
 
@@ -186,14 +200,14 @@ std::optional<int> launch_if_requested(int argc, char** argv, const std::string&
   worker_args.assign(la.rest.begin() + 1, la.rest.end());
   if (!launches(la)) return std::nullopt;
   if (const std::string why = launch_refused(la); !why.empty()) throw Error(why);
-  exec_workers();  // refuses a value other than 0 and 1
+  const bool adopt = !exec_workers() && forked_for() == launch_key(la);  // exec_workers refuses a bad value
   LaunchOptions lo;
   lo.nproc = la.nproc_per_node;
   lo.argv = la.rest;
   lo.argv[0] = self_executable();
   lo.name = name;
   lo.on_kill_note = on_kill_note;
-  return supervise(lo, true);  // the workers forked early run this program with these arguments
+  return supervise(lo, adopt);  // the workers forked early run this program with these arguments
 }
 
 namespace {

@@ -79,23 +79,10 @@ int threads_of_this_process() {
   return n;
 }
 
-// What an exec does to descriptors: closes those marked close-on-exec.
-void close_on_exec_descriptors() {
-  DIR* d = ::opendir("/proc/self/fd");
-  if (!d) return;
-  std::vector<int> marked;
-  while (const dirent* e = ::readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    const int fd = std::atoi(e->d_name), flags = ::fcntl(fd, F_GETFD);
-    if (fd != ::dirfd(d) && flags >= 0 && (flags & FD_CLOEXEC)) marked.push_back(fd);
-  }
-  ::closedir(d);
-  for (int fd : marked) ::close(fd);
-}
-
-// In a waiting worker: reads the environment the launcher hands over (NUL-terminated
-// "KEY=value" strings) and makes it this process's; exits when the launcher closes the socket
-// without one. The strings stay allocated: the environment points into them.
+// In a waiting worker: reads the environment the launcher hands over (its length in decimal and a
+// newline, then NUL-terminated "KEY=value" strings) and makes it this process's; exits (0) when
+// the launcher closes the socket without one. The strings stay allocated: the environment
+// points into them.
 void receive_environment(int control) {
   std::string block;
   char buf[65536];
@@ -103,20 +90,29 @@ void receive_environment(int control) {
     const ssize_t n = ::read(control, buf, sizeof buf);
     if (n > 0) block.append(buf, static_cast<size_t>(n));
     if (n == 0) break;
-    if (n < 0 && errno != EINTR) ::_exit(127);
+    if (n < 0 && errno != EINTR) break;
   }
   if (block.empty()) ::_exit(0);
-  if (block.back() != '\0') ::_exit(127);  // the launcher died while writing it
+  const size_t newline = block.find('\n');
+  if (newline == std::string::npos || std::strtoull(block.c_str(), nullptr, 10) != block.size() - newline - 1) {
+    static const char kCut[] = "fsdpx: a worker forked by the launcher got only part of its environment\n";
+    const ssize_t rc = ::write(STDERR_FILENO, kCut, sizeof kCut - 1);
+    (void)rc;
+    ::_exit(127);
+  }
   ::clearenv();
-  for (size_t start = 0; start < block.size(); start = block.find('\0', start) + 1)
+  for (size_t start = newline + 1; start < block.size(); start = block.find('\0', start) + 1)
     ::putenv(::strdup(block.c_str() + start));
 }
 
-// Hands a waiting worker its environment; a worker that died meanwhile is reaped as any other.
-void hand_over(int control, const std::vector<std::string>& env) {
-  std::string block;
-  for (const auto& kv : env) block += kv + '\0';
-  for (size_t sent = 0; sent < block.size();) {
+// Hands a waiting worker its environment. False when it could not be sent whole (the worker
+// died meanwhile, and is reaped as any other, or it gets part and says so).
+bool hand_over(int control, const std::vector<std::string>& env) {
+  std::string entries;
+  for (const auto& kv : env) entries += kv + '\0';
+  const std::string block = std::to_string(entries.size()) + "\n" + entries;
+  size_t sent = 0;
+  while (sent < block.size()) {
     const ssize_t n = ::send(control, block.data() + sent, block.size() - sent, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
@@ -124,6 +120,7 @@ void hand_over(int control, const std::vector<std::string>& env) {
   }
   ::shutdown(control, SHUT_WR);
   ::close(control);
+  return sent == block.size();
 }
 
 }  // namespace
@@ -149,8 +146,9 @@ int fork_waiting_workers(int n) {
       close_all({control[0], out[0], err[0]});
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
+      close_all({out[1], err[1]});
       receive_environment(control[1]);
-      close_on_exec_descriptors();
+      ::close(control[1]);
       ::signal(SIGINT, SIG_DFL);
       ::signal(SIGTERM, SIG_DFL);
       return rank;
@@ -189,7 +187,9 @@ void WorkerPool::start(int rank, const std::vector<std::string>& env) {
   w.running = true;
   for (auto& waiting_worker : waiting().list) {
     if (!adopt_waiting_ || waiting_worker.rank != rank || waiting_worker.pid < 0) continue;
-    hand_over(waiting_worker.control, env);
+    if (!hand_over(waiting_worker.control, env))
+      std::fprintf(stderr, "%s: could not hand worker %d its environment: %s\n", name_.c_str(), rank,
+                   std::strerror(errno));
     w.pid = waiting_worker.pid;
     w.streams[0] = Stream{waiting_worker.out, stdout, {}};
     w.streams[1] = Stream{waiting_worker.err, stderr, {}};

@@ -71,8 +71,8 @@ class WorkerPool {
 // hand it its environment. In the launcher returns -1 (and forks none when this process holds
 // more than one thread: a fork copies only the calling thread, so a lock another thread held
 // would stay held in the copy). In a worker returns its rank once it has its environment, its
-// stdout and stderr its pipes and the launcher's other descriptors closed as an exec would; a
-// worker never handed an environment exits at once (status 0) when the launcher exits.
+// stdout and stderr its pipes. Workers never handed an environment are killed and reaped when
+// the launcher exits (and die with it, by PR_SET_PDEATHSIG, if it is killed).
 int fork_waiting_workers(int n);
 
 }  // namespace fsdpx

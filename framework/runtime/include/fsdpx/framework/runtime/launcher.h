@@ -58,13 +58,15 @@ FSDPX_API std::optional<int> launch_if_requested(int argc, char** argv, const st
 
 // The first call in the main of a program that can launch itself, before anything else (the
 // process must hold one thread). When launch_if_requested will start N workers (argv has
-// --nproc-per-node N, this process is not a worker, and none of `no_launch_flags` is given), forks
-// them here, as copies of this process from before it did anything, each waiting for its
-// environment. Returns in the launcher at once; returns in each worker once the launcher's
-// launch_if_requested hands it its environment, as if the program had just been started with it.
-// Workers never handed one end with the launcher. Saves each worker LibTorch's start-up (loading
-// it, registering its operators: about 0.4 CPU-s); without this call (or in a process with
-// threads), launch_if_requested forks and execs them.
+// --nproc-per-node N, this process is not a worker, FSDPX_EXEC_WORKERS is unset or 0, and none of
+// `no_launch_flags` is given: those only skip this early fork), forks them here, as copies of
+// this process from before it did anything, each waiting for its environment. Returns in the
+// launcher at once; returns in each worker once launch_if_requested, called with the same
+// arguments, hands it its environment, and the worker goes on as if the program had been
+// started with it (but its /proc/PID/cmdline and /proc/PID/environ still show the launcher's).
+// Workers never handed one are killed and reaped when the launcher exits. Saves each worker
+// most of LibTorch's start-up (0.15 to 0.21 CPU-s measured, benchmarks/worker_start.sh);
+// without this call (or in a process with threads), launch_if_requested forks and execs them.
 FSDPX_API void fork_workers_early(int argc, char** argv,
                                   const std::vector<std::string>& no_launch_flags = {"--help", "-h"});
 
