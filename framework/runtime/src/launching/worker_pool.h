@@ -4,8 +4,9 @@
 // A worker starts one of two ways. Forked waiting (fork_waiting_workers, called first thing in
 // main while the process holds one thread): a copy of the launcher from before it did anything,
 // which waits for its environment and then runs main on, as the program would after an exec,
-// without loading LibTorch and registering its operators again (0.36 CPU-s a process). Else
-// forked and exec'd: the program from the start.
+// without loading LibTorch and registering its operators again (0.15 to 0.21 CPU-s saved net of
+// the copied pages, benchmarks/worker_start.sh). Else forked and exec'd: the program from the
+// start.
 #pragma once
 
 #include <sys/types.h>
