@@ -33,12 +33,18 @@ std::string ok(const std::string& cmd) {
 }
 
 // Random LlamaForCausalLMs saved by save_pretrained into DIR/name, their reference logits beside
-// them; each name may end in ",tied" and ",sharded" (make_llama.py). One python process for all of
-// them, since importing transformers is most of its time.
+// them; each name may end in ",tied" and ",sharded" (make_llama.py). One python process makes the
+// four variants for every test (test::hf_models), since importing transformers is most of its time.
 void make_llamas(const fs::path& dir, const std::vector<std::string>& names) {
-  std::string cmd = hf_script("make_llama.py");
-  for (const auto& name : names) cmd += " " + (dir / name).string();
-  ok(cmd);
+  std::vector<std::pair<std::string, std::string>> name_variant;
+  for (const auto& spec : names) {
+    const size_t comma = spec.find(',');
+    name_variant.emplace_back(spec.substr(0, comma), comma == std::string::npos ? "" : spec.substr(comma + 1));
+  }
+  test::hf_models(
+      "make_llama.py", {"", "tied", "sharded", "tied,sharded"},
+      [](const std::string& variant, const std::string& d) { return variant.empty() ? d : d + "," + variant; }, dir,
+      name_variant);
 }
 
 // fsdpx's logits at `ranks` ranks against transformers' (`reference`), within `tol`.

@@ -32,12 +32,12 @@ std::string ok(const std::string& cmd) {
 }
 
 // Random T5ForConditionalGenerations (variant "v1.0", "v1.1", "v1.1-sharded", ...) saved into
-// DIR/name, their reference logits beside them; one python process for all of them, since
-// importing transformers is most of its time.
+// DIR/name, their reference logits beside them; one python process makes the four variants for
+// every test (test::hf_models), since importing transformers is most of its time.
 void make_t5(const fs::path& dir, const std::vector<std::pair<std::string, std::string>>& name_variant) {
-  std::string cmd = hf_script("make_t5.py");
-  for (const auto& [name, variant] : name_variant) cmd += " " + variant + "=" + (dir / name).string();
-  ok(cmd);
+  test::hf_models(
+      "make_t5.py", {"v1.0", "v1.1", "v1.0-sharded", "v1.1-sharded"},
+      [](const std::string& variant, const std::string& d) { return variant + "=" + d; }, dir, name_variant);
 }
 
 fs::path reference(const fs::path& model) { return model.string() + ".logits.safetensors"; }

@@ -8,6 +8,8 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -142,12 +144,77 @@ int count_of(const std::string& text, const std::string& what) {
   return n;
 }
 
+namespace {
+
+// The venv's site-packages (lib/python3.X/site-packages beside its bin/python), empty if none.
+fs::path site_packages() {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(venv_python()).parent_path().parent_path() / "lib", ec))
+    if (e.path().filename().string().rfind("python3", 0) == 0 && fs::is_directory(e.path() / "site-packages"))
+      return e.path() / "site-packages";
+  return {};
+}
+
+// The installed version of a package, from its dist-info directory's name ("" if not installed).
+std::string dist_info(const std::string& package) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(site_packages(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(package + "-", 0) == 0 && e.path().extension() == ".dist-info") return name;
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string csv_path() {
-  auto r = run_command("bash " + (build_dir().parent_path() / "scripts" / "setup.sh").string() +
+  const fs::path csv = site_packages() / "sklearn" / "datasets" / "data" / "breast_cancer.csv";
+  if (fs::exists(csv)) return csv.string();
+  auto r = run_command("bash " + (source_dir() / "scripts" / "setup.sh").string() +
                        " --print-breast-cancer-csv 2>/dev/null");
   std::string p = r.out;
   while (!p.empty() && (p.back() == '\n' || p.back() == '\r')) p.pop_back();
   return p;
+}
+
+void hf_models(const std::string& script, const std::vector<std::string>& all_variants,
+               const std::function<std::string(const std::string&, const std::string&)>& arg, const fs::path& dir,
+               const std::vector<std::pair<std::string, std::string>>& name_variant) {
+  const fs::path script_path = source_dir() / "tests" / "hf" / script;
+  const size_t key = std::hash<std::string>{}(read_file(script_path) + "\n" + dist_info("transformers") + "\n" +
+                                              dist_info("torch") + "\n" + venv_python());
+  const fs::path root = build_dir() / "tests" / "hf_models";
+  const fs::path made = root / (fs::path(script).stem().string() + "-" + std::to_string(key));
+  auto variant_dir = [&made](const std::string& variant) {
+    std::string name = variant.empty() ? "plain" : variant;
+    for (char& c : name)
+      if (c == ',' || c == '=' || c == '/') c = '_';
+    return made / name;
+  };
+  fs::create_directories(root);
+  const int lock = ::open((root / "lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) throw std::runtime_error("cannot lock " + (root / "lock").string());
+  if (!fs::exists(made)) {  // made whole or not at all: a test stopped halfway leaves no half
+    const fs::path partial = made.string() + ".partial";
+    fs::remove_all(partial);
+    fs::create_directories(partial);
+    std::string cmd = venv_python() + " " + script_path.string();
+    for (const auto& v : all_variants) cmd += " " + arg(v, (partial / variant_dir(v).filename()).string());
+    const CommandResult r = run_command(cmd);
+    if (r.exit_code == 0) fs::rename(partial, made);
+    else fs::remove_all(partial);
+    if (r.exit_code != 0) {
+      ::close(lock);
+      throw std::runtime_error(cmd + " exited " + std::to_string(r.exit_code) + ":\n" + r.out + r.err);
+    }
+  }
+  ::close(lock);
+  for (const auto& [name, variant] : name_variant) {
+    const fs::path from = variant_dir(variant);
+    if (!fs::exists(from)) throw std::runtime_error(script + " has no variant '" + variant + "' in " + made.string());
+    fs::copy(from, dir / name, fs::copy_options::recursive);
+    fs::copy_file(from.string() + ".logits.safetensors", (dir / name).string() + ".logits.safetensors");
+  }
 }
 
 }  // namespace fsdpx::test

@@ -26,7 +26,17 @@ std::string ckpt();
 std::string engine_worker();
 std::string comm_worker();
 std::string hf_worker();
-std::string csv_path();  // scikit-learn's breast_cancer.csv, as scripts/setup.sh placed it
+std::string csv_path();  // scikit-learn's breast_cancer.csv in the venv (scripts/setup.sh installs it)
+
+// Small random Hugging Face models that a tests/hf script makes (make_llama.py, make_t5.py), copied
+// to dir/name with their reference logits beside them (dir/name.logits.safetensors). `arg` writes
+// the script's argument for one variant and directory. The first test that asks makes every variant
+// of `all_variants` in one python process (importing transformers costs about 7 CPU-s) under a lock,
+// in build/tests/hf_models; the others copy them. The script seeds its models, so a copy holds the
+// bits a fresh run writes; the key is the script's text and the venv's transformers version.
+void hf_models(const std::string& script, const std::vector<std::string>& all_variants,
+               const std::function<std::string(const std::string& variant, const std::string& dir)>& arg,
+               const std::filesystem::path& dir, const std::vector<std::pair<std::string, std::string>>& name_variant);
 
 // A fresh private (0700) directory, removed when the object goes.
 class TempDir {
