@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
       "layers", po::value<int>()->default_value(8), "layers")("vocab", po::value<int>()->default_value(32000),
                                                               "vocabulary")(
       "pool-mib", po::value<int64_t>()->default_value(2048), "the asynchronous save's staging pool (MiB per rank)");
-  return tool::main(argc, argv, "fsdpx-ckpt-bench", desc, [](const po::variables_map& vm) {
+  tool::main(argc, argv, "fsdpx-ckpt-bench", desc, [](const po::variables_map& vm) {
     auto groups = tool::join_world();
     const int rank = groups->topology().rank, world = groups->topology().world_size;
     auto host = tool::default_plugins();

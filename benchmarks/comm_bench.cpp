@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   desc.add_options()("sizes-mib", po::value<std::string>()->default_value("1,16,64"), "buffer sizes in MiB")
       ("dtype", po::value<std::string>()->default_value("fp32"), "fp32 or bf16")
       ("seconds", po::value<double>()->default_value(2.0), "time budget per size and collective");
-  return tool::main(argc, argv, "fsdpx-comm-bench", desc, [](const po::variables_map& vm) {
+  tool::main(argc, argv, "fsdpx-comm-bench", desc, [](const po::variables_map& vm) {
     const auto dtype = vm["dtype"].as<std::string>() == "bf16" ? at::kBFloat16 : at::kFloat;
     auto groups = tool::join_world();
     auto world = groups->world();

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
       ("rounds", po::value<int>()->default_value(3), "alternating rounds of overlap on / off")
       ("steps", po::value<int>()->default_value(5), "timed steps per round")
       ("threads", po::value<int>()->default_value(1), "compute threads per rank");
-  return tool::main(argc, argv, "fsdpx-engine-bench", desc, [](const po::variables_map& vm) {
+  tool::main(argc, argv, "fsdpx-engine-bench", desc, [](const po::variables_map& vm) {
     at::set_num_threads(vm["threads"].as<int>());
     const int64_t batch = vm["batch"].as<int64_t>(), seq = vm["seq"].as<int64_t>();
     auto host = tool::default_plugins();

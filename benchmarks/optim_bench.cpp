@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
       "threads", po::value<int>()->default_value(1), "intra-op threads (0: LibTorch's default)")(
       "python", po::value<std::string>()->default_value(""),
       "a Python with torch, to time PyTorch's optimizers beside");
-  return tool::main(argc, argv, "fsdpx-optim-bench", desc, [](const po::variables_map& vm) {
+  tool::main(argc, argv, "fsdpx-optim-bench", desc, [](const po::variables_map& vm) {
     if (vm["threads"].as<int>() > 0) at::set_num_threads(vm["threads"].as<int>());
     auto host = tool::default_plugins();
     const int64_t n = vm["numel"].as<int64_t>();

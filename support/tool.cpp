@@ -12,8 +12,10 @@
 
 namespace fsdpx::tool {
 
-int main(int argc, char** argv, const std::string& name, po::options_description desc,
-         const std::function<int(const po::variables_map&)>& body) {
+namespace {
+
+int run(int argc, char** argv, const std::string& name, po::options_description desc,
+        const std::function<int(const po::variables_map&)>& body) {
   fork_workers_early(argc, argv);  // with --nproc-per-node: each worker goes on from here
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   try {
@@ -32,6 +34,13 @@ int main(int argc, char** argv, const std::string& name, po::options_description
     std::fprintf(stderr, "%s: %s\n", name.c_str(), message_of(e).c_str());
     return 1;
   }
+}
+
+}  // namespace
+
+void main(int argc, char** argv, const std::string& name, po::options_description desc,
+          const std::function<int(const po::variables_map&)>& body) {
+  exit_process(run(argc, argv, name, std::move(desc), body));
 }
 
 std::unique_ptr<PluginHost> default_plugins() {

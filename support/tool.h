@@ -18,10 +18,11 @@ namespace fsdpx::tool {
 namespace po = boost::program_options;
 
 // The main of program `name`: with --nproc-per-node N (and not already a worker) it runs N
-// copies of itself and returns their status; otherwise it parses the arguments against `desc`
-// (plus --help, which prints `desc`), runs `body` and returns its status. Any exception becomes
-// "name: message" on stderr and status 1.
-int main(int argc, char** argv, const std::string& name, po::options_description desc,
+// copies of itself and ends with their status; otherwise it parses the arguments against `desc`
+// (plus --help, which prints `desc`), runs `body` and ends with its status. Any exception becomes
+// "name: message" on stderr and status 1. It ends the process (fsdpx::exit_process): it does not
+// return.
+[[noreturn]] void main(int argc, char** argv, const std::string& name, po::options_description desc,
          const std::function<int(const po::variables_map&)>& body);
 
 // A plugin host with the default plugins loaded; throws fsdpx::Error on any plugin that fails.

@@ -21,6 +21,7 @@
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/runtime/launcher.h"
 #include "fsdpx/hf_interop.h"
 #include "fsdpx/interfaces.h"
 
@@ -138,9 +139,7 @@ int export_hf(const std::vector<std::string>& a) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int main_body(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   try {
     if (a.empty() || a[0] == "--help" || a[0] == "-h" || a[0] == "help") {
@@ -166,3 +165,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace
+
+// The process ends without the teardown of LibTorch's static objects (fsdpx::exit_process).
+int main(int argc, char** argv) { fsdpx::exit_process(main_body(argc, argv)); }

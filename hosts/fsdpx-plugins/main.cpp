@@ -11,6 +11,7 @@
 #include "fsdpx/framework/runtime/build_info.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
+#include "fsdpx/framework/runtime/launcher.h"
 #include "fsdpx/suggest.h"
 #include "fsdpx/framework/engine/unit_plan.h"
 #include "fsdpx/model.h"
@@ -228,9 +229,7 @@ int cmd_info() {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int main_body(int argc, char** argv) {
   Cli cli;
   try {
     cli = parse_cli(argc, argv);
@@ -271,3 +270,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace
+
+// The process ends without the teardown of LibTorch's static objects (fsdpx::exit_process).
+int main(int argc, char** argv) { fsdpx::exit_process(main_body(argc, argv)); }

@@ -157,9 +157,7 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
   return std::nullopt;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int main_body(int argc, char** argv) {
   // With --nproc-per-node: the workers, forked now while this process holds one thread; each
   // goes on from here once the launcher below hands it its environment.
   fsdpx::fork_workers_early(argc, argv, {"--help", "-h", "--dry-run"});
@@ -219,3 +217,8 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+}  // namespace
+
+// The process ends without the teardown of LibTorch's static objects (fsdpx::exit_process).
+int main(int argc, char** argv) { fsdpx::exit_process(main_body(argc, argv)); }

@@ -288,7 +288,7 @@ int main(int argc, char** argv) {
       ("backend", po::value<std::string>()->default_value("default"), "")
       ("watch-peers", "")
       ("check-collectives", "");
-  return tool::main(argc, argv, "comm_worker", desc, [](const po::variables_map& vm) {
+  tool::main(argc, argv, "comm_worker", desc, [](const po::variables_map& vm) {
     RuntimeOptions ro;
     ro.topology = resolve_topology({}, process_environment()).topology;
     ro.rendezvous_timeout =

@@ -433,7 +433,7 @@ int main(int argc, char** argv) {
       ("activation-offload", "the recomputed units' inputs go to host memory (EngineOptions::activation_offload_units)")
       ("skew-rank1", "rank 1 builds a model with one more layer (a deliberate mismatch)")
       ("out", po::value<std::string>()->required(), "");
-  return tool::main(argc, argv, "engine_worker", desc, [](const po::variables_map& vm) {
+  tool::main(argc, argv, "engine_worker", desc, [](const po::variables_map& vm) {
     auto host = tool::default_plugins();
     auto model_options = key_values(list(vm, "model-option"));
     model_options.emplace("seq", std::to_string(kSeq));

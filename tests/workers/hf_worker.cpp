@@ -76,5 +76,5 @@ int main(int argc, char** argv) {
       ("ids", po::value<std::string>()->required(), "")
       ("out", po::value<std::string>()->required(), "")
       ("init-from", po::value<std::string>(), "");
-  return tool::main(argc, argv, "hf_worker", desc, run);
+  tool::main(argc, argv, "hf_worker", desc, run);
 }

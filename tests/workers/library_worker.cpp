@@ -152,5 +152,5 @@ int main(int argc, char** argv) {
       ("recompute", "every Block recomputes its activations in backward (the wrap's activation_checkpointing)")
       ("offload", "and its inputs go to host memory in between (ShardOptions::activation_offload)")
       ("touch-inputs", "the model changes each block's input in place after the block ran (refused with --offload)");
-  return fsdpx::tool::main(argc, argv, "library_worker", desc, run);
+  fsdpx::tool::main(argc, argv, "library_worker", desc, run);
 }

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <random>
 
@@ -192,6 +193,21 @@ void fork_workers_early(int argc, char** argv, const std::vector<std::string>& n
     if (std::find(no_launch_flags.begin(), no_launch_flags.end(), a) != no_launch_flags.end()) return;
   forked_for() = launch_key(la);
   fork_waiting_workers(la.nproc_per_node);
+}
+
+void exit_process(int code) {
+  reap_waiting_workers();
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+#if defined(__SANITIZE_ADDRESS__)
+  std::exit(code);
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  std::exit(code);
+#endif
+#endif
+  ::_exit(code);
 }
 
 std::optional<int> launch_if_requested(int argc, char** argv, const std::string& name,

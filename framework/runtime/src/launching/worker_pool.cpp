@@ -53,7 +53,7 @@ struct Waiting {
 // the launcher exits.
 struct WaitingWorkers {
   std::vector<Waiting> list;
-  ~WaitingWorkers() {
+  void reap() {
     for (auto& w : list) {
       if (w.pid > 0) {
         ::kill(w.pid, SIGKILL);
@@ -61,13 +61,21 @@ struct WaitingWorkers {
       }
       close_all({w.control, w.out, w.err});
     }
+    list.clear();
   }
+  ~WaitingWorkers() { reap(); }
 };
 
 WaitingWorkers& waiting() {
   static WaitingWorkers w;
   return w;
 }
+
+}  // namespace
+
+void reap_waiting_workers() { waiting().reap(); }
+
+namespace {
 
 int threads_of_this_process() {
   DIR* d = ::opendir("/proc/self/task");

@@ -75,5 +75,8 @@ class WorkerPool {
 // stdout and stderr its pipes. Workers never handed an environment are killed and reaped when
 // the launcher exits (and die with it, by PR_SET_PDEATHSIG, if it is killed).
 int fork_waiting_workers(int n);
+// Kills and reaps the workers fork_waiting_workers forked that were never handed an environment
+// (the launcher's exit does this too; exit_process, which skips the exit's destructors, calls it).
+void reap_waiting_workers();
 
 }  // namespace fsdpx
