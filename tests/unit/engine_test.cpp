@@ -51,9 +51,8 @@ struct WorkerRun {
 };
 
 WorkerRun run(const std::string& args, int nproc) {
-  static int counter = 0;
-  static test::TempDir dir;
-  const std::string prefix = (dir.path() / ("run" + std::to_string(counter++))).string();
+  const test::TempDir dir;  // the worker's files, read here (a static one would outlive the test: exit_process)
+  const std::string prefix = (dir.path() / "run").string();
   const std::string launch = nproc > 0 ? " --nproc-per-node " + std::to_string(nproc) : "";
   auto r = test::run_command(engine_worker() + launch + " " + args + " --out " + prefix);
   EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.out << r.err;

@@ -14,8 +14,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -177,14 +179,43 @@ std::string csv_path() {
   return p;
 }
 
+namespace {
+
+// An exclusive flock on `path` (created if absent), held until the object goes.
+class FileLock {
+ public:
+  explicit FileLock(const fs::path& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    int rc = -1;
+    if (fd_ >= 0)
+      do rc = ::flock(fd_, LOCK_EX);
+      while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      if (fd_ >= 0) ::close(fd_);
+      throw std::runtime_error("cannot lock " + path.string() + ": " + std::strerror(errno));
+    }
+  }
+  ~FileLock() { ::close(fd_); }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
 void hf_models(const std::string& script, const std::vector<std::string>& all_variants,
                const std::function<std::string(const std::string&, const std::string&)>& arg, const fs::path& dir,
                const std::vector<std::pair<std::string, std::string>>& name_variant) {
   const fs::path script_path = source_dir() / "tests" / "hf" / script;
-  const size_t key = std::hash<std::string>{}(read_file(script_path) + "\n" + dist_info("transformers") + "\n" +
-                                              dist_info("torch") + "\n" + venv_python());
+  const std::string stem = fs::path(script).stem().string();
+  // Everything the files depend on: the script, its arguments, the packages that write them.
+  std::string inputs = read_file(script_path) + "\n" + venv_python();
+  for (const auto& v : all_variants) inputs += "\n" + arg(v, "DIR");
+  for (const char* package : {"torch", "transformers", "safetensors", "huggingface_hub", "tokenizers"})
+    inputs += "\n" + dist_info(package);
   const fs::path root = build_dir() / "tests" / "hf_models";
-  const fs::path made = root / (fs::path(script).stem().string() + "-" + std::to_string(key));
+  const fs::path made = root / (stem + "-" + std::to_string(std::hash<std::string>{}(inputs)));
   auto variant_dir = [&made](const std::string& variant) {
     std::string name = variant.empty() ? "plain" : variant;
     for (char& c : name)
@@ -192,28 +223,31 @@ void hf_models(const std::string& script, const std::vector<std::string>& all_va
     return made / name;
   };
   fs::create_directories(root);
-  const int lock = ::open((root / "lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) throw std::runtime_error("cannot lock " + (root / "lock").string());
-  if (!fs::exists(made)) {  // made whole or not at all: a test stopped halfway leaves no half
-    const fs::path partial = made.string() + ".partial";
-    fs::remove_all(partial);
-    fs::create_directories(partial);
-    std::string cmd = venv_python() + " " + script_path.string();
-    for (const auto& v : all_variants) cmd += " " + arg(v, (partial / variant_dir(v).filename()).string());
-    const CommandResult r = run_command(cmd);
-    if (r.exit_code == 0) fs::rename(partial, made);
-    else fs::remove_all(partial);
-    if (r.exit_code != 0) {
-      ::close(lock);
-      throw std::runtime_error(cmd + " exited " + std::to_string(r.exit_code) + ":\n" + r.out + r.err);
+  {
+    const FileLock lock(root / (stem + ".lock"));
+    if (!fs::exists(made)) {  // made whole or not at all: a test stopped halfway leaves no half
+      std::vector<fs::path> earlier;  // the models of earlier inputs, and a partial one
+      for (const auto& e : fs::directory_iterator(root))
+        if (e.is_directory() && e.path().filename().string().rfind(stem + "-", 0) == 0) earlier.push_back(e.path());
+      for (const auto& p : earlier) fs::remove_all(p);
+      const fs::path partial = made.string() + ".partial";
+      fs::create_directories(partial);
+      std::string cmd = venv_python() + " " + script_path.string();
+      for (const auto& v : all_variants) cmd += " " + arg(v, (partial / variant_dir(v).filename()).string());
+      const CommandResult r = run_command(cmd);
+      if (r.exit_code != 0) {
+        fs::remove_all(partial);
+        throw std::runtime_error(cmd + " exited " + std::to_string(r.exit_code) + ":\n" + r.out + r.err);
+      }
+      fs::rename(partial, made);
     }
   }
-  ::close(lock);
   for (const auto& [name, variant] : name_variant) {
     const fs::path from = variant_dir(variant);
     if (!fs::exists(from)) throw std::runtime_error(script + " has no variant '" + variant + "' in " + made.string());
-    fs::copy(from, dir / name, fs::copy_options::recursive);
-    fs::copy_file(from.string() + ".logits.safetensors", (dir / name).string() + ".logits.safetensors");
+    fs::copy(from, dir / name, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    fs::copy_file(from.string() + ".logits.safetensors", (dir / name).string() + ".logits.safetensors",
+                  fs::copy_options::overwrite_existing);
   }
 }
 

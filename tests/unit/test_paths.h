@@ -33,7 +33,8 @@ std::string csv_path();  // scikit-learn's breast_cancer.csv in the venv (script
 // the script's argument for one variant and directory. The first test that asks makes every variant
 // of `all_variants` in one python process (importing transformers costs about 7 CPU-s) under a lock,
 // in build/tests/hf_models; the others copy them. The script seeds its models, so a copy holds the
-// bits a fresh run writes; the key is the script's text and the venv's transformers version.
+// bits a fresh run writes. The key is the script's text, its arguments and the versions of the
+// packages that write the files; a new key replaces the models of the old one.
 void hf_models(const std::string& script, const std::vector<std::string>& all_variants,
                const std::function<std::string(const std::string& variant, const std::string& dir)>& arg,
                const std::filesystem::path& dir, const std::vector<std::pair<std::string, std::string>>& name_variant);

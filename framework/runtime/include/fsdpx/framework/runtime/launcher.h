@@ -74,8 +74,9 @@ FSDPX_API void fork_workers_early(int argc, char** argv,
 // exit code: flushes stdio and the C++ streams, reaps workers forked for a launch that never came,
 // and ends the process without the static destructors of the libraries it loaded. LibTorch's
 // deregister its operators one by one: about 0.1 CPU-s per process, at the end of every run's
-// launcher and of each of its ranks. Under AddressSanitizer the exit is the normal one, after which
-// LeakSanitizer checks. Only for the end of main: objects main still holds are not destroyed.
+// launcher and of each of its ranks. A program built with LeakSanitizer (ASan's too) or coverage
+// exits normally, for their work at exit. Only for the end of main: objects main still holds, and
+// objects of static storage, are not destroyed (a static TempDir would stay on disk).
 [[noreturn]] FSDPX_API void exit_process(int code);
 
 // --nproc-per-node N taken out of argv (the workers get every other argument, so a
