@@ -286,6 +286,9 @@ struct Supervision {
   WorkerPool& pool;
   int failed_rank = -1, failed_status = 0, interrupted = 0;
   bool stopping = false;
+  // After a failed rank, when the others are told to stop. Ranks that fail the same collective
+  // check end within microseconds of each other: each says why before it is stopped.
+  Clock::time_point term_at{};
   Clock::time_point kill_at{};
 
   void stop(int sig) {
@@ -309,9 +312,10 @@ struct Supervision {
     failed_status = w.status;
     std::fprintf(stderr, "%s: rank %d %s; stopping the other ranks\n", options.name.c_str(), w.rank,
                  how(w.status, options.on_kill_note).c_str());
-    stop(SIGTERM);
+    term_at = Clock::now() + std::chrono::milliseconds(500);
   }
   void escalate() {
+    if (failed_rank >= 0 && !stopping && Clock::now() >= term_at) stop(SIGTERM);
     if (stopping && Clock::now() >= kill_at) {
       pool.signal_all(SIGKILL);
       kill_at = Clock::now() + std::chrono::hours(1);

@@ -29,7 +29,8 @@ struct LaunchOptions {
 // Starts options.nproc workers with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 // GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and FSDPX_LAUNCHED=1 set, and relays their output
 // line by line with a "[rankN]: " prefix (stdout to stdout, stderr to stderr). SIGINT and
-// SIGTERM are passed on to every worker. When a worker exits non-zero or dies, the others get
+// SIGTERM are passed on to every worker. When a worker exits non-zero or dies, the others get half
+// a second to end on their own (ranks that failed the same collective check say so too), then
 // SIGTERM, then SIGKILL after the grace period; workers also die with the launcher. Returns
 // 0 when every worker succeeded; otherwise the failing worker's exit status (128 + signal if it
 // was killed), after saying which rank failed and how; 128 + signal if the launcher was
