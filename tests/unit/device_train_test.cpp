@@ -26,7 +26,10 @@ namespace {
 using fsdpx::test::train;
 using fsdpx::test::ckpt;
 
-const char* const kTiny = " --model.size tiny --data.name synthetic --log-every 1 --clip-grad-norm 0.5 ";
+// --peak-tflops 1: no peak-FLOP probe (its matmuls on sim cost a quarter of a 2-rank run's CPU
+// time); SimTrainOffload checks the probe on sim.
+const char* const kTiny =
+    " --model.size tiny --data.name synthetic --log-every 1 --clip-grad-norm 0.5 --peak-tflops 1 ";
 
 // What a run reports that depends on the numbers alone: each step's loss and gradient norm, and
 // the held-out loss (timings and memory left out).

@@ -17,7 +17,7 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using test::run_command;
 
-const std::string kTwoRanks = " --nproc-per-node 2 --batch-size 4 --data.seq 32 --log-every 1 ";
+const std::string kTwoRanks = " --nproc-per-node 2 --batch-size 4 --data.seq 32 --log-every 1" + test::kNoEval;
 std::string train_2() { return test::train() + kTwoRanks; }
 
 std::vector<double> field(const std::vector<json>& m, const char* key) {

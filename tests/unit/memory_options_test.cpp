@@ -102,8 +102,8 @@ struct TrainedRun {
 };
 
 TrainedRun fsdpx_train(const std::string& flags, const fs::path& out) {
-  auto r = test::run_command(train() + " --data.seq 32 --log-every 1 --steps 4 --checkpoint.name sharded " + flags +
-                             " --out " + out.string());
+  auto r = test::run_command(train() + " --data.seq 32 --log-every 1 --steps 4 --checkpoint.name sharded" +
+                             test::kNoEval + flags + " --out " + out.string());
   EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.out << r.err;
   TrainedRun run;
   if (r.exit_code != 0) return run;
@@ -223,7 +223,7 @@ struct Steps {
 // 30 steps (10 under the sanitizers: the same code, a third of the time).
 Steps thirty_steps(const std::string& flags, const fs::path& out) {
   const std::string steps = test::under_sanitizers() ? "10" : "30";
-  auto r = test::run_command(train() + " --data.seq 32 --log-every 1 --steps " + steps +
+  auto r = test::run_command(train() + " --data.seq 32 --log-every 1" + test::kNoEval + "--steps " + steps +
                              " --precision.name bf16_mixed --precision.reduce_dtype bf16 " + flags + " --out " +
                              out.string());
   EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.out << r.err;

@@ -124,7 +124,7 @@ TEST(Trainer, DryRunBytesEqualMeasured) {
   for (const auto& c : cases) {
     SCOPED_TRACE(c);
     TempDir plan_dir, run_dir;
-    const std::string common = " --nproc-per-node 2 --steps 2 --batch-size 4 --log-every 1 --data.seq 32 " + c;
+    const std::string common = " --nproc-per-node 2 --steps 2 --batch-size 4 --log-every 1 --data.seq 32" + kNoEval + c;
     auto d = run_command(train() + common + " --dry-run --out " + plan_dir.path().string());
     ASSERT_EQ(d.exit_code, 0) << d.out << d.err;
     EXPECT_NE(d.out.find("per rank   parameters"), std::string::npos) << d.out;
@@ -225,7 +225,7 @@ TEST(Trainer, RankZeroFailuresEndEveryRank) {
     for (int r = 0; r < 2; ++r)
       cmd += "(env RANK=" + std::to_string(r) +
              " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + train() +
-             " --steps 2 --batch-size 4 --log-every 1 --collective-timeout 120 --out " + out.string() +
+             " --steps 2 --batch-size 4 --log-every 1 --collective-timeout 120" + kNoEval + "--out " + out.string() +
              " >/dev/null 2>" + (dir.path() / ("err" + std::to_string(r))).string() + "; echo $? >" +
              (dir.path() / ("rc" + std::to_string(r))).string() + ") & ";
     cmd += "wait'";
@@ -250,7 +250,7 @@ TEST(Trainer, RankZeroFailuresEndEveryRank) {
 // model the file does not fit is refused naming the tensor.
 TEST(Trainer, InitFromStartsFromSavedWeights) {
   TempDir dir;
-  const std::string base = train() + " --nproc-per-node 2 --steps 1 --optimizer.name sgd ";
+  const std::string base = train() + " --nproc-per-node 2 --steps 1 --optimizer.name sgd" + kNoEval;
   const auto d = dir.path();
   ASSERT_EQ(run_command(base + "--seed 0 --save-init " + (d / "seed0").string()).exit_code, 0);
   auto r =
