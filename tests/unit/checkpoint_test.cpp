@@ -184,7 +184,8 @@ TEST(Checkpoint, CorruptionIsNamed) {
 // fsdpx-ckpt's offline consolidation of a sharded checkpoint of the same run.
 TEST(Checkpoint, ConsolidatedFileLoadsInPython) {
   TempDir sharded, whole;
-  const std::string run = train() + " --nproc-per-node 2 --batch-size 6 --steps 3 --log-every 1 --data.seq 32 ";
+  const std::string run =
+      train() + " --nproc-per-node 2 --batch-size 6 --steps 3 --log-every 1 --data.seq 32" + kNoEval;
   auto a = run_command(run + "--checkpoint.name sharded --out " + sharded.path().string());
   ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
   auto b =
