@@ -76,8 +76,9 @@ for r in 0 1 2 3; do
 done
 
 # 2. Training across the nodes: the losses of one process; the bytes between the namespaces.
-# Here and in 3, --data.holdout 0: no held-out evaluation after the last step (--eval-every 0 only
-# drops the periodic ones; 3's deterministic runs spent most of their time on it).
+# Here and in 3, --data.holdout 0: no held-out evaluation after the last step (the --eval-every 0
+# these runs had is the default, which still evaluates at the end; 3's deterministic runs spent
+# most of their time on it).
 common=(--data.seq 32 --log-every 1 --data.holdout 0 --peak-tflops 1 --rendezvous-timeout 60)
 "$train" "${common[@]}" --batch-size 16 --steps 12 --out "$work/one" >/dev/null || fail "the one-process reference run"
 declare -A crossed

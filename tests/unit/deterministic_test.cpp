@@ -18,12 +18,12 @@ using json = nlohmann::json;
 using test::run_command;
 
 // gpt tiny, 5 steps, a global batch of 12 samples; clipping at 0.5 engages at every step (the
-// gradient norms are above 1), so the fixed-point norm is tested too. 101 held-out samples (the
-// default 2% is 1,610, whose one-sample forwards took three quarters of a run's time): an odd
-// count that no world size here divides, so the evaluation's padded last round runs at each.
+// gradient norms are above 1), so the fixed-point norm is tested too. 101 held-out samples of the
+// fortunes corpus (the default 2% is 1,610, whose one-sample forwards took three quarters of a
+// run's time): a count that 2, 3 and 4 do not divide, so the evaluation's padded last round runs
+// at every world size here above 1 (1,610 never padded at 2).
 const std::string kDeterministicRun =
     " --data.seq 32 --data.holdout 0.00126 --log-every 1 --clip-grad-norm 0.5 --checkpoint.name sharded ";
-constexpr int kHeldOut = 101;
 
 struct Outcome {
   std::vector<json> steps;
@@ -65,7 +65,10 @@ TEST_P(LayoutInvariance, BitwiseIdenticalToOneRank) {
   ASSERT_EQ(ref.steps.size(), 5u);
   ASSERT_GT(ref.digests.size(), 0u);
   EXPECT_TRUE(ref.eval.contains("eval_loss")) << ref.eval;
-  EXPECT_EQ(ref.eval.value("eval_samples", 0), kHeldOut) << ref.eval;
+  const int held_out = ref.eval.value("eval_samples", 0);  // 101 (another fortunes may give another)
+  EXPECT_GT(held_out, 0) << ref.eval;
+  EXPECT_LT(held_out, 200) << ref.eval;  // kept small: one forward per sample
+  for (int n : {2, 3, 4}) EXPECT_NE(held_out % n, 0) << "no padded last round at " << n << " ranks: " << ref.eval;
   for (double norm : field(ref, "grad_norm")) EXPECT_GT(norm, 0.5);  // clipping engaged
   std::vector<std::string> cases;
   if (GetParam() == "hybrid_shard") cases.push_back(ranks(4) + " --sharding.name hybrid_shard --sharding.shard_size 2");

@@ -48,7 +48,7 @@ TEST(LossScaling, Fp16MixedTrainsCloseToFp32AndBf16) {
       "largest loss difference over 30 steps: fp16_mixed - fp32 %.2e, bf16_mixed - fp32 %.2e (final %.4f %.4f %.4f)\n",
       to_fp32, to_bf16, loss["fp32"].back(), loss["bf16_mixed"].back(), loss["fp16_mixed"].back());
   // fp16 keeps 11 bits of mantissa against bf16's 8: at least as close to fp32 as bf16_mixed is,
-  // and within 2e-3 nats (measured: 2.2e-4, bf16_mixed 2.0e-3).
+  // and within 2e-3 nats (measured: 2.1e-4, bf16_mixed 2.6e-3).
   EXPECT_LT(to_fp32, 2e-3);
   EXPECT_LE(to_fp32, to_bf16);
   EXPECT_LT(loss["fp16_mixed"].back(), loss["fp16_mixed"].front() - 0.5);  // it trains
@@ -197,7 +197,7 @@ TEST(UnitPrecision, MixedUnitsTrainCloseToFp32) {
   }
   std::printf("largest loss difference to fp32 over 30 steps: bf16 with an fp32 root %.2e, all bf16 %.2e\n", mixed,
               bf16);
-  EXPECT_LT(mixed, 1.5e-3);  // measured 3.5e-4 (all bf16: 2.0e-3)
+  EXPECT_LT(mixed, 1.5e-3);  // measured 4.4e-4 (all bf16: 2.6e-3)
   EXPECT_LT(mixed, bf16);
 }
 

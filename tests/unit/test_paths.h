@@ -31,7 +31,7 @@ std::string csv_path();  // scikit-learn's breast_cancer.csv in the venv (script
 // evaluation nor MFU: no held-out share (the default 2% at --data.seq 32 is 1,610 samples, which
 // took half of a 2-rank, 5-step run's CPU time) and no matmul probe for the peak. Evaluation is
 // checked in deterministic_test (bits at every layout), device_train_test (sim against the CPU),
-// t5_test and trainer_test (csv); the probe in device_train_test.
+// t5_test, t5_hf_test and trainer_test (csv); the probe in device_train_test.
 inline const std::string kNoEval = " --data.holdout 0 --peak-tflops 1 ";
 
 // Small random Hugging Face models that a tests/hf script makes (make_llama.py, make_t5.py), copied
