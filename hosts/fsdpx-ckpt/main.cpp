@@ -8,16 +8,15 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include <boost/program_options/parsers.hpp>
 #include <nlohmann/json.hpp>
 
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
 #include "fsdpx/framework/base/dtype_name.h"
+#include "fsdpx/framework/base/program_options.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
@@ -65,9 +64,7 @@ int inspect(const std::string& dir) {
 std::pair<std::string, std::map<std::string, std::string>> model_section(const std::string& ini,
                                                                          const std::string& dir) {
   // Boost's INI parser, as RunConfig reads --config: [model] key=value arrives as "model.key".
-  std::istringstream in(ini);
-  const auto parsed = boost::program_options::parse_config_file(in, boost::program_options::options_description(),
-                                                                /*allow_unregistered=*/true);
+  const auto parsed = fsdpx::parse_ini(ini, boost::program_options::options_description(), dir + "/config.ini");
   std::string name;
   std::map<std::string, std::string> options;
   for (const auto& o : parsed.options) {

@@ -19,6 +19,7 @@
 #include <boost/program_options.hpp>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/program_options.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/launcher.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
@@ -210,7 +211,7 @@ int main_body(int argc, char** argv) {
                                                                 : (isatty(STDOUT_FILENO) != 0));
     return fsdpx::train(*l.host, l.config, settings, ro);
   } catch (const po::error& e) {
-    std::fprintf(stderr, "fsdpx-train: %s (see --help)\n", e.what());
+    std::fprintf(stderr, "fsdpx-train: %s (see --help)\n", fsdpx::option_error_text(e).c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fsdpx-train: %s\n", fsdpx::message_of(e).c_str());

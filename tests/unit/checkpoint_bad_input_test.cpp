@@ -92,6 +92,11 @@ TEST_F(CheckpointCompleteness, VerifyChecksEveryFileTheFormatNeeds) {
       {"not-json", "trainer_state.json is not valid JSON",
        [](const fs::path& c) { write_file(c / "trainer_state.json", "{\"step\": 4,"); }},
       {"no-config", "config.ini is missing", [](const fs::path& c) { fs::remove(c / "config.ini"); }},
+      // Boost's message for this line never finished (fuzz_config found it in --config's reader)
+      {"config-not-ini",
+       "config.ini does not parse as an INI file (config.ini: the options configuration file contains an invalid "
+       "line '%invalid_line%')",
+       [](const fs::path& c) { write_file(c / "config.ini", "[model]\n%invalid_line%\n"); }},
       {"no-rank-file", "rank-00001.safetensors is missing",
        [](const fs::path& c) { fs::remove(c / "rank-00001.safetensors"); }},
       // --resume auto skipped such a checkpoint as "rank-00001.safetensors is missing"

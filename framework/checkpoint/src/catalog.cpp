@@ -4,13 +4,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <sstream>
 
-#include <boost/program_options/parsers.hpp>
 
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
 #include "fsdpx/framework/base/fault_injection.h"
+#include "fsdpx/framework/base/program_options.h"
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
 #include "checkpoint_files.h"
@@ -100,10 +99,9 @@ std::string sharded_problem(const fs::path& dir) {
     if (std::string why = missing_or_empty(dir / name); !why.empty()) return why;
   if (std::string why = trainer_state_problem(read_text(dir / "trainer_state.json"), step); !why.empty())
     return "trainer_state.json " + why;
-  std::istringstream ini(read_text(dir / "config.ini"));
   try {
-    boost::program_options::parse_config_file(ini, boost::program_options::options_description(), true);
-  } catch (const std::exception& e) {
+    parse_ini(read_text(dir / "config.ini"), boost::program_options::options_description(), "config.ini");
+  } catch (const Error& e) {
     return "config.ini does not parse as an INI file (" + std::string(e.what()) + ")";
   }
   return "";

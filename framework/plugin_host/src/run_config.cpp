@@ -12,6 +12,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
+#include "fsdpx/framework/base/program_options.h"
 #include "fsdpx/suggest.h"
 
 namespace fsdpx {
@@ -84,12 +85,7 @@ std::vector<std::string> long_names(const po::options_description& desc) {
 }
 
 po::parsed_options parse_file(const fs::path& file, const po::options_description& desc) {
-  std::istringstream in(read_config_file(file));
-  try {
-    return po::parse_config_file(in, desc, /*allow_unregistered=*/true);
-  } catch (const po::error& e) {
-    throw Error("config file " + file.string() + ": " + e.what());
-  }
+  return parse_ini(read_config_file(file), desc, "config file " + file.string());
 }
 
 // Each key of an INI file's text ("steps", "model.size") and the line that first gives it.
@@ -145,25 +141,15 @@ po::parsed_options parse_args(const std::vector<std::string>& args,
         .allow_unregistered()
         .run();
   } catch (const po::error& e) {
-    throw Error(std::string("command line: ") + e.what());
+    throw Error("command line: " + option_error_text(e));
   }
 }
 
 void store_checked(const po::parsed_options& parsed, po::variables_map& vm, const std::string& origin) {
   try {
     po::store(parsed, vm);
-  } catch (const po::error_with_option_name& e) {
-    // Boost's what() replaces placeholders such as %value% in a loop that never ends when the
-    // value holds one itself (found by tests/fuzz/fuzz_config): such a value gets this message.
-    std::string name = e.get_option_name();
-    name.erase(0, std::min(name.size(), name.find_first_not_of('-')));
-    for (const auto& o : parsed.options)
-      for (const auto& v : o.value)
-        if (o.string_key == name && v.find('%') != std::string::npos)
-          throw Error(origin + ": option '" + name + "' does not take the value '" + v + "'");
-    throw Error(origin + ": " + e.what());
   } catch (const po::error& e) {
-    throw Error(origin + ": " + e.what());
+    throw Error(origin + ": " + option_error_text(e));
   }
 }
 
@@ -269,7 +255,7 @@ RunConfig RunConfig::resolve(const PluginHost& host, const std::vector<std::stri
   try {
     po::notify(vm);
   } catch (const po::error& e) {
-    throw Error(std::string("command line: ") + e.what());
+    throw Error("command line: " + option_error_text(e));
   }
   for (const auto& [kind, name] : chosen) {
     const std::string prefix = std::string(section_name(kind)) + ".";
