@@ -12,6 +12,9 @@ namespace fsdpx {
 
 namespace {
 constexpr size_t kMaxHosts = 1000000;  // far beyond any cluster's nodes in one job
+// A million names of 64 characters: "a[0-999][0-999]" with a suffix of 4,000 characters was 4 GB of
+// names before the count stopped it.
+constexpr size_t kMaxNameBytes = size_t{64} << 20;
 }  // namespace
 
 std::vector<std::string> expand_hostlist(const std::string& hostlist) {
@@ -34,6 +37,7 @@ std::vector<std::string> expand_hostlist(const std::string& hostlist) {
   items.push_back(cur);
 
   std::vector<std::string> hosts;
+  size_t bytes = 0;
   for (const auto& item : items) {
     if (item.empty()) throw Error("malformed hostlist '" + hostlist + "': empty host name");
     // Expand the first bracket group, then recurse on the rest of the name.
@@ -76,14 +80,19 @@ std::vector<std::string> expand_hostlist(const std::string& hostlist) {
       std::string name = prefix + m + suffix;
       if (name.find('[') != std::string::npos) {
         auto more = expand_hostlist(name);
+        for (const auto& h : more) bytes += h.size();
         hosts.insert(hosts.end(), more.begin(), more.end());
       } else {
+        bytes += name.size();
         hosts.push_back(name);
       }
       // Several bracket groups multiply: "a[0-99999]b[0-99999]" would be 10^10 names.
       if (hosts.size() > kMaxHosts)
         throw Error("malformed hostlist '" + hostlist.substr(0, 200) + "': more than " + std::to_string(kMaxHosts) +
                     " hosts");
+      if (bytes > kMaxNameBytes)
+        throw Error("malformed hostlist '" + hostlist.substr(0, 200) + "': its names come to more than " +
+                    std::to_string(kMaxNameBytes >> 20) + " MiB");
     }
   }
   return hosts;
