@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/program_options.h"
 #include "fsdpx/framework/runtime/cpu_resources.h"
 #include "fsdpx/framework/runtime/launcher.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
@@ -30,6 +31,9 @@ int run(int argc, char** argv, const std::string& name, po::options_description 
     }
     po::notify(vm);
     return body(vm);
+  } catch (const po::error& e) {
+    std::fprintf(stderr, "%s: %s (see --help)\n", name.c_str(), option_error_text(e).c_str());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), message_of(e).c_str());
     return 1;

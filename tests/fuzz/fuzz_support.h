@@ -15,6 +15,7 @@
 #include <string>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/program_options.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 
 namespace fsdpx::fuzz {
@@ -55,6 +56,9 @@ inline void expect_clear_errors(const std::function<void()>& f) {
   try {
     f();
   } catch (const Error&) {
+  } catch (const boost::program_options::error& e) {  // its what() can loop forever (program_options.h)
+    std::fprintf(stderr, "not an fsdpx::Error: %s\n", option_error_text(e).c_str());
+    std::abort();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "not an fsdpx::Error: %s\n", e.what());
     std::abort();

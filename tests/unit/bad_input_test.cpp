@@ -308,6 +308,17 @@ TEST(Messages, NumbersStateTheirTypeAndRangeAndIntegersPrintAsIntegers) {
 }
 
 // A component's error names it once ("optimizer 'adamw' (plugin ...): ..."), not twice.
+// Boost's own message for an option or value holding its placeholder never finished; the
+// benchmarks and test workers (support/tool.cpp) hung on these, as fsdpx-train did (fuzz_config).
+TEST(Messages, TextHoldingABoostPlaceholderEndsInTheUsualMessage) {
+  const std::string bench = "timeout 20 " + (test::bin_dir() / "fsdpx-optim-bench").string();
+  auto r = run_command(bench + " --%canonical_option%");
+  EXPECT_EQ(r.exit_code, 2);
+  expect_one_line(r, "fsdpx-optim-bench", "unrecognised option '--%canonical_option%' (see --help)");
+  r = run_command(train() + " --steps 1%value% --dry-run");
+  expect_one_line(r, "fsdpx-train", "--steps expects an integer of at least 1, got '1%value%'");
+}
+
 TEST(Messages, AComponentIsNamedOnce) {
   auto r = run_command(train() + kQuick + "--optimizer.betas 0.9 --dry-run");
   expect_one_line(r, "fsdpx-train", "optimizer 'adamw' (plugin optimizer_adamw): betas takes two numbers");

@@ -42,6 +42,10 @@ TEST(Hostlist, RejectsMalformed) {
       "numbers of more than 18 digits");
   EXPECT_EQ(error_of([] { expand_hostlist("a[0-99999]b[0-99999]"); }),
             "malformed hostlist 'a[0-99999]b[0-99999]': more than 1000000 hosts");
+  std::string ranges = "a[0-99999";  // one group's ranges add up too
+  for (int i = 0; i < 10; ++i) ranges += ",0-99999";
+  EXPECT_EQ(error_of([&] { expand_hostlist(ranges + "]"); }),
+            "malformed hostlist '" + ranges + "]': more than 1000000 hosts");
   // A million names is a count, not a size: long names stop at 64 MiB (this was 4 GB of names).
   const std::string long_names = "a[0-999][0-999]" + std::string(4000, 'x');
   EXPECT_EQ(error_of([&] { expand_hostlist(long_names); }),

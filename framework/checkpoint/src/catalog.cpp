@@ -99,8 +99,9 @@ std::string sharded_problem(const fs::path& dir) {
     if (std::string why = missing_or_empty(dir / name); !why.empty()) return why;
   if (std::string why = trainer_state_problem(read_text(dir / "trainer_state.json"), step); !why.empty())
     return "trainer_state.json " + why;
+  const std::string ini = read_text(dir / "config.ini");
   try {
-    parse_ini(read_text(dir / "config.ini"), boost::program_options::options_description(), "config.ini");
+    parse_ini(ini, boost::program_options::options_description(), "config.ini");
   } catch (const Error& e) {
     return "config.ini does not parse as an INI file (" + std::string(e.what()) + ")";
   }

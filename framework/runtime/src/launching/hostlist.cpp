@@ -15,6 +15,45 @@ constexpr size_t kMaxHosts = 1000000;  // far beyond any cluster's nodes in one 
 // A million names of 64 characters: "a[0-999][0-999]" with a suffix of 4,000 characters was 4 GB of
 // names before the count stopped it.
 constexpr size_t kMaxNameBytes = size_t{64} << 20;
+
+Error too_many_hosts(const std::string& hostlist) {
+  return Error("malformed hostlist '" + hostlist.substr(0, 200) + "': more than " + std::to_string(kMaxHosts) +
+               " hosts");
+}
+
+// The numbers one bracket group of `hostlist` stands for ("01-03,07": 01, 02, 03, 07).
+std::vector<std::string> bracket_numbers(const std::string& hostlist, const std::string& body) {
+  std::vector<std::string> middles;
+  size_t start = 0;
+  while (start <= body.size()) {
+    size_t comma = body.find(',', start);
+    if (comma == std::string::npos) comma = body.size();
+    std::string range = body.substr(start, comma - start);
+    auto dash = range.find('-');
+    std::string lo = range.substr(0, dash), hi = dash == std::string::npos ? lo : range.substr(dash + 1);
+    auto digits = [](const std::string& s) {
+      return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+    };
+    if (!digits(lo) || !digits(hi))
+      throw Error("malformed hostlist '" + hostlist + "': '" + range + "' is not a number or a range");
+    if (lo.size() > 18 || hi.size() > 18)  // std::stoll's range (found by tests/fuzz/fuzz_hostlist)
+      throw Error("malformed hostlist '" + hostlist + "': '" + range + "' has numbers of more than 18 digits");
+    long long a = std::stoll(lo), b = std::stoll(hi);
+    if (b < a) throw Error("malformed hostlist '" + hostlist + "': range '" + range + "' runs backwards");
+    if (b - a > 100000) throw Error("malformed hostlist '" + hostlist + "': range '" + range + "' is too large");
+    size_t width = lo.size();
+    for (long long v = a; v <= b; ++v) {
+      std::string s = std::to_string(v);
+      if (s.size() < width) s = std::string(width - s.size(), '0') + s;
+      middles.push_back(s);
+      if (middles.size() > kMaxHosts)  // "a[0-99999,0-99999,...]" in 4 KB was 51 million names
+        throw too_many_hosts(hostlist);
+    }
+    start = comma + 1;
+  }
+  return middles;
+}
+
 }  // namespace
 
 std::vector<std::string> expand_hostlist(const std::string& hostlist) {
@@ -50,32 +89,7 @@ std::vector<std::string> expand_hostlist(const std::string& hostlist) {
     const std::string prefix = item.substr(0, open), body = item.substr(open + 1, close - open - 1),
                       suffix = item.substr(close + 1);
     if (body.empty()) throw Error("malformed hostlist '" + hostlist + "': empty brackets");
-    std::vector<std::string> middles;
-    size_t start = 0;
-    while (start <= body.size()) {
-      size_t comma = body.find(',', start);
-      if (comma == std::string::npos) comma = body.size();
-      std::string range = body.substr(start, comma - start);
-      auto dash = range.find('-');
-      std::string lo = range.substr(0, dash), hi = dash == std::string::npos ? lo : range.substr(dash + 1);
-      auto digits = [](const std::string& s) {
-        return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
-      };
-      if (!digits(lo) || !digits(hi))
-        throw Error("malformed hostlist '" + hostlist + "': '" + range + "' is not a number or a range");
-      if (lo.size() > 18 || hi.size() > 18)  // std::stoll's range (found by tests/fuzz/fuzz_hostlist)
-        throw Error("malformed hostlist '" + hostlist + "': '" + range + "' has numbers of more than 18 digits");
-      long long a = std::stoll(lo), b = std::stoll(hi);
-      if (b < a) throw Error("malformed hostlist '" + hostlist + "': range '" + range + "' runs backwards");
-      if (b - a > 100000) throw Error("malformed hostlist '" + hostlist + "': range '" + range + "' is too large");
-      size_t width = lo.size();
-      for (long long v = a; v <= b; ++v) {
-        std::string s = std::to_string(v);
-        if (s.size() < width) s = std::string(width - s.size(), '0') + s;
-        middles.push_back(s);
-      }
-      start = comma + 1;
-    }
+    const std::vector<std::string> middles = bracket_numbers(hostlist, body);
     for (const auto& m : middles) {
       std::string name = prefix + m + suffix;
       if (name.find('[') != std::string::npos) {
@@ -87,9 +101,7 @@ std::vector<std::string> expand_hostlist(const std::string& hostlist) {
         hosts.push_back(name);
       }
       // Several bracket groups multiply: "a[0-99999]b[0-99999]" would be 10^10 names.
-      if (hosts.size() > kMaxHosts)
-        throw Error("malformed hostlist '" + hostlist.substr(0, 200) + "': more than " + std::to_string(kMaxHosts) +
-                    " hosts");
+      if (hosts.size() > kMaxHosts) throw too_many_hosts(hostlist);
       if (bytes > kMaxNameBytes)
         throw Error("malformed hostlist '" + hostlist.substr(0, 200) + "': its names come to more than " +
                     std::to_string(kMaxNameBytes >> 20) + " MiB");
