@@ -307,7 +307,6 @@ TEST(Messages, NumbersStateTheirTypeAndRangeAndIntegersPrintAsIntegers) {
   EXPECT_EQ(r.err.find(".000000"), std::string::npos) << r.err;
 }
 
-// A component's error names it once ("optimizer 'adamw' (plugin ...): ..."), not twice.
 // Boost's own message for an option or value holding its placeholder never finished; the
 // benchmarks and test workers (support/tool.cpp) hung on these, as fsdpx-train did (fuzz_config).
 TEST(Messages, TextHoldingABoostPlaceholderEndsInTheUsualMessage) {
@@ -319,6 +318,7 @@ TEST(Messages, TextHoldingABoostPlaceholderEndsInTheUsualMessage) {
   expect_one_line(r, "fsdpx-train", "--steps expects an integer of at least 1, got '1%value%'");
 }
 
+// A component's error names it once ("optimizer 'adamw' (plugin ...): ..."), not twice.
 TEST(Messages, AComponentIsNamedOnce) {
   auto r = run_command(train() + kQuick + "--optimizer.betas 0.9 --dry-run");
   expect_one_line(r, "fsdpx-train", "optimizer 'adamw' (plugin optimizer_adamw): betas takes two numbers");

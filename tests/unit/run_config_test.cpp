@@ -125,9 +125,6 @@ TEST_F(RunConfigTest, BadFileNamesTheFile) {
 namespace fsdpx {
 namespace {
 
-// `none` leaves out a kind the host can do without, from the command line over a file's choice
-// and from a file; the resolved INI keeps it off. For a kind the host needs, and for an empty
-// name, the error says what to give.
 // Found by tests/fuzz/fuzz_config: Boost's message for a value or an INI line that itself holds
 // one of its placeholders ("%value%", "%invalid_line%") never finished. fsdpx fills each
 // placeholder once (option_error_text), so the message is the usual one, with the text as given.
@@ -145,6 +142,9 @@ TEST_F(RunConfigTest, TextHoldingABoostPlaceholderGetsTheUsualMessage) {
                 "'%invalid_line% %canonical_option% %prefix%'");
 }
 
+// `none` leaves out a kind the host can do without, from the command line over a file's choice
+// and from a file; the resolved INI keeps it off. For a kind the host needs, and for an empty
+// name, the error says what to give.
 TEST_F(RunConfigTest, NoneSwitchesOffAnOptionalKind) {
   auto with_optional = [&](const std::vector<std::string>& args) {
     return RunConfig::resolve(host, args, ConfigRequest{&host_options, {{Kind::Wrap, "size_based"}}, {Kind::Wrap}});

@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <filesystem>
 
-
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
 #include "fsdpx/framework/base/fault_injection.h"
