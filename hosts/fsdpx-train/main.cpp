@@ -139,8 +139,8 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
   auto settings = fsdpx::TrainSettings::from(l.config.host_values());
   const fsdpx::HostValues& vm = l.config.host_values();
   fsdpx::topology_flags(vm);  // the workers read these flags; read here, the plan sees each flag read
-  fsdpx::runtime_options(vm, launcher_topology(nproc));
-  if (!has(plain, "--dry-run")) fsdpx::check_device_trains(fsdpx::device_of(vm), fsdpx::backend_of(vm), nproc);
+  const fsdpx::RuntimeOptions ro = fsdpx::runtime_options(vm, launcher_topology(nproc));
+  if (!has(plain, "--dry-run")) fsdpx::check_device_trains(ro.device, ro.backend, nproc, ro.share_devices);
   auto plan = fsdpx::plan_run(*l.host, l.config, settings, launcher_topology(nproc));
   if (has(plain, "--dry-run")) {
     print_plan(plan, settings);

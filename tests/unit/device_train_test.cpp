@@ -329,6 +329,7 @@ TEST(SimTrainBadInput, DevicesThatCannotRunAreOneLineBeforeAnyWorker) {
   EXPECT_EQ(shared.exit_code, 1) << shared.err;
   EXPECT_NE(shared.err.find("--device sim: 2 ranks on this node but 1 device(s) visible"), std::string::npos)
       << shared.err;
+  EXPECT_NE(shared.err.find("--share-gpus (NCCL, each rank a node of its own"), std::string::npos) << shared.err;
   EXPECT_EQ(std::count(shared.err.begin(), shared.err.end(), '\n'), 1) << shared.err;
   // --device cuda with no GPU visible (CUDA_VISIBLE_DEVICES empty hides a machine's GPUs, so this
   // branch runs on every machine), and with the GPUs this machine has and one rank more than them:
@@ -338,13 +339,61 @@ TEST(SimTrainBadInput, DevicesThatCannotRunAreOneLineBeforeAnyWorker) {
   auto hidden = run_command("env CUDA_VISIBLE_DEVICES= " + run + "--device cuda");
   auto cuda = run_command("timeout 120 " + train() + kTiny + "--steps 1 --device cuda " + more_ranks);
   const std::string too_many = std::to_string(gpus + 1) + " ranks on this node but " + std::to_string(gpus) +
-                               " device(s) visible; run at most one rank per device";
+                               " device(s) visible, and NCCL takes one rank per device";
   for (const auto& [r, want] : {std::pair<const CommandResult&, std::string>{hidden, "no GPU visible"},
                                 {cuda, gpus == 0 ? "no GPU visible" : too_many}}) {
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_NE(r.err.find("--device cuda: " + want), std::string::npos) << "want '" << want << "': " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
+}
+
+// --share-gpus: ranks share one sim device over the NCCL twin, each posing to it as a node of its own
+// (its own NCCL_HOSTID, as NCCL needs), with the CPU's bits at 2 and 4 ranks; the memory check
+// adds up the ranks on a device. Without the flag, and without a host id of its own, the twin
+// refuses two ranks on one device of one host, as NCCL does ("Duplicate GPU detected").
+TEST(SimShareGpus, RanksShareOneDeviceOverTheNcclTwin) {
+  TempDir dir;
+  const std::string base = std::string(kTiny) + "--steps 4 ";
+  for (int n : {2, 4}) {
+    const std::string launch = train() + " --nproc-per-node " + std::to_string(n) + base;
+    const auto cpu = dir.path() / ("cpu" + std::to_string(n)), sim = dir.path() / ("sim" + std::to_string(n));
+    auto c = run_command(launch + "--out " + cpu.string());
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    auto r = run_command("env FSDPX_SIM_DEVICES=1 " + launch + "--device sim --share-gpus --out " + sim.string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(numbers(sim), numbers(cpu)) << n << " ranks on one sim device";
+    EXPECT_NE(r.out.find("ranks share devices (--share-gpus): " + std::to_string(n) +
+                         " local ranks on 1 sim device(s), each a node of its own to NCCL (rank 0: NCCL_HOSTID="),
+              std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("/fsdpx-local-rank-0 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1)"), std::string::npos) << r.out;
+    for (const json& rank : read_json(sim / "summary.json")["ranks"]) EXPECT_EQ(rank["memory_device"], "sim:0");
+  }
+  // A budget that holds one rank's peak and a half: two ranks on one device do not fit, on two they do.
+  const int64_t peak = read_json(dir.path() / "sim2" / "summary.json")["plan"]["memory"]["peak_bytes"];
+  const std::string budget = "env FSDPX_SIM_MEMORY=" + std::to_string(peak * 3 / 2) + " ";
+  const std::string two = train() + " --nproc-per-node 2" + base + "--device sim --share-gpus ";
+  auto one_device = run_command(budget + "FSDPX_SIM_DEVICES=1 " + two + "--out " + (dir.path() / "tight").string());
+  EXPECT_EQ(one_device.exit_code, 1) << one_device.err;
+  EXPECT_NE(one_device.err.find("the plan does not fit this node: device sim: 2 ranks x "), std::string::npos)
+      << one_device.err;
+  EXPECT_NE(one_device.err.find("put fewer ranks on each device"), std::string::npos) << one_device.err;
+  auto two_devices = run_command(budget + "FSDPX_SIM_DEVICES=2 " + two + "--out " + (dir.path() / "fits").string());
+  EXPECT_EQ(two_devices.exit_code, 0) << two_devices.err;
+  // The twin's own rule, below fsdpx-train's check: collectives of two ranks on one device.
+  const std::string worker = comm_worker() + " --nproc-per-node 2 --scenario collectives --device sim";
+  auto duplicate = run_command("env FSDPX_SIM_DEVICES=1 timeout 120 " + worker);
+  EXPECT_NE(duplicate.exit_code, 0);
+  EXPECT_NE(duplicate.err.find("sim NCCL twin: Duplicate GPU detected: rank 1 and rank 0 both on sim:0 of one host"),
+            std::string::npos) << duplicate.err;
+  auto posed = run_command("env FSDPX_SIM_DEVICES=1 FSDPX_SHARE_GPUS=1 timeout 120 " + worker);
+  EXPECT_EQ(posed.exit_code, 0) << posed.err;
+  EXPECT_NE(posed.out.find("collectives ok on sim:0"), std::string::npos) << posed.out;
+  // Where Gloo carries the collectives the flag has nothing to do: refused, not ignored.
+  auto on_cpu = run_command(train() + " --nproc-per-node 2" + base + "--share-gpus");
+  EXPECT_EQ(on_cpu.exit_code, 1);
+  EXPECT_NE(on_cpu.err.find("--share-gpus lets ranks share devices over NCCL, and this run's collectives are Gloo's "
+                            "(--device cpu)"), std::string::npos) << on_cpu.err;
 }
 
 // cpu_offload over hybrid_shard at shard_size 1 (a GPU per node): each rank's gradient is whole,

@@ -192,7 +192,7 @@ TEST(MemoryCheck, ADeviceBudgetTooSmallIsRefusedBeforeAnyWorkerStarts) {
     EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
     EXPECT_EQ(r.err.rfind("fsdpx-train: the plan does not fit this node: device sim: 1 rank x ", 0), 0u) << r.err;
     EXPECT_EQ(lines(r.err), 1) << r.err;
-    EXPECT_NE(r.err.find(" is available (sim's budget per process, FSDPX_SIM_MEMORY=" + budget), std::string::npos)
+    EXPECT_NE(r.err.find(" is available (sim's budget per device, FSDPX_SIM_MEMORY=" + budget), std::string::npos)
         << r.err;
     EXPECT_NE(r.err.find("): does not fit; host: 2 ranks x "), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("--sharding.name cpu_offload"), std::string::npos) << r.err;
@@ -249,7 +249,7 @@ TEST(MemoryCheck, ADeviceBudgetThatFitsTrains) {
   auto dry = run_command(run + "--dry-run");
   EXPECT_EQ(dry.exit_code, 0) << dry.err;
   EXPECT_NE(dry.out.find("  memory     device sim: 1 rank x "), std::string::npos) << dry.out;
-  EXPECT_NE(dry.out.find(" is available (sim's budget per process, FSDPX_SIM_MEMORY=1073741824): fits\n"),
+  EXPECT_NE(dry.out.find(" is available (sim's budget per device, FSDPX_SIM_MEMORY=1073741824): fits\n"),
             std::string::npos)
       << dry.out;
   EXPECT_NE(dry.out.find("             host: 2 ranks x "), std::string::npos) << dry.out;

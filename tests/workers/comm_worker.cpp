@@ -298,6 +298,7 @@ int main(int argc, char** argv) {
     ro.check_collectives = vm.count("check-collectives") > 0;
     ro.watch_peers = vm.count("watch-peers") > 0;
     ro.exit_on_peer_failure = ro.watch_peers;
+    ro.share_devices = share_gpus_from_environment();  // FSDPX_SHARE_GPUS=1: each rank poses as a node (NCCL)
     const std::string device = vm["device"].as<std::string>();
     if (device != "cpu") {
       g_device = open_device(device, ro.topology.local_rank)->device();

@@ -6,7 +6,11 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <condition_variable>
+#include <cstdlib>
+#include <fstream>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -419,12 +423,50 @@ class NcclTwin final : public c10d::Backend {
   std::thread worker_;  // last: it starts once everything above is built
 };
 
+// The host as NCCL knows it: NCCL_HOSTID when set, else the host name and boot id, hashed as NCCL
+// hashes it (DJB2a), so that every process of a host computes the same number.
+int64_t host_hash() {
+  std::string id;
+  if (const char* set = std::getenv("NCCL_HOSTID"); set && *set) {
+    id = set;
+  } else {
+    char name[256] = {0};
+    ::gethostname(name, sizeof name - 1);
+    std::string boot;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+    id = name + boot;
+  }
+  uint64_t h = 5381;
+  for (unsigned char c : id) h = ((h << 5) + h) ^ c;
+  return static_cast<int64_t>(h);
+}
+
+// NCCL's rule when a communicator is made: no two of its ranks on one device of one host ("Duplicate
+// GPU detected"). The ranks exchange (host, device) over the host backend and all refuse alike.
+void refuse_shared_devices(c10d::Backend& host, c10::DeviceIndex device) {
+  const int n = host.getSize();
+  at::Tensor mine = at::empty({2}, at::kLong), all = at::empty({2 * n}, at::kLong);
+  mine.data_ptr<int64_t>()[0] = host_hash();
+  mine.data_ptr<int64_t>()[1] = device;
+  host._allgather_base(all, mine)->wait();
+  const int64_t* p = all.data_ptr<int64_t>();
+  for (int b = 1; b < n; ++b)
+    for (int a = 0; a < b; ++a)
+      if (p[2 * a] == p[2 * b] && p[2 * a + 1] == p[2 * b + 1])
+        C10_THROW_ERROR(DistBackendError,
+                        "sim NCCL twin: Duplicate GPU detected: rank " + std::to_string(b) + " and rank " +
+                            std::to_string(a) + " both on sim:" + std::to_string(p[2 * b + 1]) +
+                            " of one host; NCCL takes one rank of a communicator per device of a host: give each "
+                            "rank a device of its own, or a host id of its own (NCCL_HOSTID, as --share-gpus does)");
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Backend> make_nccl_twin(c10::intrusive_ptr<c10d::Backend> host, c10::DeviceIndex device) {
   TORCH_CHECK_VALUE(host, "sim NCCL twin: no host backend");
   TORCH_CHECK_VALUE(device >= 0 && device < device_count(), "sim NCCL twin: sim:", static_cast<int>(device),
                     " does not exist (", static_cast<int>(device_count()), " sim devices)");
+  refuse_shared_devices(*host, device);
   return c10::make_intrusive<NcclTwin>(std::move(host), device);
 }
 

@@ -294,7 +294,7 @@ const std::vector<std::string>& environment_settings() {
       "FSDPX_LOG",        "FSDPX_PLUGIN_PATH", "FSDPX_FAULT",       "FSDPX_LAUNCHED",         "FSDPX_PROGRESS",
       "FSDPX_SIM_MEMORY", "FSDPX_SIM_DEVICES", "FSDPX_SIM_LIBRARY", "FSDPX_SIM_PROTECT",      "FSDPX_SIM_CACHE",
       "FSDPX_SIM_POISON", "FSDPX_SIM_STREAM_CHECK", "FSDPX_CPU_BLOCK_CACHE", "FSDPX_CUDA_LIBRARY",
-      "FSDPX_EXEC_WORKERS"};
+      "FSDPX_EXEC_WORKERS", "FSDPX_SHARE_GPUS"};
   return names;
 }
 

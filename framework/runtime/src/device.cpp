@@ -264,8 +264,15 @@ void check_device(const std::string& spec, int local_ranks, bool one_device_per_
   }
   if (one_device_per_rank && local_ranks > count)
     throw Error("--device " + spec + ": " + std::to_string(local_ranks) + " ranks on this node but " +
-                std::to_string(count) + " device(s) visible; run at most one rank per device, or share the "
-                "devices with --backend gloo (collectives staged through host memory)");
+                std::to_string(count) + " device(s) visible, and NCCL takes one rank per device; run at most " +
+                std::to_string(count) + " rank(s) here, or let ranks share devices: --share-gpus (NCCL, each rank "
+                "a node of its own over loopback sockets: for tests and for checking a run) or --backend gloo "
+                "(collectives staged through host memory)");
+}
+
+int visible_device_count(const std::string& spec) {
+  const c10::DeviceType type = device_type_of(spec);
+  return type == c10::kCPU ? 1 : visible_devices(type);
 }
 
 c10::Device device_for_rank(const std::string& spec, int local_rank) {

@@ -125,7 +125,8 @@ Runtime::Runtime(RuntimeSettings settings) : impl_(std::make_unique<Impl>()) {
   ro.device = kind;
   ro.rendezvous_timeout = settings.rendezvous_timeout;
   ro.collective_timeout = settings.collective_timeout;
-  check_device_trains(kind, Backend::Default, ro.topology.local_world_size);
+  ro.share_devices = settings.share_gpus || share_gpus_from_environment();
+  check_device_trains(kind, Backend::Default, ro.topology.local_world_size, ro.share_devices);
   // LibTorch's intra-op threads: this rank's share of the cores (OMP_NUM_THREADS wins), as fsdpx-train's.
   at::set_num_threads(choose_threads(process_environment(), ro.topology.local_world_size, affinity_cpus()).threads);
   impl_->device = open_device(settings.device, ro.topology.local_rank);

@@ -1,7 +1,7 @@
 #include "plan_json.h"
 
 #include "format.h"
-#include "fsdpx/framework/trainer/trainer.h"  // device_spec
+#include "fsdpx/framework/runtime/process_groups.h"  // device_spec
 
 using json = nlohmann::json;
 

@@ -29,7 +29,7 @@
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "fsdpx/checkpoint_backend.h"
 #include "fsdpx/framework/trainer/checkpoint_saver.h"  // staging_pool_layout
-#include "fsdpx/framework/trainer/trainer.h"           // device_spec
+#include "fsdpx/framework/runtime/process_groups.h"  // device_spec
 
 using json = nlohmann::json;
 
@@ -543,14 +543,14 @@ void read_sim_budget(const DeviceRuntime* sim, MemorySide& d) {
     std::shared_ptr<DeviceRuntime> opened;
     if (!sim) sim = (opened = open_device("sim", 0)).get();
     d.available = sim->free_memory();  // the budget less what this process's sim holds
-    d.source = "sim's budget per process, FSDPX_SIM_MEMORY=" + raw;
+    d.source = "sim's budget per device, FSDPX_SIM_MEMORY=" + raw;
   } catch (const std::exception& e) {
     d.source = "sim's budget unread: " + message_of(e);
   }
 }
 
-// The local ranks that share this rank's CUDA device: open_device's round-robin over the devices
-// this process sees.
+// The local ranks that share this rank's device: open_device's round-robin over the devices this
+// process sees (more ranks than devices: --share-gpus, or --backend gloo).
 int ranks_sharing(const DeviceRuntime& device, const Topology& t) {
   const int count = static_cast<int>(c10::impl::getDeviceGuardImpl(device.device().type())->deviceCount());
   if (count <= 0) return 1;
@@ -573,7 +573,8 @@ std::string side_text(const std::string& name, const MemorySide& s) {
 std::string ways_out(const RunPlan& plan, const MemoryFit& f) {
   const bool device_short = !f.device.fits(), host_short = !f.host.fits();
   std::vector<std::string> ways;
-  if (device_short) ways.push_back("spread the shards over more ranks (each holds 1/N)");
+  if (device_short && f.device.ranks > 1) ways.push_back("put fewer ranks on each device (they share it)");
+  else if (device_short) ways.push_back("spread the shards over more ranks (each holds 1/N)");
   if (host_short) ways.push_back("spread the ranks over more nodes (fewer per node)");
   if (device_short && !plan.layout.offload_to_cpu)
     ways.push_back("hold shards, gradients and optimizer state in host memory (--sharding.name cpu_offload)");
@@ -604,7 +605,9 @@ MemoryFit memory_fit_before_launch(const RunPlan& plan, int local_ranks, int64_t
   f.device_name = device_spec(plan.device);
   f.host = host_side(plan, local_ranks, std::max<int64_t>(0, process_bytes));
   if (plan.device == DeviceKind::Sim) {
-    f.device = device_side(plan, 1);
+    // The busiest device: the ranks go round-robin over the devices.
+    const int count = std::max(1, visible_device_count("sim"));
+    f.device = device_side(plan, (local_ranks + count - 1) / count);
     read_sim_budget(nullptr, f.device);
   } else if (plan.device == DeviceKind::Cuda) {
     f.device = device_side(plan, 1);
@@ -628,7 +631,7 @@ MemoryFit memory_fit_in_rank(const RunPlan& plan, const DeviceRuntime& device, c
     f.device.available = device.free_memory();
     f.device.source = device.name() + "'s free memory, read once every rank had opened its device";
   } else {
-    f.device = device_side(plan, 1);
+    f.device = device_side(plan, ranks_sharing(device, topology));
     read_sim_budget(&device, f.device);
   }
   return f;

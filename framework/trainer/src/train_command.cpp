@@ -43,6 +43,11 @@ po::options_description topology_options() {
     ("backend", po::value<std::string>()->default_value("default"),
      "the device's collectives: default (NCCL on cuda, its NCCL twin on sim, Gloo on cpu), nccl, or gloo "
      "(device tensors staged through host memory: several ranks may share a device)")
+    ("share-gpus", po::bool_switch(),
+     "with NCCL (cuda, or sim's twin), more ranks on this node than devices: the ranks go round-robin over the "
+     "devices, each a node of its own to NCCL (its own NCCL_HOSTID; sockets on loopback), and the memory check adds "
+     "up the ranks on a device. For tests and for checking a run on fewer GPUs than its cluster: the bytes go over "
+     "sockets, so its speed is not a cluster's (FSDPX_SHARE_GPUS=1 does the same)")
     ("watch-peers", po::bool_switch(),
      "each rank watches the next one's heartbeat and names a lost rank within seconds, aborting the collectives "
      "that wait for it (always on with NCCL)");
@@ -96,6 +101,10 @@ void check_train_flags(const RunConfig& config, int nproc_per_node) {
         throw Error(std::string("--nproc-per-node and --") + p + " cannot go together: the launcher places the " +
                     std::to_string(nproc_per_node) + " ranks it starts itself; drop --" + p +
                     " (or start one process per rank without --nproc-per-node)");
+  if (vm["share-gpus"].as<bool>() && !nccl_collectives(device_of(vm), backend_of(vm)))
+    throw Error("--share-gpus lets ranks share devices over NCCL, and this run's collectives are Gloo's (--device " +
+                vm["device"].as<std::string>() + (backend_of(vm) == Backend::Gloo ? ", --backend gloo" : "") +
+                "), where ranks may share a device without it; drop --share-gpus");
   backend_of(vm);  // and the device
   const std::string resume = vm["resume"].as<std::string>(), save_init = vm["save-init"].as<std::string>();
   const char* needs_checkpoint = vm["save-every"].as<int64_t>() > 0 ? "--save-every"
@@ -133,6 +142,7 @@ RuntimeOptions runtime_options(const HostValues& vm, const Topology& topology) {
   ro.device = device_of(vm);
   ro.backend = backend_of(vm);
   ro.watch_peers = vm["watch-peers"].as<bool>();
+  ro.share_devices = vm["share-gpus"].as<bool>() || share_gpus_from_environment();
   ro.rendezvous_timeout = ms(vm["rendezvous-timeout"].as<double>());  // within the declared range
   ro.collective_timeout = ms(vm["collective-timeout"].as<double>());
   ro.exit_on_peer_failure = true;                             // a rank that fails ends the others with its message

@@ -37,19 +37,6 @@ std::map<Kind, std::string> default_components() {
           {Kind::Wrap, "layer_type"}, {Kind::Precision, "fp32"}, {Kind::Optimizer, "adamw"}};
 }
 
-const char* device_spec(DeviceKind device) {
-  switch (device) {
-    case DeviceKind::Cuda: return "cuda";
-    case DeviceKind::Sim: return "sim";
-    case DeviceKind::Cpu: break;
-  }
-  return "cpu";
-}
-
-void check_device_trains(DeviceKind device, Backend backend, int local_ranks) {
-  check_device(device_spec(device), local_ranks, /*one_device_per_rank=*/nccl_collectives(device, backend));
-}
-
 namespace {
 
 class Trainer {
@@ -123,7 +110,7 @@ class Trainer {
 
   // The checks that need no process group, and the plan (the same as --dry-run's).
   void plan() {
-    check_device_trains(ro_.device, ro_.backend, ro_.topology.local_world_size);
+    check_device_trains(ro_.device, ro_.backend, ro_.topology.local_world_size, ro_.share_devices);
     if (s_.deterministic && at::get_cpu_capability() != "DEFAULT")
       throw Error("--deterministic needs ATen's unvectorised CPU kernels, and this process already chose " +
                   at::get_cpu_capability() + " ones: set ATEN_CPU_CAPABILITY=default before the first tensor operation "
@@ -140,6 +127,11 @@ class Trainer {
   void connect() {
     device_ = open_device(device_spec(ro_.device), ro_.topology.local_rank);
     groups_ = ProcessGroups::create(ro_);
+    if (rank_ == 0 && !groups_->nccl_pose().empty())
+      out_.line("ranks share devices (--share-gpus): " + std::to_string(ro_.topology.local_world_size) +
+                " local ranks on " + std::to_string(visible_device_count(device_spec(ro_.device))) + " " +
+                device_spec(ro_.device) + " device(s), each a node of its own to NCCL (rank 0: " +
+                groups_->nccl_pose() + "); the bytes go over sockets, so the speed is not a cluster's");
   }
 
   // Before anything is allocated: the plan against this rank's device and, unless its launcher

@@ -41,8 +41,29 @@ DeviceKind device_kind(const std::string& spec) {
   throw Error("--device must be cpu, cuda or sim, got '" + spec + "'");
 }
 
+const char* device_spec(DeviceKind device) {
+  switch (device) {
+    case DeviceKind::Cuda: return "cuda";
+    case DeviceKind::Sim: return "sim";
+    case DeviceKind::Cpu: break;
+  }
+  return "cpu";
+}
+
 bool nccl_collectives(DeviceKind device, Backend backend) {
   return device != DeviceKind::Cpu && backend != Backend::Gloo;
+}
+
+bool share_gpus_from_environment() {
+  const char* v = std::getenv("FSDPX_SHARE_GPUS");
+  if (!v || !*v || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  throw Error(std::string("FSDPX_SHARE_GPUS must be 1 (ranks share devices over NCCL) or 0, got '") + v + "'");
+}
+
+void check_device_trains(DeviceKind device, Backend backend, int local_ranks, bool share_devices) {
+  check_device(device_spec(device), local_ranks,
+               /*one_device_per_rank=*/nccl_collectives(device, backend) && !share_devices);
 }
 
 struct ProcessGroups::Impl {
@@ -52,6 +73,7 @@ struct ProcessGroups::Impl {
   std::shared_ptr<PeerMonitor> monitor;
   std::shared_ptr<Communicator> world, control;
   std::map<std::string, int> groups_created;  // per (name, members): agreed by the members alone
+  std::string nccl_pose;                       // what pose_as_nccl_node set, when ranks share devices
 
   bool nccl() const { return nccl_collectives(options.device, options.backend); }
 
@@ -110,6 +132,10 @@ std::shared_ptr<ProcessGroups> ProcessGroups::create(const RuntimeOptions& optio
                 " ranks need one port they all know (--master-port or MASTER_PORT)");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  // Before any communicator: NCCL reads its host id once per process.
+  if (options.share_devices && impl->nccl() &&
+      t.local_world_size > visible_device_count(device_spec(options.device)))
+    impl->nccl_pose = pose_as_nccl_node(t);
   std::string master = t.master_addr + ":" + std::to_string(t.master_port);
   const auto timeout = options.rendezvous_timeout;
   try {
@@ -188,6 +214,7 @@ ProcessGroups::~ProcessGroups() {
 
 const Topology& ProcessGroups::topology() const { return impl_->options.topology; }
 DeviceKind ProcessGroups::device() const { return impl_->options.device; }
+const std::string& ProcessGroups::nccl_pose() const { return impl_->nccl_pose; }
 std::shared_ptr<Communicator> ProcessGroups::world() const { return impl_->world; }
 std::shared_ptr<Communicator> ProcessGroups::control() const { return impl_->control; }
 

@@ -5,6 +5,10 @@
 //     backend was made for. A host tensor or another device's is refused at issue with
 //     c10::ValueError, as ProcessGroupNCCL refuses ("Tensors must be CUDA and dense"), naming the
 //     collective and the tensor;
+//   - one rank per device of a host: when the twin is made, its ranks compare (host, device), the
+//     host being NCCL_HOSTID or else its name and boot id as NCCL reads them, and two ranks on one
+//     device of one host are a c10::DistBackendError on every rank, with NCCL's "Duplicate GPU
+//     detected" (fsdpx's --share-gpus gives each rank a host id of its own, as for NCCL);
 //   - ranks must agree: each collective first compares its kind, dtype, element counts, reduce op
 //     and root across the group; a difference is a c10::DistBackendError from wait() on every
 //     rank, naming each rank's call (NCCL itself would hang or corrupt memory);

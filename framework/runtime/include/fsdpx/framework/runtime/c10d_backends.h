@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "fsdpx/export.h"
+#include "fsdpx/topology.h"
 
 namespace fsdpx {
 
@@ -36,6 +37,17 @@ FSDPX_API c10::intrusive_ptr<c10d::Backend> make_gloo_backend(
 FSDPX_API c10::intrusive_ptr<c10d::Backend> make_nccl_backend(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, int device);
+
+// Makes this rank a node of its own to NCCL, for ranks that share a device
+// (RuntimeOptions::share_devices). NCCL refuses two ranks of one communicator on one device of
+// one host ("Duplicate GPU detected"), and it knows a host by a hash of its name and boot id,
+// which NCCL_HOSTID replaces: each local rank gets its own (the node's host id, or NCCL_HOSTID as
+// set, and "/fsdpx-local-rank-N"), so NCCL puts every rank on a node of its own and moves the bytes
+// through its network transport. On one node that is sockets on loopback: NCCL_SOCKET_IFNAME=lo
+// and NCCL_IB_DISABLE=1, unless already set. NCCL reads them once per process, at its first
+// communicator: call this before any (ProcessGroups::create does; sim's twin keeps the same rule).
+// Returns what it set, as "NAME=VALUE" words.
+FSDPX_API std::string pose_as_nccl_node(const Topology& topology);
 
 // sim's NCCL twin (devices/sim, fsdpx/sim/sim_nccl.h) over `host`, a Gloo backend of the same
 // ranks, for the sim device of local rank `local_rank` (device_for_rank's rule). Loads

@@ -88,9 +88,14 @@ FSDPX_API std::shared_ptr<DeviceRuntime> open_device(const std::string& spec, in
 // The device open_device(spec, local_rank) opens, without opening it.
 FSDPX_API c10::Device device_for_rank(const std::string& spec, int local_rank);
 
+// The devices of `spec`'s type this process sees (CUDA_VISIBLE_DEVICES respected; sim's
+// FSDPX_SIM_DEVICES); 1 for the CPU. Loads the device's library as open_device does.
+FSDPX_API int visible_device_count(const std::string& spec);
+
 // Checks that `spec` can be opened for `local_ranks` ranks on this node, without opening it
 // (the launcher, before any worker starts): open_device's errors, and, when each rank needs a
-// device of its own (NCCL), more local ranks than devices, naming both numbers.
+// device of its own (NCCL without --share-gpus), more local ranks than devices, naming both
+// numbers and the ways to share.
 FSDPX_API void check_device(const std::string& spec, int local_ranks, bool one_device_per_rank);
 
 }  // namespace fsdpx

@@ -15,6 +15,8 @@ namespace fsdpx {
 enum class DeviceKind { Cpu, Cuda, Sim };
 // The kind of `--device` spec: "cpu", "cuda" or "sim"; throws fsdpx::Error naming the three otherwise.
 FSDPX_API DeviceKind device_kind(const std::string& spec);
+// "cpu", "cuda" or "sim": the spec device_kind reads and open_device (device.h) takes.
+FSDPX_API const char* device_spec(DeviceKind device);
 // Which library carries the device groups' collectives: NCCL (CUDA, a GPU per rank; on sim, its
 // NCCL twin, devices/sim's fsdpx/sim/sim_nccl.h), or Gloo, staging device tensors through host
 // memory (the CPU, several ranks sharing a device).
@@ -23,6 +25,12 @@ enum class Backend { Default, Gloo, Nccl };  // Default: NCCL (or its twin) on a
 // Whether the device groups of a run on `device` with `backend` use NCCL, or sim's NCCL twin: then
 // each rank needs a device of its own, and its collectives take device tensors only.
 FSDPX_API bool nccl_collectives(DeviceKind device, Backend backend);
+
+// Refuses a device that cannot be opened for `local_ranks` ranks of this node (its library, no
+// device visible, more ranks than devices with NCCL unless `share_devices`: device.h's
+// check_device). fsdpx-train checks before it launches workers, each rank again. Throws
+// fsdpx::Error naming the way out.
+FSDPX_API void check_device_trains(DeviceKind device, Backend backend, int local_ranks, bool share_devices);
 
 struct RuntimeOptions {
   Topology topology;
@@ -43,7 +51,16 @@ struct RuntimeOptions {
   // ends with that message. On with NCCL (a collective waiting for a lost rank hangs on the
   // device instead of failing); the tests turn it on elsewhere to prove it.
   bool watch_peers = false;
+  // With NCCL (or sim's twin), more ranks on a node than devices: the ranks go round-robin over
+  // the devices, and each poses to NCCL as a node of its own (pose_as_nccl_node, c10d_backends.h)
+  // so that NCCL takes ranks on one device. For tests and for checking a run on fewer devices
+  // than its cluster has; the bytes go over sockets, so its speed is not a cluster's.
+  bool share_devices = false;
 };
+
+// FSDPX_SHARE_GPUS=1: share_devices for a program that does not set it itself (fsdpx-train's
+// --share-gpus, the library's RuntimeSettings::share_gpus); anything but 0 or 1 is refused.
+FSDPX_API bool share_gpus_from_environment();
 
 class FSDPX_API ProcessGroups {
  public:
@@ -56,6 +73,9 @@ class FSDPX_API ProcessGroups {
 
   const Topology& topology() const;
   DeviceKind device() const;
+  // With ranks sharing devices over NCCL (RuntimeOptions::share_devices, more local ranks than
+  // devices): the variables this rank set to pose as a node of its own ("NAME=VALUE ..."); else "".
+  const std::string& nccl_pose() const;
   // Every rank, for tensors on the device: NCCL, or Gloo staged through host memory for a device.
   std::shared_ptr<Communicator> world() const;
   // Every rank, over Gloo, for scalars and metadata on the CPU (losses, counts, flags, checkpoint

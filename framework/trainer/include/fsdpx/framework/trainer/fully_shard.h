@@ -43,6 +43,9 @@ struct RuntimeSettings {
   std::chrono::milliseconds collective_timeout{300000};
   // Plugin folders besides <prefix>/lib/fsdpx/plugins and FSDPX_PLUGIN_PATH's.
   std::vector<std::filesystem::path> plugin_dirs;
+  // More ranks on a node than GPUs, over NCCL: each rank a node of its own to NCCL, over loopback
+  // sockets (fsdpx-train's --share-gpus; FSDPX_SHARE_GPUS=1 also sets it). For tests and checks.
+  bool share_gpus = false;
 };
 
 // This process among the training processes: its topology (torchrun's RANK, WORLD_SIZE, ...,

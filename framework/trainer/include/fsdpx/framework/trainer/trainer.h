@@ -20,14 +20,6 @@ namespace fsdpx {
 FSDPX_API int train(const PluginHost& host, const RunConfig& config, const TrainSettings& settings,
                     const RuntimeOptions& runtime);
 
-// "cpu", "cuda" or "sim": the name open_device (fsdpx/framework/runtime/device.h) takes.
-FSDPX_API const char* device_spec(DeviceKind device);
-
-// Refuses a device that cannot be opened for `local_ranks` ranks of this node (its library, no
-// device visible, more ranks than GPUs with NCCL: device.h's check_device). fsdpx-train checks
-// before it launches workers, train() again. Throws fsdpx::Error naming the way out.
-FSDPX_API void check_device_trains(DeviceKind device, Backend backend, int local_ranks);
-
 // The components a run uses when the configuration does not choose one.
 FSDPX_API std::map<Kind, std::string> default_components();
 
