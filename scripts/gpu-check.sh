@@ -19,19 +19,21 @@ usage() {
 usage: scripts/gpu-check.sh [options]      (make gpu-check GPU_CHECK_ARGS="...")
 
 Proves fsdpx's CUDA path on the first machine with a GPU: builds fsdpx in Release for sm_90
-(TORCH_CUDA_ARCH_LIST=9.0), runs cuda_probe expecting a GPU, then 'ctest -L gpu' and
-'ctest -L device' (and the device tests whose expectation depends on a visible GPU once more with
-CUDA_VISIBLE_DEVICES= set empty), then prints one table of measured figures
+(TORCH_CUDA_ARCH_LIST=9.0), runs cuda_probe expecting a GPU, then 'ctest -L gpu' and the
+device tests whose expectation depends on a visible GPU, with it and once more with
+CUDA_VISIBLE_DEVICES= set empty (every device test with --sim-tests), then prints one table of measured figures
 (benchmarks/gpu_table.py): gpt 1b, bf16_mixed, full_shard on one GPU (tokens/s, MFU as torchtitan
 counts it, 6*N_non_embedding + 12*L*H*Q*T FLOPs per token, against the GPU's dense bf16 peak, peak
 allocated), PyTorch FSDP2 on the same weights and batches (step-time and peak-memory ratios),
 the largest gpt at 1b width that trains one step with and without cpu_offload, and the step time
 with overlap on and off, where a step's time goes (CUDA events), and the memory options' peaks
 (recomputed Blocks, --optimizer-in-backward, activation offload) against FSDP2 recomputing the
-same. With two or more GPUs visible it then runs one rank per GPU over NCCL
-(benchmarks/gpu_multi.py): losses against the CPU for full_shard, shard_grad_op, hybrid_shard and
-cpu_offload, the step time with overlap on and off, and a rank killed mid-step named within the
-collective timeout; with one GPU it says that part did not run. A failed step does not stop the
+same. Then the several-rank part (benchmarks/gpu_multi.py) at 2 and 4 ranks over NCCL, a GPU
+per rank where there are enough and ranks sharing them otherwise (--share-gpus: each rank a node
+of its own to NCCL, over loopback sockets; on a one-GPU machine every rank shares it): losses of
+each strategy and memory option against the CPU and one rank, an asynchronous save resumed at
+the other world size, bytes per step against the plan, a rank killed and one stopped named by
+every other, the library example under torchrun, a row each (docs/devices.md). A failed step does not stop the
 ones after it (the table runs after failed tests); the last line names each step that failed, and
 the exit status is then 1.
 
@@ -43,7 +45,9 @@ on a machine with network and apt, 'scripts/gpu-check.sh --fetch-deps' downloads
 dpkg-deb -x (or ar and tar) into .gpu-check/prefix (no root needed) and CMake is pointed at it.
 How long: on H100 and H200 machines with 16 cores, the build 113 to 147 s; the probe and the
 gpu tests under a minute; the table 2.1 to 2.4 min without the search for the largest model, which
-takes about 10 min more (each try is a 1-step run of 12 to 80 s).
+takes about 10 min more (each try is a 1-step run of 12 to 80 s); the several-rank part's 31 runs
+and the example's build are budgeted at 2.5 min (not yet timed on a GPU: on sim's twin, 2 cores,
+the runs take 48 s at 2 rows at once), so that '--no-largest' fits in 9 minutes.
 
 options:
   --fetch-deps        download the Debian packages into --debs (needs network and apt-get), then stop
@@ -60,8 +64,10 @@ options:
   --peak-tflops N     the GPU's dense bf16 peak for MFU (default: by device name: H100, H200)
   --no-largest        leave out the search for the largest model (the longest part of the table)
   --no-tests          leave out the ctest runs; --no-table leaves out the table, --no-multi the
-                      several-GPU part (to split the work over several sittings; the last line then
+                      several-rank part (to split the work over several sittings; the last line then
                       says what was left out)
+  --multi-only        the build and the several-rank part alone (--no-tests --no-table)
+  --sim-tests         also every test labelled device (sim's, run in every CI run; about 5 min)
   -h, --help          this text
 
 Exit status: 0 when everything ran and passed; 2 bad usage; 3 no GPU visible; 1 any other failure.
@@ -74,7 +80,7 @@ usage_error() { printf 'gpu-check: %s\n' "$*" >&2; exit 2; }
 no_gpu() { printf 'gpu-check: no GPU visible: %s\n' "$*" >&2; exit 3; }
 stage() { printf '\n== gpu-check: %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
-fetch=0 system_deps=0 build_only=0 expect_gpu=0 largest=1 tests=1 table=1 multi=1
+fetch=0 system_deps=0 build_only=0 expect_gpu=0 largest=1 tests=1 table=1 multi=1 sim_tests=0
 debs=$GC_DIR/debs prefix=$GC_DIR/prefix build_dir=build-gpu python= peak=
 jobs=$(nproc 2>/dev/null || echo 2)
 need_value() { [[ $# -ge 2 && -n $2 ]] || usage_error "$1 needs a value (see --help)"; }
@@ -88,6 +94,8 @@ while (($#)); do
     --no-tests) tests=0 ;;
     --no-table) table=0 ;;
     --no-multi) multi=0 ;;
+    --multi-only) tests=0 table=0 ;;
+    --sim-tests) sim_tests=1 ;;
     --debs) need_value "$@"; debs=$2; shift ;;
     --prefix) need_value "$@"; prefix=$2; shift ;;
     --build-dir) need_value "$@"; build_dir=$2; shift ;;
@@ -256,8 +264,8 @@ printf '%s\n' "$probe_out"
 ((probe_rc == 0)) || failed_step "cuda_probe exited $probe_rc with $gpus GPU(s) visible (its lines above name the step)"
 
 # --- the tests: on a GPU, a skipped test proves nothing, so skips are listed by name -----------
-# The device tests whose expectation depends on whether a GPU is visible run once more with none
-# visible (CUDA_VISIBLE_DEVICES=), so that both of their branches run on the GPU machine.
+# The device tests whose expectation depends on whether a GPU is visible run with it and once more
+# with none visible (CUDA_VISIBLE_DEVICES=), so that both of their branches run on the GPU machine.
 GPU_DEPENDENT='^(SimTrainBadInput\.DevicesThatCannotRunAreOneLineBeforeAnyWorker)$'
 run_ctest() {  # name (of the log), then ctest's selection; a failure is recorded with the tests' names
   local name=$1 log=$build_dir/gpu-check-ctest-$1.log
@@ -282,7 +290,14 @@ run_ctest() {  # name (of the log), then ctest's selection; a failure is recorde
 not_proven=0 left_out=
 if ((tests)); then
   run_ctest gpu -L gpu
-  run_ctest device -L device
+  # The other device tests run on sim, the same on any machine, and in every CI run: here only with
+  # --sim-tests (about 5 minutes at one test at a time), to keep gpu-check within 9 minutes.
+  if ((sim_tests)); then
+    run_ctest device -L device
+  else
+    run_ctest device-gpu-visible -L device -R "$GPU_DEPENDENT"
+    left_out+="; the sim device tests were left out (CI runs them; --sim-tests adds them)"
+  fi
   CUDA_VISIBLE_DEVICES='' run_ctest device-gpu-hidden -L device -R "$GPU_DEPENDENT"
 else
   left_out+="; the tests were left out (--no-tests)"
@@ -302,19 +317,23 @@ if ((table)); then
 else
   left_out+="; the table was left out (--no-table)"
 fi
-# --- several GPUs: one rank per GPU over NCCL ----------------------------------------------------
-if ((multi)) && ((gpus >= 2)); then
-  stage "one rank per GPU over NCCL, $gpus GPUs (benchmarks/gpu_multi.py)"
-  if PYTHONUNBUFFERED=1 "$python" benchmarks/gpu_multi.py --build-dir "$build_dir" --ranks "$gpus" \
-       --json "$build_dir/gpu-check-multi.json"; then
-    left_out+="; the several-GPU figures also in $build_dir/gpu-check-multi.json"
-  else
-    failed_step "benchmarks/gpu_multi.py exited $? on $gpus GPUs (see above)"
+# --- several ranks over NCCL: 2 and 4, sharing the GPUs where there are fewer (--share-gpus) ------
+if ((multi)); then
+  stage "2 and 4 ranks over NCCL on $gpus GPU(s) (benchmarks/gpu_multi.py)"
+  example=$build_dir/tests/sdk_consumer/train_loop/train_loop
+  example_args=(--example "$example")
+  if ! cmake -DFSDPX_BUILD_DIR="$build_dir" -DFSDPX_SOURCE_DIR="$REPO" -DWORK_DIR="$build_dir/tests/sdk_consumer"        -DFSDPX_PYTHON="$python" -DONLY_TRAIN_LOOP=ON -P tests/sdk/build_example.cmake; then
+    failed_step "examples/train_loop did not build against the installed package (see above); its row does not run"
+    example_args=()
   fi
-elif ((multi)); then
-  left_out+="; the several-GPU part (NCCL across GPUs) did not run: $gpus GPU visible, it needs 2 or more"
+  if PYTHONUNBUFFERED=1 "$python" benchmarks/gpu_multi.py --build-dir "$build_dir" --ranks 2,4 --jobs 4 \
+       --python "$python" "${example_args[@]}" --json "$build_dir/gpu-check-multi.json"; then
+    left_out+="; the several-rank rows also in $build_dir/gpu-check-multi.json"
+  else
+    failed_step "benchmarks/gpu_multi.py exited $? on $gpus GPU(s) (see its table above)"
+  fi
 else
-  left_out+="; the several-GPU part was left out (--no-multi)"
+  left_out+="; the several-rank part was left out (--no-multi)"
 fi
 ((not_proven == 0)) || left_out+="; $not_proven skipped test(s), listed above, are not proven here"
 took="$(( ($(date +%s) - start) / 60 )) min"

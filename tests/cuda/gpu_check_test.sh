@@ -94,31 +94,38 @@ flow() {
   [[ $last == "gpu-check: passed in "*"the search for the largest model was left out"* ]] ||
     fail "all passing: the last line is '$last'"
   grep -q -- '-L gpu .*CUDA_VISIBLE_DEVICES=unset' <<<"$calls" || fail "ctest -L gpu did not run with the GPUs visible"
-  grep -q -- '-L device .*CUDA_VISIBLE_DEVICES=unset' <<<"$calls" || fail "ctest -L device did not run"
   local dependent
   dependent=$(sed -n "s/^GPU_DEPENDENT+\{0,1\}='\(.*\)'\$/\1/p" "$script" | tr -d '\n')
   grep -qF -- "-L device -R $dependent --no-tests=error" <<<"$calls" &&
+    grep -q -- '-R .*CUDA_VISIBLE_DEVICES=unset' <<<"$calls" &&
     grep -q -- '-R .*CUDA_VISIBLE_DEVICES=$' <<<"$calls" ||
-    fail "the GPU-dependent device tests did not run again with CUDA_VISIBLE_DEVICES empty"
+    fail "the GPU-dependent device tests did not run with the GPU visible and again with CUDA_VISIBLE_DEVICES empty"
+  ! grep -q -- '-L device --no-tests' <<<"$calls" || fail "every device test ran without --sim-tests"
+  [[ $last == *"the sim device tests were left out (CI runs them; --sim-tests adds them)"* ]] ||
+    fail "the last line does not say the sim device tests were left out: $last"
   grep -q 'python benchmarks/gpu_table.py .*--no-largest' <<<"$calls" || fail "the table did not run"
-  [[ $last == *"the several-GPU part (NCCL across GPUs) did not run: 1 GPU visible, it needs 2 or more"* &&
-     $calls != *gpu_multi* ]] || fail "one GPU: the several-GPU part ran, or the last line does not say so: $last"
-  # Two GPUs: the several-GPU part runs with a rank per GPU; it fails alone, and is named.
-  on_machine FAKE_GPUS=2 -- --no-largest
-  ((rc == 0)) && grep -q 'python benchmarks/gpu_multi.py --build-dir .* --ranks 2 ' <<<"$calls" ||
-    fail "two GPUs: the several-GPU part did not run with --ranks 2 (exit $rc)"
+  # One GPU, and two: the several-rank part runs at 2 and 4 ranks (gpu_multi shares what it must).
+  grep -q 'python benchmarks/gpu_multi.py --build-dir .* --ranks 2,4 ' <<<"$calls" ||
+    fail "one GPU: the several-rank part did not run at 2 and 4 ranks: $calls"
+  on_machine FAKE_GPUS=2 -- --no-largest --sim-tests
+  ((rc == 0)) && grep -q 'python benchmarks/gpu_multi.py --build-dir .* --ranks 2,4 ' <<<"$calls" ||
+    fail "two GPUs: the several-rank part did not run at 2 and 4 ranks (exit $rc)"
+  grep -q -- '-L device --no-tests=error' <<<"$calls" || fail "--sim-tests: every device test did not run"
   on_machine FAKE_GPUS=2 FAKE_TABLE_RC=5 --
-  ((rc == 1)) && [[ $last == *"gpu_multi.py exited 5 on 2 GPUs"* ]] ||
-    fail "two GPUs, the several-GPU part failing: exit $rc, last line '$last'"
+  ((rc == 1)) && [[ $last == *"gpu_multi.py exited 5 on 2 GPU(s)"* ]] ||
+    fail "two GPUs, the several-rank part failing: exit $rc, last line '$last'"
   on_machine FAKE_GPUS=2 -- --no-multi
-  ((rc == 0)) && [[ $calls != *gpu_multi* && $last == *"the several-GPU part was left out (--no-multi)"* ]] ||
+  ((rc == 0)) && [[ $calls != *gpu_multi* && $last == *"the several-rank part was left out (--no-multi)"* ]] ||
     fail "--no-multi: exit $rc, last line '$last'"
+  on_machine -- --multi-only
+  ((rc == 0)) && [[ $calls != *ctest* && $calls != *gpu_table* && $calls == *gpu_multi* ]] ||
+    fail "--multi-only: exit $rc, calls '$calls', last line '$last'"
 
   # A failed test: the table runs all the same, and the last line names the tests that failed.
   on_machine FAKE_CTEST_FAIL=device --
   ((rc == 1)) || fail "a failed device test: exit $rc, expected 1"
   grep -q 'python benchmarks/gpu_table.py' <<<"$calls" || fail "the table did not run after a failed test"
-  [[ $last == "gpu-check: failed in "*"ctest -L device (Sim.Fakedevice; log: "* ]] ||
+  [[ $last == "gpu-check: failed in "*"ctest -L device -R "*" (Sim.Fakedevice; log: "* ]] ||
     fail "a failed device test: the last line is '$last'"
   # Every failure named: the probe's, a test's and the table's.
   on_machine FAKE_PROBE_RC=1 FAKE_CTEST_FAIL=gpu FAKE_TABLE_RC=4 --

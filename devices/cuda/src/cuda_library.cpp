@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <string>
 
 #define FSDPX_CUDA_API extern "C" __attribute__((visibility("default")))
@@ -62,6 +63,11 @@ FSDPX_CUDA_API void* fsdpx_cuda_make_nccl_backend(const void* store, int rank, i
     return nullptr;
   }
   c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+  // On an NCCL error (a peer's socket closed: it died) PyTorch's default (3, SkipCleanUp) ends the
+  // process from its watchdog thread, with a message that names no rank. fsdpx names the lost rank
+  // itself (its peer monitor) and ends every rank with that message, so the watchdog only aborts
+  // the communicators and fails the work (2, CleanUpOnly). A user's own setting stays.
+  ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2", /*overwrite=*/0);
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = std::chrono::milliseconds(timeout_ms);
   const auto& s = *static_cast<const c10::intrusive_ptr<c10d::Store>*>(store);

@@ -106,7 +106,7 @@ struct ProcessGroups::Impl {
                                      options.topology.local_rank);
       } else if (on_nccl) {
         backend = make_nccl_backend(prefix, group_rank, size, options.collective_timeout,
-                                    options.topology.local_rank);
+                                    device_for_rank("cuda", options.topology.local_rank).index());
       } else {
         backend = make_gloo_backend(prefix, group_rank, size, options.collective_timeout);
       }

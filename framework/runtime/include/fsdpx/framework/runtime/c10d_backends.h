@@ -31,7 +31,8 @@ FSDPX_API c10::intrusive_ptr<c10d::Backend> make_gloo_backend(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout);
 
-// ProcessGroupNCCL over `store`, for CUDA device `device` (the local rank; device 0 when the
+// ProcessGroupNCCL over `store`, for CUDA device `device` (device_for_rank's: the local rank over the
+// visible GPUs, round-robin when ranks share them; device 0 when the
 // process sees a single GPU), which becomes current. Throws fsdpx::Error in a build without
 // CUDA or when the device does not exist.
 FSDPX_API c10::intrusive_ptr<c10d::Backend> make_nccl_backend(
