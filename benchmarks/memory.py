@@ -9,7 +9,9 @@ units (every Block, the rest in the root), seeded weights and batches.
   1. Peak per rank at 2 and 8 layers, the growth per added layer, and the ratio fsdpx/FSDP2. Both
      sides count allocated bytes with fsdpx's counting CPU allocator (the mirror loads it from
      libfsdpx.so through ctypes), and RSS beside it. Then at the deeper depth, fsdpx with each
-     memory option of --options (default --optimizer-in-backward), one at a time.
+     memory option of --options (default --optimizer-in-backward), one at a time, and FSDP2 once
+     more without fsdpx's block cache in its process (FSDPX_CPU_BLOCK_CACHE=0: every block back to
+     the system at once, as PyTorch's own CPU allocator does), the RSS its users see.
   2. The largest gpt at 1b width, by layers, that trains one step on 2 ranks within a budget per
      node (--budget-gib, 16 by default), enforced by a memory cgroup that this script creates
      (root and a writable cgroup v1 or v2 memory controller), else by RLIMIT_DATA per process
@@ -248,7 +250,10 @@ class Bench:
             rss = max(max(s["peak_rss_bytes"]) for s in steps)
         else:
             cmd = self.fsdp2_cmd(layers, d + ".jsonl", self.a.steps, units=option == "units")
-            compare.run(cmd, d + ".log", self.a.timeout, self.env)
+            # "own": every block back to the system at once, as PyTorch's own CPU allocator does
+            # (the counting allocator still counts it, without its block cache).
+            env = dict(self.env, FSDPX_CPU_BLOCK_CACHE="0") if option == "own" else self.env
+            compare.run(cmd, d + ".log", self.a.timeout, env)
             steps = compare.read_steps(d + ".jsonl", self.a.steps)
             rss = max(s["peak_rss_bytes"] for s in steps)
         return max(s["step_peak_allocated_bytes"] for s in steps), rss
@@ -261,6 +266,7 @@ class Bench:
         with_option = {o: self.peaks("fsdpx", hi, o) for o in options}
         units = any("units" in o.split("+") for o in options)
         fsdp2_units = self.peaks("fsdp2", hi, "units") if units else None
+        fsdp2_own = self.peaks("fsdp2", hi, "own")
         name = {"sgd": "SGD", "adamw": "AdamW"}[self.a.optimizer]
         print(f"\n1. Peak per rank, gpt 1b width, {self.a.precision}, {name}, {self.a.nproc} ranks, 1 x {self.a.seq} "
               f"tokens per rank "
@@ -278,6 +284,10 @@ class Bench:
             for label, (ta, tr) in against:
                 print(f"   {'  vs ' + label:22} {fa / GiB:9.2f} GiB {ta / GiB:8.2f} GiB {fa / ta:6.2f}   "
                       f"{fr / GiB:7.2f} GiB {tr / GiB:6.2f} GiB {fr / tr:6.2f}")
+        (fa, fr), (ta, tr) = fig["fsdpx"][hi], fsdp2_own
+        print(f"   {hi} layers, FSDP2 with PyTorch's own CPU allocation (no block cache in its process):")
+        print(f"   {'  vs fsdpx, no option':22} {fa / GiB:9.2f} GiB {ta / GiB:8.2f} GiB {fa / ta:6.2f}   "
+              f"{fr / GiB:7.2f} GiB {tr / GiB:6.2f} GiB {fr / tr:6.2f}")
         growth = {s: [(fig[s][hi][k] - fig[s][lo][k]) / (hi - lo) for k in (0, 1)] for s in fig}
         print(f"   {'growth per layer':22} {growth['fsdpx'][0] / MiB:8.0f} MiB {growth['fsdp2'][0] / MiB:7.0f} MiB "
               f"{growth['fsdpx'][0] / growth['fsdp2'][0]:6.2f}   {growth['fsdpx'][1] / MiB:6.0f} MiB "
@@ -287,6 +297,7 @@ class Bench:
         return {"depths": [lo, hi], "layer_shard_bytes": shard, "optimizer": self.a.optimizer,
                 "options": {o: {"allocated": v[0], "rss": v[1]} for o, v in with_option.items()},
                 "fsdp2_units": {"allocated": fsdp2_units[0], "rss": fsdp2_units[1]} if fsdp2_units else None,
+                "fsdp2_own_allocator": {"allocated": fsdp2_own[0], "rss": fsdp2_own[1]},
                 "peaks": {s: {str(L): {"allocated": v[0], "rss": v[1]} for L, v in fig[s].items()} for s in fig},
                 "growth_per_layer": {s: {"allocated": g[0], "rss": g[1]} for s, g in growth.items()}}
 

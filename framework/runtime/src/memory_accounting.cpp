@@ -7,24 +7,33 @@
 #include <fstream>
 #include <mutex>
 #include <sstream>
-#include <unordered_map>
-#include <vector>
 
 #include <ATen/native/Resize.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include "cpu_block_cache.h"
+
 namespace fsdpx {
 namespace {
 
 std::atomic<int64_t> g_allocated{0}, g_peak{0}, g_reserved_peak{0};
+// The bytes of blocks outside the block cache (smaller than CpuBlockCache::kMinBlock, or every
+// block with the cache off), with their headers: with the cache's segments, what is reserved.
+std::atomic<int64_t> g_uncached{0};
 std::atomic<bool> g_installed{false};
 
-// Each block carries its size, and the size of the block under it, in a header of one alignment
-// unit before the bytes handed out, so that the deleter needs no table: the data pointer is its
-// own context (raw_allocate works).
+// Each block carries, in a header of one alignment unit before the bytes handed out, the bytes
+// asked, its cache block (or null) and its own size, so that the deleter needs no table: the data
+// pointer is its own context (raw_allocate works).
 constexpr size_t kHeader = 64;  // c10's CPU alignment: the bytes after it stay aligned as alloc_cpu's
+struct Header {
+  int64_t asked;
+  void* cached;  // CpuBlockCache's block, or null
+  int64_t bytes;  // of the block, header included
+};
+static_assert(sizeof(Header) <= kHeader, "the header fits its alignment unit");
 
 void raise(std::atomic<int64_t>& peak_of, int64_t now) {
   int64_t peak = peak_of.load(std::memory_order_relaxed);
@@ -32,15 +41,13 @@ void raise(std::atomic<int64_t>& peak_of, int64_t now) {
   }
 }
 
-// The block cache: blocks of kCachedFrom bytes and more are kept when freed, by size class, and
-// handed out again for the same class. A training step allocates the same sizes every step;
-// without the cache each would go back to the system (fsdpx-train makes glibc unmap blocks of
-// 1 MiB and more at once, so that RSS follows what is allocated) and have its pages faulted in
-// again the next step. trim_cpu_block_cache() frees the blocks not handed out again since the
-// trim before: what a step stops using goes within two steps.
-// FSDPX_CPU_BLOCK_CACHE=0 turns the cache off: every block goes back at once, as before it existed.
-constexpr size_t kCachedFrom = size_t{1} << 20;
-
+// The block cache (cpu_block_cache.h) keeps the blocks of 1 MiB and more a step frees, and hands
+// their bytes out again to later requests of any size: a training step allocates about the same
+// every step, and without the cache each block would go back to the system (fsdpx-train makes
+// glibc unmap blocks of 1 MiB and more at once, so that RSS follows what is allocated) and have its
+// pages faulted in again the next step. trim_cpu_block_cache() releases the segments that no
+// request used since the trim before. FSDPX_CPU_BLOCK_CACHE=0 turns the cache off: every block goes
+// back at once.
 bool cache_on() {
   static const bool on = [] {
     const char* env = std::getenv("FSDPX_CPU_BLOCK_CACHE");
@@ -49,82 +56,40 @@ bool cache_on() {
   return on;
 }
 
-// The block size for `n` bytes with the header: below kCachedFrom exact; above, rounded up to an
-// eighth of its power of two (at most 12.5% more), in MiB.
-size_t block_bytes(size_t n) {
-  n += kHeader;
-  if (n < kCachedFrom) return n;
-  size_t p = kCachedFrom;
-  while (p <= n / 2) p *= 2;
-  const size_t step = std::max(kCachedFrom, p / 8);
-  return (n + step - 1) / step * step;
-}
-
-struct BlockCache {
-  struct Kept {
-    char* base;
-    uint64_t epoch;  // the trim epoch it was kept in
-  };
-  std::mutex mu;
-  std::unordered_map<size_t, std::vector<Kept>> free;  // by block size, last kept at the back
-  int64_t cached = 0;
-  uint64_t epoch = 0;
-};
-
-BlockCache& cache() {
-  static auto* c = new BlockCache();  // leaked: blocks may be freed at exit
-  return *c;
-}
+int64_t reserved_now() { return cpu_block_cache().resident_bytes() + g_uncached.load(std::memory_order_relaxed); }
 
 void counted_free(void* data) {
   if (!data) return;
   char* base = static_cast<char*>(data) - kHeader;
-  int64_t header[2] = {0, 0};  // the bytes asked, the block's
-  std::memcpy(header, base, sizeof header);
-  g_allocated.fetch_sub(header[0], std::memory_order_relaxed);
-  if (static_cast<size_t>(header[1]) < kCachedFrom || !cache_on()) {
-    c10::free_cpu(base);
+  Header h;
+  std::memcpy(&h, base, sizeof h);
+  g_allocated.fetch_sub(h.asked, std::memory_order_relaxed);
+  if (h.cached) {
+    cpu_block_cache().give_back(h.cached);
     return;
   }
-  BlockCache& c = cache();
-  std::lock_guard<std::mutex> g(c.mu);
-  c.free[static_cast<size_t>(header[1])].push_back(BlockCache::Kept{base, c.epoch});
-  c.cached += header[1];
-}
-
-// A kept block of `block` bytes, or a new one.
-char* take_block(size_t block) {
-  if (block >= kCachedFrom) {
-    BlockCache& c = cache();
-    std::lock_guard<std::mutex> g(c.mu);
-    auto it = c.free.find(block);
-    if (it != c.free.end() && !it->second.empty()) {
-      char* base = it->second.back().base;
-      it->second.pop_back();
-      c.cached -= static_cast<int64_t>(block);
-      return base;
-    }
-  }
-  return static_cast<char*>(c10::alloc_cpu(block));  // throws c10::Error when out of memory
-}
-
-int64_t cached_bytes() {
-  BlockCache& c = cache();
-  std::lock_guard<std::mutex> g(c.mu);
-  return c.cached;
+  g_uncached.fetch_sub(h.bytes, std::memory_order_relaxed);
+  c10::free_cpu(base);
 }
 
 class CountingCpuAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     if (n == 0) return {nullptr, nullptr, &counted_free, c10::Device(c10::DeviceType::CPU)};
-    const size_t block = block_bytes(n);
-    char* base = take_block(block);
-    const int64_t header[2] = {static_cast<int64_t>(n), static_cast<int64_t>(block)};
-    std::memcpy(base, header, sizeof header);
-    const int64_t now = g_allocated.fetch_add(header[0], std::memory_order_relaxed) + header[0];
-    raise(g_peak, now);
-    if (block >= kCachedFrom) raise(g_reserved_peak, now + cached_bytes());
+    Header h{static_cast<int64_t>(n), nullptr, static_cast<int64_t>(n + kHeader)};
+    char* base;
+    if (n + kHeader >= CpuBlockCache::kMinBlock && cache_on()) {
+      const CpuBlockCache::Taken t = cpu_block_cache().take(n + kHeader);
+      base = t.base;
+      h.cached = t.block;
+      h.bytes = static_cast<int64_t>(t.bytes);
+    } else {
+      base = static_cast<char*>(c10::alloc_cpu(n + kHeader));  // throws c10::Error when out of memory
+      g_uncached.fetch_add(h.bytes, std::memory_order_relaxed);
+    }
+    std::memcpy(base, &h, sizeof h);
+    raise(g_peak, g_allocated.fetch_add(h.asked, std::memory_order_relaxed) + h.asked);
+    raise(g_reserved_peak, reserved_now());
     void* data = base + kHeader;
     return {data, data, &counted_free, c10::Device(c10::DeviceType::CPU)};
   }
@@ -201,7 +166,7 @@ bool cpu_memory_accounting_installed() { return g_installed.load(); }
 MemoryStats cpu_memory_stats() {
   MemoryStats s;
   s.allocated = g_allocated.load(std::memory_order_relaxed);
-  s.reserved = s.allocated + cached_bytes();
+  s.reserved = std::max(s.allocated, reserved_now());
   s.peak_allocated = std::max(s.allocated, g_peak.load(std::memory_order_relaxed));
   s.peak_reserved = std::max({s.reserved, s.peak_allocated, g_reserved_peak.load(std::memory_order_relaxed)});
   return s;
@@ -213,25 +178,7 @@ void reset_cpu_peak_memory() {
   g_reserved_peak.store(s.reserved, std::memory_order_relaxed);
 }
 
-int64_t trim_cpu_block_cache() {
-  std::vector<char*> gone;
-  int64_t bytes = 0;
-  {
-    BlockCache& c = cache();
-    std::lock_guard<std::mutex> g(c.mu);
-    for (auto& [size, kept] : c.free) {
-      // Kept before the last trim and not handed out since: the oldest, at the front.
-      size_t n = 0;
-      while (n < kept.size() && kept[n].epoch < c.epoch) gone.push_back(kept[n++].base);
-      kept.erase(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(n));
-      bytes += static_cast<int64_t>(n * size);
-    }
-    c.cached -= bytes;
-    ++c.epoch;
-  }
-  for (char* base : gone) c10::free_cpu(base);
-  return bytes;
-}
+int64_t trim_cpu_block_cache() { return cpu_block_cache().trim(); }
 
 void resize_storage_bytes(const c10::Storage& storage, size_t bytes) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();

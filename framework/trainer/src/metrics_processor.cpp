@@ -153,7 +153,9 @@ RankStep MetricsProcessor::begin_step() {
   run_peak_ = std::max(run_peak_, before.hwm);  // evaluations and saves since the last step
   rss_measured_ = reset_peak_rss() && before.rss >= 0;
   step_rss_start_ = before.rss;
-  allocated_run_peak_ = std::max(allocated_run_peak_, device_.memory_stats().peak_allocated);  // since the last step
+  const MemoryStats since_last = device_.memory_stats();  // evaluations and saves since the last step
+  allocated_run_peak_ = std::max(allocated_run_peak_, since_last.peak_allocated);
+  reserved_run_peak_ = std::max(reserved_run_peak_, since_last.peak_reserved);
   RankStep mine;
   mine.allocated.begin(device_);
   step_faults_start_ = minor_page_faults();
@@ -162,7 +164,7 @@ RankStep MetricsProcessor::begin_step() {
 
 WorldStep MetricsProcessor::end_step(int64_t step, RankStep& mine, double ordered_loss) {
   mine.allocated.end(StepPhase::Optimizer);
-  reserved_run_peak_ = std::max(reserved_run_peak_, device_.memory_stats().peak_reserved);
+  reserved_run_peak_ = std::max(reserved_run_peak_, mine.allocated.reserved_peak());
   allocated_run_peak_ = std::max(allocated_run_peak_, mine.allocated.step_peak());
   mine.allocated_run_peak = allocated_run_peak_;
   step_comm_ = counters_.totals() - step_comm_start_;
@@ -252,6 +254,7 @@ json MetricsProcessor::metrics_line(int64_t done, const WorldStep& w, double ela
          {"peak_memory_bytes", w.allocated_run_peaks},
          {"memory_kind", "allocated"},
          {"step_peak_allocated_bytes", w.max_allocated_peak},
+         {"step_peak_reserved_bytes", w.max_reserved_peak},
          {"phase_peak_allocated_bytes", phase_peaks(w)},
          {"peak_rss_bytes", w.run_peaks},
          {"step_rss_rise_bytes", w.max_rss_rise},

@@ -21,11 +21,14 @@ void PhasePeaks::begin(const DeviceRuntime& device) {
   device.reset_peak_memory();
   at_start_ = device.memory_stats().allocated;
   for (auto& p : peaks_) p = 0;
+  reserved_peak_ = 0;
 }
 
 void PhasePeaks::end(StepPhase phase) {
   int64_t& p = peaks_[static_cast<int>(phase)];
-  p = std::max(p, device_->memory_stats().peak_allocated);
+  const MemoryStats m = device_->memory_stats();
+  p = std::max(p, m.peak_allocated);
+  reserved_peak_ = std::max(reserved_peak_, m.peak_reserved);
   device_->reset_peak_memory();
 }
 

@@ -39,6 +39,7 @@ json plan_json(const RunPlan& p) {
                       {"optimizer_peak_bytes", p.memory.optimizer_peak}, {"device", device_spec(p.device)},
                       {"host_bytes", p.memory.host_bytes},
                       {"activation_host_bytes", p.memory.activation_host_bytes},
+                      {"resident_peak_bytes", p.resident_peak}, {"process_bytes", p.process_bytes},
                       {"activation_bytes", p.activations_stated ? p.memory.activation_bytes : -1}}},
           {"deterministic", p.deterministic},
           {"optimizer_in_backward", p.optimizer_in_backward},

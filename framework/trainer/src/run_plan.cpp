@@ -219,6 +219,10 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
     plan.activations_stated = true;
   }
   plan.memory = predict_step_memory(in);
+  if (s.device != DeviceKind::Cuda)
+    plan.resident_peak =
+        plan.memory.peak + (s.device == DeviceKind::Cpu ? plan.memory.peak * kCpuBlockCacheSlackPercent / 100 : 0);
+  plan.process_bytes = std::max<int64_t>(0, resident_bytes());
   if (in.step_in_backward) {
     in.step_in_backward = false;
     plan.option_savings.emplace_back("--optimizer-in-backward", predict_step_memory(in).peak - plan.memory.peak);
@@ -428,6 +432,13 @@ std::string RunPlan::text() const {
     << (activations_stated ? human_bytes(static_cast<double>(memory.activation_bytes)) + " per forward"
                            : std::string("not counted (the model does not state them)"))
     << "\n";
+  if (resident_peak > 0)
+    o << "  resident   " << human_bytes(static_cast<double>(resident_peak + process_bytes)) << " ("
+      << resident_peak + process_bytes << " B) per rank at the step's peak, as the system counts it: the peak "
+      << (device == DeviceKind::Cpu ? "allocated and " + std::to_string(kCpuBlockCacheSlackPercent) +
+                                          "% more that the block cache keeps, "
+                                    : std::string("in sim's memory, "))
+      << human_bytes(static_cast<double>(process_bytes)) << " of the process besides\n";
   for (const auto& [option, saved] : option_savings)
     o << "  saves      " << option << ": " << human_bytes(static_cast<double>(saved)) << " (" << saved
       << " B) of the peak per rank\n";
@@ -491,10 +502,12 @@ MemorySide host_side(const RunPlan& plan, int ranks, int64_t process_bytes) {
   h.ranks = ranks;
   std::vector<std::string> parts;
   if (peak_in_host_memory(plan)) {
-    h.per_rank += plan.memory.peak;
+    h.per_rank += plan.resident_peak;
     const std::string device = device_spec(plan.device);
-    parts.push_back("the step's peak " + bytes_text(plan.memory.peak) +
-                    (plan.device == DeviceKind::Cpu ? "" : " in " + device + "'s memory, which is the host's"));
+    parts.push_back("the step's peak " + bytes_text(plan.resident_peak) + " resident (" +
+                    bytes_text(plan.memory.peak) + " allocated" +
+                    (plan.device == DeviceKind::Cpu ? " and the block cache's slack)"
+                                                    : ") in " + device + "'s memory, which is the host's"));
   }
   if (plan.memory.host_bytes > 0) {
     h.per_rank += plan.memory.host_bytes;

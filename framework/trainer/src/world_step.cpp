@@ -15,8 +15,9 @@ WorldStep gather_step(Communicator& world, const RankStep& mine) {
                            static_cast<double>(mine.run_peak),
                            static_cast<double>(mine.allocated.step_peak()),
                            static_cast<double>(mine.allocated_run_peak),
-                           static_cast<double>(mine.minor_faults)};
-  for (int k = 0; k < kStepPhases; ++k)  // from a[8]
+                           static_cast<double>(mine.minor_faults),
+                           static_cast<double>(mine.allocated.reserved_peak())};
+  for (int k = 0; k < kStepPhases; ++k)  // from a[9]
     f.push_back(static_cast<double>(mine.allocated.peak(static_cast<StepPhase>(k))));
   const size_t timed = f.size();
   for (double s : mine.breakdown.per_step().values()) f.push_back(s);
@@ -34,7 +35,8 @@ WorldStep gather_step(Communicator& world, const RankStep& mine) {
     w.max_allocated_peak = std::max(w.max_allocated_peak, static_cast<int64_t>(a[5]));
     w.allocated_run_peaks.push_back(static_cast<int64_t>(a[6]));
     for (int k = 0; k < kStepPhases; ++k)
-      w.max_phase_peaks[k] = std::max(w.max_phase_peaks[k], static_cast<int64_t>(a[8 + k]));
+      w.max_phase_peaks[k] = std::max(w.max_phase_peaks[k], static_cast<int64_t>(a[9 + k]));
+    w.max_reserved_peak = std::max(w.max_reserved_peak, static_cast<int64_t>(a[8]));
     w.minor_faults.push_back(static_cast<int64_t>(a[7]));
     w.breakdowns.push_back(StepBreakdown::from_values(std::vector<double>(a.begin() + timed, a.begin() + fixed), 1));
     for (size_t i = 0; i < w.losses.size() && fixed + i < a.size(); ++i) w.losses[i] += a[fixed + i];

@@ -32,8 +32,9 @@ struct WorldStep {
   int64_t tokens = 0, samples = 0;
   int64_t max_rss_rise = -1, max_step_peak = 0;
   std::vector<int64_t> run_peaks;  // per rank: peak RSS
-  // Allocated bytes: the largest step peak over ranks, each phase's, and each rank's run peak.
-  int64_t max_allocated_peak = 0;
+  // Allocated bytes: the largest step peak over ranks, each phase's, and each rank's run peak; the
+  // largest reserved peak of the step over ranks.
+  int64_t max_allocated_peak = 0, max_reserved_peak = 0;
   int64_t max_phase_peaks[kStepPhases] = {0, 0, 0};
   std::vector<int64_t> allocated_run_peaks;
   std::vector<StepBreakdown> breakdowns;  // per rank, seconds per step (at log steps)

@@ -17,7 +17,8 @@
 
 namespace fsdpx {
 
-// Bytes of one allocator. On the CPU, reserved is allocated plus the block cache's bytes.
+// Bytes of one allocator. On the CPU, reserved is what the allocator holds from the system: the
+// block cache's segments (their free blocks included) and the smaller blocks, headers included.
 struct MemoryStats {
   int64_t allocated = 0, peak_allocated = 0;
   int64_t reserved = 0, peak_reserved = 0;
@@ -33,13 +34,18 @@ FSDPX_API bool cpu_memory_accounting_installed();
 FSDPX_API MemoryStats cpu_memory_stats();
 // Restarts the peaks from the current figures, so that the peak of a phase can be read after it.
 FSDPX_API void reset_cpu_peak_memory();
-// The counting allocator keeps freed blocks of 1 MiB and more (by size class, at most 12.5% over
-// the bytes asked) and hands them out again, instead of returning them to the system and faulting
-// their pages in again: a step allocates the same sizes every step. This frees the kept blocks not
-// handed out again since the previous call, and returns their bytes; fsdpx-train calls it after
-// every step, so what a step stops using goes within two steps. Thread-safe. FSDPX_CPU_BLOCK_CACHE=0
-// turns the cache off (every block goes back to the system when freed).
+// The counting allocator keeps the blocks of 1 MiB and more that are freed, and hands their bytes
+// out again to later requests of any size (split and merged, as CUDA's caching allocator does),
+// instead of returning them to the system and faulting their pages in again: a step allocates
+// about the same every step. This releases the kept segments that no request used since the
+// previous call, and returns their bytes; fsdpx-train calls it after every step, so what a step
+// stops using goes within two steps. Thread-safe. FSDPX_CPU_BLOCK_CACHE=0 turns the cache off
+// (every block goes back to the system when freed).
 FSDPX_API int64_t trim_cpu_block_cache();
+// What the block cache holds resident beyond the most the step has in use, once the step's blocks
+// have settled into its segments, in percent: what a plan counts. The cache keeps 2 to 25%
+// (cpu_block_cache.h); gpt at 1b width settles at 3 to 8% (docs/memory.md).
+constexpr int kCpuBlockCacheSlackPercent = 5;
 
 // Resizes `storage` to `bytes` in place (0 frees its bytes; the storage object and every tensor
 // over it stay), on the CPU (contents kept up to the smaller size) or a device (contents not

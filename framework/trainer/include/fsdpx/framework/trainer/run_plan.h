@@ -71,6 +71,11 @@ struct FSDPX_API RunPlan {
   // whether the model stated its activations (fsdpx/activation_memory.h); without, none counted.
   StepMemory memory;
   bool activations_stated = false;
+  // Host memory per rank at the step's peak as the system counts it (resident), where the step's
+  // bytes live in host memory (the CPU, sim; 0 on CUDA): the allocated peak, plus on the CPU what
+  // the block cache keeps beyond it (kCpuBlockCacheSlackPercent). And what the planning process
+  // held resident before any tensor (LibTorch's code, the plugins): each rank holds as much besides.
+  int64_t resident_peak = 0, process_bytes = 0;
   // What each memory option of the run saves of the step's peak per rank: the option as the
   // command line spells it, and the planned peak without it less the peak with it.
   std::vector<std::pair<std::string, int64_t>> option_savings;
