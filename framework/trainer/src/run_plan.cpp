@@ -387,6 +387,37 @@ void write_units(std::ostringstream& o, const std::vector<UnitBytes>& units, boo
   }
 }
 
+// The plan's memory lines: the step's peak, what the system counts of it, what each option saves,
+// what lives in host memory.
+void write_memory(std::ostringstream& o, const RunPlan& p) {
+  const std::string on_device = p.device == DeviceKind::Cpu ? "" : " on " + std::string(device_spec(p.device));
+  o << "  peak       " << human_bytes(static_cast<double>(p.memory.peak)) << " (" << p.memory.peak
+    << " B) per rank, allocated" << on_device << ", at " << p.memory.peak_where
+    << "; forward " << human_bytes(static_cast<double>(p.memory.forward_peak)) << ", backward "
+    << human_bytes(static_cast<double>(p.memory.backward_peak)) << ", optimizer "
+    << human_bytes(static_cast<double>(p.memory.optimizer_peak)) << "; activations "
+    << (p.activations_stated ? human_bytes(static_cast<double>(p.memory.activation_bytes)) + " per forward"
+                           : std::string("not counted (the model does not state them)"))
+    << "\n";
+  if (p.resident_peak > 0)
+    o << "  resident   " << human_bytes(static_cast<double>(p.resident_peak + p.process_bytes)) << " ("
+      << p.resident_peak + p.process_bytes << " B) per rank at the step's peak, as the system counts it: the peak "
+      << (p.device == DeviceKind::Cpu ? "allocated and " + std::to_string(kCpuBlockCacheSlackPercent) +
+                                          "% more that the block cache keeps, "
+                                    : std::string("in sim's memory, "))
+      << human_bytes(static_cast<double>(p.process_bytes)) << " of the process besides\n";
+  for (const auto& [option, saved] : p.option_savings)
+    o << "  saves      " << option << ": " << human_bytes(static_cast<double>(saved)) << " (" << saved
+      << " B) of the peak per rank\n";
+  if (p.memory.host_bytes > 0)
+    o << "  host       " << human_bytes(static_cast<double>(p.memory.host_bytes)) << " (" << p.memory.host_bytes
+      << " B) per rank in pinned host memory: shards, gradient shards and optimizer state (cpu_offload)\n";
+  if (p.memory.activation_host_bytes > 0)
+    o << "  host       " << human_bytes(static_cast<double>(p.memory.activation_host_bytes)) << " ("
+      << p.memory.activation_host_bytes << " B) per rank in pinned host memory after a forward: the recomputed units' "
+      << "inputs (--activation-offload)\n";
+}
+
 }  // namespace
 
 std::string RunPlan::text() const {
@@ -423,32 +454,7 @@ std::string RunPlan::text() const {
   o << "  peak unit  " << (peak_unit.empty() ? "none gathered (parameters used in place)" : peak_unit + ", " +
                            human_bytes(static_cast<double>(peak_unit_bytes)) + " gathered")
     << "\n";
-  const std::string on_device = device == DeviceKind::Cpu ? "" : " on " + std::string(device_spec(device));
-  o << "  peak       " << human_bytes(static_cast<double>(memory.peak)) << " (" << memory.peak
-    << " B) per rank, allocated" << on_device << ", at " << memory.peak_where
-    << "; forward " << human_bytes(static_cast<double>(memory.forward_peak)) << ", backward "
-    << human_bytes(static_cast<double>(memory.backward_peak)) << ", optimizer "
-    << human_bytes(static_cast<double>(memory.optimizer_peak)) << "; activations "
-    << (activations_stated ? human_bytes(static_cast<double>(memory.activation_bytes)) + " per forward"
-                           : std::string("not counted (the model does not state them)"))
-    << "\n";
-  if (resident_peak > 0)
-    o << "  resident   " << human_bytes(static_cast<double>(resident_peak + process_bytes)) << " ("
-      << resident_peak + process_bytes << " B) per rank at the step's peak, as the system counts it: the peak "
-      << (device == DeviceKind::Cpu ? "allocated and " + std::to_string(kCpuBlockCacheSlackPercent) +
-                                          "% more that the block cache keeps, "
-                                    : std::string("in sim's memory, "))
-      << human_bytes(static_cast<double>(process_bytes)) << " of the process besides\n";
-  for (const auto& [option, saved] : option_savings)
-    o << "  saves      " << option << ": " << human_bytes(static_cast<double>(saved)) << " (" << saved
-      << " B) of the peak per rank\n";
-  if (memory.host_bytes > 0)
-    o << "  host       " << human_bytes(static_cast<double>(memory.host_bytes)) << " (" << memory.host_bytes
-      << " B) per rank in pinned host memory: shards, gradient shards and optimizer state (cpu_offload)\n";
-  if (memory.activation_host_bytes > 0)
-    o << "  host       " << human_bytes(static_cast<double>(memory.activation_host_bytes)) << " ("
-      << memory.activation_host_bytes << " B) per rank in pinned host memory after a forward: the recomputed units' "
-      << "inputs (--activation-offload)\n";
+  write_memory(o, *this);
   o << "  per step   all-gather " << human_bytes(static_cast<double>(allgather_bytes)) << ", reduce-scatter "
     << human_bytes(static_cast<double>(reduce_scatter_bytes)) << ", all-reduce "
     << human_bytes(static_cast<double>(all_reduce_bytes)) << "; this rank sends "
