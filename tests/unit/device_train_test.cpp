@@ -367,7 +367,8 @@ TEST(SimShareGpus, RanksShareOneDeviceOverTheNcclTwin) {
                          " local ranks on 1 sim device(s), each a node of its own to NCCL (rank 0: NCCL_HOSTID="),
               std::string::npos) << r.out;
     EXPECT_NE(r.out.find("/fsdpx-local-rank-0 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1)"), std::string::npos) << r.out;
-    for (const json& rank : read_json(sim / "summary.json")["ranks"]) EXPECT_EQ(rank["memory_device"], "sim:0");
+    const json summary = read_json(sim / "summary.json");
+    for (const json& rank : summary["ranks"]) EXPECT_EQ(rank["memory_device"], "sim:0");
   }
   // A budget that holds one rank's peak and a half: two ranks on one device do not fit, on two they do.
   const int64_t peak = read_json(dir.path() / "sim2" / "summary.json")["plan"]["memory"]["peak_bytes"];
