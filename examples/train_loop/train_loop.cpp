@@ -1,5 +1,7 @@
 // A torch::nn model trained in a plain LibTorch loop, and the same loop sharded by fsdpx: the
-// lines marked "fsdpx" are all it adds (--plain runs the loop without them, in one process).
+// lines marked "fsdpx" are all it adds (--plain runs the loop without them, in one process). The
+// optimizer is torch::optim's SGD over net->parameters(), which after fully_shard are this rank's
+// shards, and the backward is loss.backward(), as with FSDP2.
 //   train_loop [--plain] [--sharding full_shard|shard_grad_op|hybrid_shard|cpu_offload]
 //              [--option KEY=VALUE ...] [--device cpu|sim|cuda] [--steps N] [--prefetch N]
 //              [--load DIR] [--save DIR] [--halve-head]
@@ -16,8 +18,7 @@
 
 #include <torch/torch.h>
 
-#include "fsdpx/framework/trainer/fully_shard.h"  // fsdpx
-#include "fsdpx/unit.h"                            // fsdpx
+#include <fsdpx/fsdpx.h>  // fsdpx
 
 struct BlockImpl : torch::nn::Module {
   BlockImpl() : torch::nn::Module("Block") {
@@ -96,44 +97,28 @@ std::pair<at::Tensor, at::Tensor> batch(int step, int rank, int world, const c10
 }
 
 void run(const Args& a) {
+  auto rt = a.plain ? nullptr : std::make_unique<fsdpx::Runtime>(fsdpx::RuntimeSettings{a.device});  // fsdpx
+  const int rank = rt ? rt->rank() : 0, world = rt ? rt->world_size() : 1;                          // fsdpx
+  const c10::Device dev = rt ? rt->device() : c10::Device(c10::kCPU);                               // fsdpx
   torch::manual_seed(0);  // the same initial weights on every rank
   Net net;
   int64_t model_bytes = 0;
   for (const auto& p : net->parameters()) model_bytes += p.numel() * p.element_size();
-  std::unique_ptr<fsdpx::Runtime> rt;          // fsdpx
-  std::unique_ptr<fsdpx::ShardedModule> fsdp;  // fsdpx
-  std::shared_ptr<fsdpx::Optimizer> opt;       // fsdpx
-  std::unique_ptr<torch::optim::SGD> plain_opt;
+  auto options = fsdpx::ShardOptions().with_sharding(a.sharding, a.options).with_prefetch(a.prefetch);  // fsdpx
+  auto fsdp = rt ? fsdpx::fully_shard(*rt, net.ptr(), options.wrap_layer_types("Block")) : nullptr;    // fsdpx
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));  // with fsdpx: the shards
   int first = 0;
-  if (a.plain) {
-    plain_opt = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05));
-  } else {
-    rt = std::make_unique<fsdpx::Runtime>(fsdpx::RuntimeSettings{a.device});  // fsdpx, and the next 3 lines
-    fsdp = fsdpx::fully_shard(*rt, net.ptr(), {a.sharding, a.options, "layer_type", {{"layer_types", "Block"}},
-                                               "fp32", {}, true, a.prefetch});
-    opt = fsdp->optimizer("sgd", {{"lr", "0.05"}});
-    if (!a.load.empty()) first = static_cast<int>(fsdp->load(a.load, *opt));  // fsdpx: a checkpoint
-  }
-  const int rank = rt ? rt->rank() : 0, world = rt ? rt->world_size() : 1;
-  const c10::Device dev = rt ? rt->device() : c10::Device(c10::kCPU);
+  if (!a.load.empty()) first = static_cast<int>(fsdp->load(a.load, opt));  // fsdpx: a checkpoint
   for (int step = first; step < a.steps; ++step) {
     const auto [xs, ys] = batch(step, rank, world, dev);
     auto loss_of = [&, &xs = xs, &ys = ys] { return torch::mse_loss(net->forward(xs), ys); };
-    at::Tensor loss;
-    if (a.plain) {
-      loss = loss_of();
-      plain_opt->zero_grad();
-      loss.backward();
-      plain_opt->step();
-    } else {
-      loss = fsdp->forward(loss_of);  // fsdpx
-      fsdp->backward(loss);           // fsdpx
-      opt->step(opt->base_lr());      // fsdpx
-      fsdp->zero_grad();              // fsdpx
-    }
+    at::Tensor loss = fsdp ? fsdp->forward(loss_of) : loss_of();  // fsdpx: was loss_of()
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
     std::printf("rank %d step %d loss %.9g\n", rank, step, loss.item<double>());
   }
-  if (!a.save.empty() && fsdp) fsdp->save(a.save, *opt, a.steps);  // fsdpx: a checkpoint
+  if (!a.save.empty() && fsdp) fsdp->save(a.save, opt, a.steps);  // fsdpx: a checkpoint
   std::printf("rank %d holds %lld parameter bytes of the model's %lld\n", rank,
               static_cast<long long>(fsdp ? fsdp->memory().param_bytes : model_bytes),
               static_cast<long long>(model_bytes));

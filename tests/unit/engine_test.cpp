@@ -431,13 +431,14 @@ class ChainModel final : public Model {
     p.fill_(name == "one.w" ? 0.5 : 0.25);
   }
   at::Tensor loss(const Batch& b) override {
-    at::Tensor h = one_(b.inputs);
+    at::Tensor h = around_holder ? one_->forward(b.inputs) : one_(b.inputs);
     if (fail_after_one) throw Error("the forward failed after unit 'one'");
     return two_(h).sum();
   }
   std::vector<std::string> layer_types() const override { return {"Leaf"}; }
   const torch::nn::Module* one() const { return one_.get(); }
   bool fail_after_one = false;
+  bool around_holder = false;  // calls unit one's forward itself, not through its holder
 
  private:
   std::shared_ptr<torch::nn::Module> root_;
@@ -476,8 +477,12 @@ TEST(EngineSteps, PrecisionCastsBuffersAndParameters) {
   o.precision.buffer = at::kBFloat16;
   ShardingEngine engine(model, {{"one", false}, {"two", false}}, EngineComms{}, o);
   EXPECT_EQ(model->module()->buffers()[0].scalar_type(), at::kBFloat16);
-  EXPECT_EQ(engine.shards()[0].param.scalar_type(), at::kFloat);                        // master shard
-  EXPECT_EQ(model->module()->named_parameters()["one.w"].scalar_type(), at::kBFloat16);  // what forward uses
+  EXPECT_EQ(engine.shards()[0].param.scalar_type(), at::kFloat);  // master shard, as the module shows it
+  EXPECT_EQ(model->module()->named_parameters()["one.w"].scalar_type(), at::kFloat);
+  Batch b;
+  b.inputs = at::ones({2, 4}, at::kBFloat16);
+  const at::Tensor loss = engine.forward([&] { return model->loss(b); });
+  EXPECT_EQ(loss.scalar_type(), at::kBFloat16);  // what forward computes with
 }
 
 std::vector<std::string> lines_of(const fs::path& p) {
@@ -876,9 +881,14 @@ TEST(EngineSteps, StepAfterAFailedForwardEqualsAFreshOne) {
   });
 }
 
-// A parameter whose unit is resharded, or a deferred one not yet materialised, has no storage:
-// reading it is LibTorch's error with a message naming it, not an out-of-bounds read.
-TEST(EngineLifetime, ReadingAParameterOutsideItsUnitNamesIt) {
+// Between steps a module's parameters are this rank's shards, with the reduced gradient rows as
+// their .grad (an optimizer over module->parameters() steps what the engine gathers next); inside
+// a step a sharded unit's parameter has no storage outside its own forward and backward, so a
+// unit's forward called around its holder is one line naming the holder, not an out-of-bounds
+// read; a unit run outside the engine's forward is refused in one line; a deferred parameter not
+// yet materialised names itself. Setting the .grad to none (torch::optim's zero_grad) frees the
+// engine's gradient shards, between steps or between a forward and its backward.
+TEST(EngineLifetime, BetweenStepsTheParametersAreTheShardsAndInsideAStepOnlyTheHolderGathers) {
   EngineOptions o = one_process();
   o.precision.compute = at::kBFloat16;  // gathered copies in bf16: parameters are resharded
   o.precision.cast_forward_inputs = true;
@@ -888,12 +898,44 @@ TEST(EngineLifetime, ReadingAParameterOutsideItsUnitNamesIt) {
     c.forward();  // no backward follows: every unit is resharded
   }
   at::Tensor w = c.model->module()->named_parameters()["one.w"];
-  EXPECT_EQ(test::torch_error_of([&] { (void)w.sum(); }),
-            "parameter 'one.w' is sharded: unit 'one' gathers it only for its forward and backward; outside them, "
-            "read the engine's shards()");
-  EXPECT_EQ(w.sizes(), at::IntArrayRef({4, 4}));  // its metadata stays
-  c.engine->backward(c.forward());                // and the engine gathers it again
-  EXPECT_TRUE(c.grad_of("one.w").defined());
+  EXPECT_EQ(w.scalar_type(), at::kFloat);
+  EXPECT_TRUE(w.equal(at::full({4, 4}, 0.5)));
+  EXPECT_FALSE(w.grad().defined());
+  c.engine->backward(c.forward());  // the engine gathers it again
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_TRUE(w.grad().equal(c.grad_of("one.w")));
+  {
+    at::NoGradGuard no_grad;
+    w.sub_(w.grad());  // an optimizer of the user's: the shard the engine reads next changes
+  }
+  for (const auto& p : c.engine->shards()) {
+    if (p.name == "one.w") {
+      EXPECT_TRUE(p.param.equal(w));
+    }
+  }
+  // torch::optim's zero_grad() sets every .grad to none: the engine's gradient shards go.
+  for (auto& p : c.model->module()->parameters()) p.mutable_grad() = at::Tensor();
+  c.model->around_holder = true;
+  EXPECT_EQ(test::error_of([&] { c.forward(); }),
+            "parameter 'one.w' is not gathered here: unit 'one' gathers it in its own forward, which its FSDPX_MODULE "
+            "holder runs: call the holder (`layer(x)`), not layer->forward(x); between steps, module->parameters() "
+            "are this rank's shards");
+  c.model->around_holder = false;
+  // The dropped gradients were not added to: the next backward writes them, a backward after it
+  // without zero_grad adds to them (as FSDP2 does), and a zero_grad between a forward and its
+  // backward counts too.
+  c.engine->backward(c.forward());
+  const at::Tensor once = w.grad().clone();
+  c.engine->backward(c.forward());
+  EXPECT_TRUE(w.grad().equal(once * 2));
+  const at::Tensor loss = c.forward();
+  for (auto& p : c.model->module()->parameters()) p.mutable_grad() = at::Tensor();
+  c.engine->backward(loss);
+  EXPECT_TRUE(w.grad().equal(once));
+  EXPECT_EQ(test::error_of([&] { c.model->loss(c.batch); }),
+            "unit 'one' ran outside the sharded module's forward: run the model and the loss inside "
+            "ShardedModule::forward's function (fsdp->forward([&] { return loss_of(model->forward(x)); })), which "
+            "gathers the root's and every unit's parameters for them");
   EXPECT_EQ(test::torch_error_of([] { (void)deferred_tensor({4, 4}).sum(); }),
             "a parameter of shape [4, 4] made by fsdpx::deferred_tensor has no memory until a ShardingEngine takes "
             "its model (which fills it through Model::init_parameter); read it only inside the engine's forward");

@@ -142,11 +142,13 @@ int run_reference(Run& r) {
 
 // Every parameter whole (name, tensor): each one's shard (its rows of the parameter, padded at the
 // end) all-gathered over `shard_group` on `device`, the padding cut. The full shapes are the
-// model's. Collective over the shard group (none: the shards are whole).
-std::vector<std::pair<std::string, at::Tensor>> full_parameters(const ShardingEngine& engine, Model& model,
-                                                                 c10::Device device, Communicator* shard_group) {
+// engine's plan's (the module's parameters are this rank's shards between steps). Collective over
+// the shard group (none: the shards are whole).
+std::vector<std::pair<std::string, at::Tensor>> full_parameters(const ShardingEngine& engine, c10::Device device,
+                                                                 Communicator* shard_group) {
   std::map<std::string, std::vector<int64_t>> shapes;
-  for (const auto& p : model.module()->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+  for (const auto& u : engine.plan().units)
+    for (size_t i = 0; i < u.names.size(); ++i) shapes[u.names[i]] = u.shapes[i];
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const ParamShard& p : engine.shards()) {
     const std::vector<int64_t>& shape = shapes.at(p.name);
@@ -385,7 +387,7 @@ int run_sharded(Run& r) {
   mine << "memory_after " << mem.param_bytes << " " << mem.grad_bytes << " "
        << mem.unsharded_bytes + mem.post_forward_bytes << "\n";
   auto full =
-      full_parameters(engine, *r.model, r.device->device(), engine.shard_size() > 1 ? sh.counted.get() : nullptr);
+      full_parameters(engine, r.device->device(), engine.shard_size() > 1 ? sh.counted.get() : nullptr);
   if (rank == 0) write_params(r.out + ".params", full);
   if (rank == 0 && r.vm.count("step-trace")) write_step_traces(r, sh, world);
   // On sim: the streams that did work and the stream-order hazards seen (fsdpx_sim_stream_report).

@@ -210,6 +210,9 @@ void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& sel
   check_reshard_choices(e);
   mark_offloaded_units(e);
   check_ranks_agree(e);
+  // The plan, in the form wrap policies print it: of the whole parameters, before they become
+  // this rank's shards.
+  e.plan = tree.plan();
 
   for (auto& u : e.units) {
     u->group.materialise(*e.model, u->fqn);
@@ -219,7 +222,6 @@ void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& sel
     u->progress_elements = progress_after(trainable);
   }
   cast_buffers(*root, e.config.options.precision);
-  e.plan = tree.plan();  // the plan, in the form wrap policies print it
   // Hooked last, all at once; Impl removes them whenever it goes.
   e.hooks = std::make_unique<InstalledHooks>(e.units);
 }

@@ -63,7 +63,7 @@ struct ShardingEngine::Impl final : StepContext {
   uint64_t generation() const override { return current; }
   const EngineConfig& engine_config() const override { return config; }
   void check_generation(uint64_t gen, const std::string& unit) const override;
-  void forward_began(Unit& u) override { forward_order.push_back(&u); }
+  void forward_began(Unit& u) override;
   void prefetch_after(Unit& u, bool backward) override;
   void backward_began(uint64_t gen) override;
   void finish_in_flight_reduce() override;

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <memory>
+#include <utility>
 #include <cstdio>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -92,14 +93,77 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
     // the shard itself); its object stays, so the model and autograd keep using it.
     p.gathered = separate() ? tensor_over(unsharded, S * p.offset, p.shape, prec.compute)
                             : tensor_over(flat_shard.storage(), p.offset, p.shape, prec.storage);
-    p.sharded_message = "parameter '" + p.name +
-                        "' is sharded: " + (root ? std::string("the root unit") : "unit '" + unit + "'") +
-                        " gathers it only for its forward and backward; outside them, read the engine's shards()";
+    std::vector<int64_t> local_shape = p.shape;
+    const int64_t mine = p.geometry.valid_rows(config->shard_rank);
+    if (local_shape.empty() && mine == 0) local_shape = {0};  // a 0-dim parameter another rank holds
+    else if (!local_shape.empty()) local_shape[0] = mine;
+    p.local = tensor_over(flat_shard.storage(), p.offset, local_shape, prec.storage);
+    // Read while its unit is sharded inside a step: almost always a unit's forward called around
+    // its holder, which is what gathers it.
+    p.sharded_message =
+        "parameter '" + p.name + "' " + kNotGatheredHere + ": " +
+        (root ? std::string("the root unit gathers it inside ShardedModule::forward's function, and reads of it "
+                            "belong there")
+              : "unit '" + unit + "' gathers it in its own forward, which its FSDPX_MODULE holder runs: call the "
+                "holder (`layer(x)`), not layer->forward(x)") +
+        "; between steps, module->parameters() are this rank's shards";
     p.attach();
   }
-  if (separate()) {
-    resize_storage(unsharded, 0);
-    for (const ShardedParam& p : params) p.release();
+  if (separate()) resize_storage(unsharded, 0);
+  show_shards();
+}
+
+at::Tensor ParamGroup::gradient_rows(const ShardedParam& p) const {
+  if (!grads_held || !p.param.requires_grad()) return at::Tensor();
+  return tensor_over(flat_grad.storage(), p.offset, p.local.sizes(), flat_grad.scalar_type());
+}
+
+void ParamGroup::show_gradients() {
+  if (!grad_shown) return;
+  for (ShardedParam& p : params) p.param.mutable_grad() = p.shown_grad = gradient_rows(p);
+}
+
+void ParamGroup::show_shards() {
+  if (shown || (separate() && state != State::Sharded)) return;
+  for (ShardedParam& p : params) point_at(p.param, p.local);
+  shown = true;
+  if (grad_shown) return;  // a forward with no backward since: what was shown (or done to it) stays
+  for (ShardedParam& p : params) p.unsharded_grad = p.param.grad();  // a backward without sync left it (or none)
+  grad_shown = true;
+  show_gradients();
+}
+
+void ParamGroup::hide_shards() {
+  if (!shown) return;
+  for (ShardedParam& p : params) {
+    if (separate() && state != State::Unsharded) p.release();
+    else p.attach();
+  }
+  shown = false;
+}
+
+void ParamGroup::take_gradients() {
+  if (!grad_shown) return;
+  at::NoGradGuard no_grad;
+  if (grads_held) {
+    bool kept = false;
+    for (ShardedParam& p : params) {
+      if (!p.shown_grad.defined()) continue;
+      const at::Tensor g = p.param.grad();
+      if (!g.defined()) {
+        p.shown_grad.zero_();
+      } else {
+        if (!g.is_same(p.shown_grad)) p.shown_grad.copy_(g);
+        kept = true;
+      }
+    }
+    grad_shown = false;  // release_gradients shows nothing now
+    if (!kept) release_gradients();
+  }
+  grad_shown = false;
+  for (ShardedParam& p : params) {
+    p.shown_grad = at::Tensor();
+    p.param.mutable_grad() = std::exchange(p.unsharded_grad, at::Tensor());
   }
 }
 
@@ -204,12 +268,14 @@ void ParamGroup::hold_gradients(bool zero) {
     if (p.param.requires_grad())
       p.shard.mutable_grad() = tensor_over(flat_grad.storage(), p.offset, p.shard.sizes(), flat_grad.scalar_type());
   grads_held = true;
+  show_gradients();
 }
 
 void ParamGroup::release_gradients() {
   for (ShardedParam& p : params) p.shard.mutable_grad() = at::Tensor();
-  resize_storage(flat_grad.storage(), 0);
   grads_held = false;
+  show_gradients();  // before the bytes go: nothing shown views them
+  resize_storage(flat_grad.storage(), 0);
 }
 
 void ParamGroup::reduce_grads() {
@@ -421,7 +487,10 @@ void ParamGroup::abandon(bool drop_grads) {
   release_post_forward();  // after the wait for its all-gather above
   reshard();
   if (drop_grads)
-    for (auto& p : params) p.param.mutable_grad() = at::Tensor();
+    for (auto& p : params) {
+      p.unsharded_grad = at::Tensor();
+      if (!grad_shown) p.param.mutable_grad() = at::Tensor();
+    }
 }
 
 }  // namespace fsdpx

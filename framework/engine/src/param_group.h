@@ -41,6 +41,12 @@ struct ParamGroup {
   Work replicate_work;  // hybrid: the all-reduce across replicas, in flight after finish_reduce
   bool reduced = false, replicating = false;
   bool grads_held = false;  // flat_grad has its bytes and the shards their gradient views
+  // The module's tensors show this rank's rows of the shards (show_shards): between steps.
+  bool shown = false;
+  // Their .grad is what show_shards gave them (the gradient rows), or what an optimizer made of
+  // it since, until the unit's backward takes it (take_gradients): a zero_grad between a forward
+  // and its backward counts.
+  bool grad_shown = false;
   // The reduction in flight adds to flat_grad (it was held when the reduction began) instead of
   // writing it.
   bool accumulating = false;
@@ -62,6 +68,21 @@ struct ParamGroup {
   // initialisation (seed, name), and points every module tensor at its gathered view. `unit`
   // names the unit in the error a sharded parameter gives when read.
   void materialise(Model& model, const std::string& unit);
+
+  // Between steps (the unit resharded): each module tensor becomes this rank's rows of its shard
+  // (ShardedParam::local) with its gradient rows as .grad while gradients are held, so that any
+  // optimizer over module->parameters() steps the shards; an unsharded gradient accumulated
+  // without sync goes aside (ShardedParam::unsharded_grad). A no-op when shown.
+  void show_shards();
+  // Before a forward: each module tensor gets its gathered view back (or no storage while the unit
+  // is sharded); its .grad stays what was shown until take_gradients. A no-op unless shown.
+  void hide_shards();
+  // Before the unit's gradients are accumulated (its backward begins, or ends without any): takes
+  // over what was done to the shown gradients (an optimizer's zero_grad(set_to_none) dropped them:
+  // every one dropped releases the gradients, as release_gradients; some dropped zero their rows;
+  // one replaced by another tensor is copied in), then gives each module tensor its unsharded
+  // gradient back. A no-op unless the gradients are shown.
+  void take_gradients();
 
   // Issues the all-gather (async); Sharded -> Gathering. A no-op unless Sharded.
   void start_gather();
@@ -104,6 +125,9 @@ struct ParamGroup {
   // The int form's forward: keeps this rank's part of `gathered` (the all-gather's [S, total]).
   void keep_post_forward(const at::Tensor& gathered);
   void release_post_forward();  // frees it (nothing reads it any more)
+  // Each shown module tensor's .grad: its gradient rows while held, else none.
+  void show_gradients();
+  at::Tensor gradient_rows(const ShardedParam& p) const;
   // The unsharded layout's reduction: the all-reduce across replicas (if any) of the packing.
   void reduce_unsharded();
   // Hybrid: whether the all-reduce across replicas runs on replicate_on_device.

@@ -35,11 +35,14 @@ void point_at(const at::Tensor& param, const at::Tensor& data) {
     return;
   }
   // LibTorch's check knows the dense backends by name (CPU, CUDA, ...), not PrivateUse1 (sim), so
-  // it refuses a CPU (deferred) parameter's first move there. The same steps as set_data: a
-  // gradient accumulator made for the old device goes, then the metadata (storage, sizes,
-  // device, dispatch keys) comes from `data`; the autograd identity stays.
-  TORCH_CHECK(param.device().is_cpu() && !data.is_sparse() && data.layout() == c10::kStrided,
-              "parameter on ", param.device(), " cannot point at a tensor on ", data.device());
+  // it refuses moves between the CPU and sim. The same steps as set_data: a gradient accumulator
+  // made for the old device goes, then the metadata (storage, sizes, device, dispatch keys) comes
+  // from `data`; the autograd identity stays.
+  const auto dense_cpu_or_sim = [](const at::Tensor& t) {
+    return !t.is_sparse() && t.layout() == c10::kStrided && (t.device().is_cpu() || t.device().is_privateuseone());
+  };
+  TORCH_CHECK(dense_cpu_or_sim(param) && dense_cpu_or_sim(data), "parameter on ", param.device(),
+              " cannot point at a tensor on ", data.device());
   if (torch::autograd::AutogradMeta* meta = torch::autograd::impl::get_autograd_meta(param)) {
     std::lock_guard<std::mutex> lock(meta->mutex_);
     meta->grad_accumulator_.reset();
@@ -49,6 +52,11 @@ void point_at(const at::Tensor& param, const at::Tensor& data) {
 
 void ShardedParam::release() const {
   param.unsafeGetTensorImpl()->release_storage_and_set_meta_custom_data_ptr_error_msg_(sharded_message);
+}
+
+void ShardedParam::show_local(const at::Tensor& grad) {
+  point_at(param, local);
+  param.mutable_grad() = shown_grad = grad;
 }
 
 void resize_storage(const c10::Storage& storage, size_t bytes) { resize_storage_bytes(storage, bytes); }

@@ -23,6 +23,7 @@
 #include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/base/unit_registry.h"
 #include "fsdpx/framework/runtime/collective_context.h"
+#include "sharded_param.h"
 #include "step_order.h"
 
 namespace fsdpx {
@@ -112,6 +113,16 @@ InstalledHooks::~InstalledHooks() {
 }
 
 // ---- The engine's state ------------------------------------------------------------------------
+
+void ShardingEngine::Impl::forward_began(Unit& u) {
+  // Between steps the parameters are this rank's shards: a unit run outside the engine's forward
+  // would compute with them (or fail on a shape), so it is refused in one line.
+  if (state == TrainingState::Idle || state == TrainingState::AwaitingBackward)
+    throw Error("unit '" + u.fqn + "' ran outside the sharded module's forward: run the model and the loss inside "
+                "ShardedModule::forward's function (fsdp->forward([&] { return loss_of(model->forward(x)); })), "
+                "which gathers the root's and every unit's parameters for them");
+  forward_order.push_back(&u);
+}
 
 void ShardingEngine::Impl::prefetch_after(Unit& u, bool backward) {
   prefetch_in(&u, backward ? backward_order(last_forward_order) : last_forward_order);
@@ -222,6 +233,7 @@ void ShardingEngine::Impl::abort_step(bool drop_grads) {
   for (auto& u : units) {
     u->drop_recompute();  // a forward whose backward never came: let its graph go
     u->group.abandon(drop_grads);
+    u->group.show_shards();
   }
   state = TrainingState::Idle;
 }
@@ -259,6 +271,7 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   for (auto& u : e.units) {
     u->group.reshard();
     u->begin_step();
+    u->group.hide_shards();  // module->parameters() were the shards since the last step
   }
   ++e.current;
   e.state = TrainingState::Forward;
@@ -273,6 +286,11 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
       if (!u->root && !u->group.params.empty() && u->forward_calls == 0)
         throw Error("unit '" + u->fqn + "' did not run in this forward; call it through its FSDPX_MODULE holder "
                     "(`layer(x)`), not layer->forward(x)");
+  } catch (const c10::Error& err) {
+    e.abort_step(/*drop_grads=*/false);
+    const std::string what = err.what_without_backtrace();
+    if (what.find(kNotGatheredHere) != std::string::npos) throw Error(what.substr(0, what.find('\n')));
+    throw;
   } catch (...) {
     // Gathers in flight (prefetched for units the forward never reached) waited for and
     // dropped, everything resharded: the next forward gathers what the shards hold then.
@@ -285,6 +303,7 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
     for (auto& u : e.units) {  // no backward will follow
       u->group.reshard();
       u->group.drop_post_forward();
+      u->group.show_shards();
     }
     e.state = TrainingState::Idle;
   } else {

@@ -50,10 +50,10 @@ Unit& saved_unit(AutogradContext* ctx) {
 uint64_t saved_generation(AutogradContext* ctx) { return static_cast<uint64_t>(ctx->saved_data["generation"].toInt()); }
 
 std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
+  step->forward_began(*this);  // first: a unit run outside the engine's forward is refused as such
   if (forward_calls++ > 0)
     throw Error("unit '" + fqn + "' ran its forward twice in one step; fsdpx gathers and reduces a unit once per "
                 "step, so a layer called twice must not be a unit (wrap its parent instead)");
-  step->forward_began(*this);
   const PrecisionSpec& prec = group.precision;
   if (prec.cast_forward_inputs)
     for (auto& t : inputs)
@@ -124,6 +124,7 @@ void Unit::pre_backward(uint64_t gen) {
   if (stage != BackwardStage::Waiting) return;
   stage = BackwardStage::Computing;
   step->backward_began(gen);
+  group.take_gradients();  // before autograd accumulates into the parameters' .grad
   group.unshard();
   step->load_offloaded(*this);  // its inputs, and the next unit's, on the offload stream meanwhile
   if (progress_elements == 0) progress();  // no gradient will come to count
@@ -153,6 +154,7 @@ void Unit::post_backward() {
   if (stage == BackwardStage::Done) return;
   if (stage == BackwardStage::Computing) progress();  // the same collectives, in the same order, on every rank
   stage = BackwardStage::Done;
+  group.take_gradients();  // a unit no gradient reached: what was done to the shown ones counts
   group.reshard();  // first, as FSDP2 does: the gathered parameters are not needed any more
   group.drop_post_forward();
   step->reduce(group);

@@ -1,9 +1,11 @@
 // fsdpx::fully_shard (fsdpx/framework/trainer/fully_shard.h): the user's module behind the SDK's
 // Model interface, so that the library and fsdpx-train build one ShardingEngine the same way
 // (plugins by name, engine_comms, select_units).
-#include "fsdpx/framework/trainer/fully_shard.h"
+#include "fsdpx/fully_shard.h"
 
 #include <algorithm>
+#include <exception>
+#include <utility>
 #include <cstdio>
 
 #define XXH_INLINE_ALL  // header-only: libxxhash-dev's xxhash.h
@@ -16,6 +18,8 @@
 #include "comm_counters.h"
 #include "engine_comms.h"
 #include "fsdpx/error.h"
+#include "fsdpx/framework/base/dtype_name.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/runtime/cpu_resources.h"
@@ -33,6 +37,7 @@
 #include "fsdpx/suggest.h"
 #include "fsdpx/sharding_strategy.h"
 #include "fsdpx/wrap_policy.h"
+#include "torch_optimizer_state.h"
 #include "trainer_state.h"
 
 namespace fsdpx {
@@ -136,6 +141,58 @@ Runtime::~Runtime() = default;
 const Topology& Runtime::topology() const { return impl_->topology.topology; }
 c10::Device Runtime::device() const { return impl_->device->device(); }
 PluginHost& Runtime::plugins() const { return impl_->host; }
+std::shared_ptr<Model> Runtime::create_model(const std::string& name,
+                                             const std::map<std::string, std::string>& options) {
+  return impl_->host.create<Model>(name, options);
+}
+double Runtime::mean_over_ranks(double value) const {
+  const auto all = from_every_rank(*impl_->groups->control(), std::vector<double>{value});
+  double sum = 0;
+  for (const auto& v : all) sum += v.at(0);
+  return sum / static_cast<double>(all.size());
+}
+
+ShardOptions::ShardOptions() {}
+ShardOptions& ShardOptions::with_sharding(std::string name, std::map<std::string, std::string> options) {
+  sharding = std::move(name);
+  sharding_options = std::move(options);
+  return *this;
+}
+ShardOptions& ShardOptions::with_wrap(std::string name, std::map<std::string, std::string> options) {
+  wrap = std::move(name);
+  wrap_options = std::move(options);
+  return *this;
+}
+ShardOptions& ShardOptions::wrap_layer_types(const std::string& types) {
+  wrap = "layer_type";
+  wrap_options["layer_types"] = types;
+  return *this;
+}
+ShardOptions& ShardOptions::with_precision(std::string name, std::map<std::string, std::string> options) {
+  precision = std::move(name);
+  precision_options = std::move(options);
+  return *this;
+}
+ShardOptions& ShardOptions::with_overlap(bool on) {
+  overlap = on;
+  return *this;
+}
+ShardOptions& ShardOptions::with_prefetch(int units) {
+  prefetch = units;
+  return *this;
+}
+ShardOptions& ShardOptions::with_reshard_after_forward(const std::string& unit, ReshardAfterForward choice) {
+  reshard_after_forward[unit] = choice;
+  return *this;
+}
+ShardOptions& ShardOptions::with_activation_offload(const std::string& unit) {
+  activation_offload.insert(unit);
+  return *this;
+}
+ShardOptions& ShardOptions::with_seed(uint64_t value) {
+  seed = value;
+  return *this;
+}
 
 struct ShardedModule::Impl {
   Runtime::Impl& runtime;
@@ -160,22 +217,55 @@ at::Tensor ShardedModule::forward(const std::function<at::Tensor()>& f) { return
 void ShardedModule::backward(const at::Tensor& loss) { impl_->engine->backward(loss); }
 void ShardedModule::set_requires_gradient_sync(bool sync) { impl_->engine->set_requires_gradient_sync(sync); }
 double ShardedModule::clip_grad_norm(double max_norm) { return impl_->engine->clip_grad_norm(max_norm); }
-void ShardedModule::zero_grad() { impl_->engine->release_gradients(); }
+void ShardedModule::zero_grad(bool set_to_none) {
+  if (set_to_none) impl_->engine->release_gradients();
+  else impl_->engine->zero_grad();
+}
 MemoryReport ShardedModule::memory() const { return impl_->engine->memory(); }
 std::vector<ParamShard> ShardedModule::shards() const { return impl_->engine->shards(); }
 ShardingEngine& ShardedModule::engine() { return *impl_->engine; }
 
 FullParameters::FullParameters(std::map<std::string, at::Tensor> full, std::vector<TensorShard> rows, bool writable)
-    : full_(std::move(full)), rows_(std::move(rows)), writable_(writable) {}
+    : full_(std::move(full)),
+      rows_(std::move(rows)),
+      writable_(writable),
+      pending_(writable),
+      exceptions_at_start_(std::uncaught_exceptions()) {}
+
+FullParameters::FullParameters(FullParameters&& other) noexcept
+    : full_(std::move(other.full_)),
+      rows_(std::move(other.rows_)),
+      writable_(other.writable_),
+      pending_(std::exchange(other.pending_, false)),
+      exceptions_at_start_(other.exceptions_at_start_) {}
 
 FullParameters::~FullParameters() {
-  if (!writable_) return;
+  if (!pending_ || std::uncaught_exceptions() > exceptions_at_start_) return;  // unwinding: nothing written
+  try {
+    commit();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdpx: %s\n", e.what());
+  }
+}
+
+void FullParameters::commit() {
+  if (!writable_)
+    throw Error("summon_full_params: these parameters are read-only; summon_full_params(/*writable=*/true) gives "
+                "parameters to write back");
+  for (const TensorShard& r : rows_) {  // every shape first: all or nothing
+    const at::Tensor& t = full_.at(r.name);
+    if (t.sizes().vec() != r.global_shape)
+      throw Error("summon_full_params: parameter '" + r.name + "' is now of shape " + shape_text(t.sizes().vec()) +
+                  ", not its " + shape_text(r.global_shape) + "; nothing was written back (change the values in "
+                  "place, e.g. full[name].copy_(...))");
+  }
   at::NoGradGuard no_grad;
   for (TensorShard& r : rows_) {
     const int64_t rows = r.local.dim() ? r.local.size(0) : 0;
     if (rows > 0)
       r.local.copy_(full_.at(r.name).reshape(r.global_shape).narrow(0, r.row_offset, rows).reshape(r.local.sizes()));
   }
+  pending_ = false;
 }
 
 at::Tensor& FullParameters::operator[](const std::string& name) {
@@ -239,6 +329,17 @@ int64_t ShardedModule::load(const std::string& dir, Optimizer& optimizer, const 
   return st.step;
 }
 
+void ShardedModule::save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step,
+                         const std::string& backend, const std::map<std::string, std::string>& backend_options) {
+  const TorchOptimizerState view(optimizer, *impl_->model->module(), *impl_->engine);
+  save(dir, view, step, backend, backend_options);
+}
+
+int64_t ShardedModule::load(const std::string& dir, torch::optim::Optimizer& optimizer, const std::string& backend) {
+  TorchOptimizerState view(optimizer, *impl_->model->module(), *impl_->engine);
+  return load(dir, view, backend);
+}
+
 std::shared_ptr<Optimizer> ShardedModule::optimizer(const std::string& name,
                                                     const std::map<std::string, std::string>& options) {
   auto opt = impl_->runtime.host.create<Optimizer>(name, options);
@@ -249,7 +350,7 @@ std::shared_ptr<Optimizer> ShardedModule::optimizer(const std::string& name,
 std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<Model> model,
                                            const ShardOptions& options) {
   if (!model || !model->module()) throw Error("fully_shard: the model is null, or has no module");
-  Runtime::Impl& rt = runtime.impl();
+  Runtime::Impl& rt = *runtime.impl_;
   auto impl = std::make_unique<ShardedModule::Impl>(ShardedModule::Impl{rt, model, {}, {}, {}, {}, {}});
   const auto strategy = rt.host.create<ShardingStrategy>(options.sharding, options.sharding_options);
   const auto wrap = rt.host.create<WrapPolicy>(options.wrap, options.wrap_options);
@@ -266,7 +367,7 @@ std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<Mod
   eo.device = rt.device;
   eo.seed = options.seed;
   impl->engine = build_engine(impl->model, *wrap, TrainSettings{}, *rt.groups, eo, impl->counters);
-  return std::make_unique<ShardedModule>(std::move(impl));
+  return std::unique_ptr<ShardedModule>(new ShardedModule(std::move(impl)));
 }
 
 std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<torch::nn::Module> module,
@@ -274,7 +375,7 @@ std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<tor
   if (!module) throw Error("fully_shard: the module is null");
   auto adapter = std::make_shared<ModuleModel>(module);
   auto sharded = fully_shard(runtime, std::static_pointer_cast<Model>(adapter), options);
-  check_values_agree(adapter->digests(), *runtime.impl().groups->control());
+  check_values_agree(adapter->digests(), *runtime.impl_->groups->control());
   adapter->forget_values();
   return sharded;
 }

@@ -10,7 +10,7 @@
 #include <set>
 #include <string>
 
-#include "fsdpx/framework/engine/reshard_after_forward.h"
+#include "fsdpx/reshard_after_forward.h"
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/engine/step_trace.h"

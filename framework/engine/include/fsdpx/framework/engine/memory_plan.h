@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "fsdpx/framework/engine/reshard_after_forward.h"
+#include "fsdpx/reshard_after_forward.h"
 #include "fsdpx/activation_memory.h"
 #include "fsdpx/export.h"
 #include "fsdpx/framework/engine/step_trace.h"

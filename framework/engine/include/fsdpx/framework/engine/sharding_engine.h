@@ -12,6 +12,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "fsdpx/export.h"
+#include "fsdpx/memory_report.h"
 #include "fsdpx/seeds.h"
 #include "fsdpx/framework/engine/engine_options.h"
 #include "fsdpx/framework/engine/unit_plan.h"
@@ -24,14 +25,6 @@
 namespace fsdpx {
 
 // Persistent per-rank bytes, measured from the storages the engine holds.
-struct MemoryReport {
-  int64_t param_bytes = 0;      // sharded parameters (padded)
-  int64_t grad_bytes = 0;       // sharded gradients (padded)
-  int64_t unsharded_bytes = 0;  // gathered parameters allocated right now
-  // What units of ReshardAfterForward's int form hold from forward to backward, right now
-  int64_t post_forward_bytes = 0;
-};
-
 class FSDPX_API ShardingEngine {
  public:
   // Shards `model` in place. The root is always a unit; `selected` are the others (from a wrap

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "fsdpx/framework/engine/reshard_after_forward.h"
+#include "fsdpx/reshard_after_forward.h"
 #include "fsdpx/export.h"
 #include "fsdpx/precision_policy.h"
 #include "fsdpx/sharding_strategy.h"
