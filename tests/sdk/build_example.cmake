@@ -18,6 +18,15 @@ endfunction()
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
 run(${CMAKE_COMMAND} --install "${FSDPX_BUILD_DIR}" --prefix "${prefix}")
+# The package's headers are the SDK's alone (the plugins' interfaces and the library's fsdpx.h):
+# no header of fsdpx's internal layers is installed, so the examples build against the public ones.
+file(GLOB_RECURSE internal_headers "${prefix}/include/fsdpx/framework/*")
+if(internal_headers)
+  message(FATAL_ERROR "the package installs fsdpx's internal headers: ${internal_headers}")
+endif()
+if(NOT EXISTS "${prefix}/include/fsdpx/fsdpx.h")
+  message(FATAL_ERROR "the package does not install the library's header fsdpx/fsdpx.h")
+endif()
 # Only the package config is given: no include paths, no link flags, no hints at the source tree.
 # (The installed config finds LibTorch through the python fsdpx was built with.)
 set(launcher)

@@ -95,7 +95,7 @@ EngineComms engine_comms(ProcessGroups& groups, const EngineOptions& options, Co
 }
 
 std::unique_ptr<ShardingEngine> build_engine(std::shared_ptr<Model> model, const WrapPolicy& wrap,
-                                             const TrainSettings& s, ProcessGroups& groups, EngineOptions options,
+                                             const LayerTypeChoices& s, ProcessGroups& groups, EngineOptions options,
                                              CommCounters& counters) {
   const EngineComms comms = engine_comms(groups, options, counters);
   std::vector<UnitSelection> units = select_units(*model, wrap, s);

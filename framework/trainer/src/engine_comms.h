@@ -22,7 +22,7 @@ EngineComms engine_comms(ProcessGroups& groups, const EngineOptions& options, Co
 // communicators over `groups` (engine_comms). The one
 // way fsdpx-train and fsdpx::fully_shard build theirs.
 std::unique_ptr<ShardingEngine> build_engine(std::shared_ptr<Model> model, const WrapPolicy& wrap,
-                                             const TrainSettings& s, ProcessGroups& groups, EngineOptions options,
+                                             const LayerTypeChoices& s, ProcessGroups& groups, EngineOptions options,
                                              CommCounters& counters);
 // `b` with its tensors on `device` (the CPU: as it is).
 Batch on_device(Batch b, const c10::Device& device);

@@ -30,7 +30,6 @@
 #include "fsdpx/framework/runtime/process_groups.h"
 #include "fsdpx/framework/runtime/topology_resolver.h"
 #include "fsdpx/framework/trainer/train_settings.h"
-#include "fsdpx/framework/trainer/trainer.h"
 #include "fsdpx/unit.h"
 #include "fsdpx/model.h"
 #include "fsdpx/precision_policy.h"
@@ -366,7 +365,7 @@ std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<Mod
   eo.activation_offload_units = options.activation_offload;
   eo.device = rt.device;
   eo.seed = options.seed;
-  impl->engine = build_engine(impl->model, *wrap, TrainSettings{}, *rt.groups, eo, impl->counters);
+  impl->engine = build_engine(impl->model, *wrap, LayerTypeChoices{}, *rt.groups, eo, impl->counters);
   return std::unique_ptr<ShardedModule>(new ShardedModule(std::move(impl)));
 }
 

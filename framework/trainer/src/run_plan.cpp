@@ -319,9 +319,9 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   check_optimizer_in_backward(host, s, *opt_probe, *precision, plan);
   plan_data(host, config, s, *model, plan);
   plan.flops_per_token = model->flops_per_token();
-  const std::vector<UnitSelection> selected = select_units(*model, *wrap, s);
+  const std::vector<UnitSelection> selected = select_units(*model, *wrap, s.layer_type_choices());
   UnitPlan up = plan_units(*model->module(), selected);
-  plan.activation_offload_units = offloaded_units(*model, selected, s);
+  plan.activation_offload_units = offloaded_units(*model, selected, s.layer_type_choices());
   if (!plan.activation_offload_units.empty() && plan.device == DeviceKind::Cpu)
     plan.not_applied.push_back("--activation-offload: the compute device is the CPU, where the activations are in "
                                "host memory already; nothing to move (the run recomputes as "

@@ -169,7 +169,7 @@ class Trainer {
     eo.clock = clock_;
     if (s_.optimizer_in_backward)  // plan_run checked that the optimizer can (Optimizer::step_shards)
       eo.step_in_backward = [this](size_t first, size_t count) { opt_->step_shards(lr_, first, count); };
-    engine_ = build_engine(model_, *wrap, s_, *groups_, eo, metrics_->counters());
+    engine_ = build_engine(model_, *wrap, s_.layer_type_choices(), *groups_, eo, metrics_->counters());
     shards_ = engine_->shards();
     opt_->init(shards_);
     // Deterministic: every rank reads the whole global batch (as one rank would) and computes

@@ -21,16 +21,16 @@ std::map<std::string, std::string> layer_type_by_path(Model& model) {
 }  // namespace
 
 std::set<std::string> offloaded_units(Model& model, const std::vector<UnitSelection>& selected,
-                                      const TrainSettings& s) {
+                                      const LayerTypeChoices& s) {
   std::set<std::string> units;
-  if (s.offload_layer_types.empty()) return units;
+  if (s.offload.empty()) return units;
   const auto types = model.layer_types();
   auto type_of = layer_type_by_path(model);
-  for (const auto& t : s.offload_layer_types) {
+  for (const auto& t : s.offload) {
     if (std::find(types.begin(), types.end(), t) == types.end())
       throw Error("--activation-offload " + t + ": the model has no layer type '" + t + "'; its layer types are: " +
                   join_names(types) + did_you_mean(t, types));
-    const auto& ckpt = s.checkpoint_layer_types;
+    const auto& ckpt = s.recompute;
     if (std::find(ckpt.begin(), ckpt.end(), t) == ckpt.end())
       throw Error("--activation-offload " + t + ": " + t + " does not recompute its activations, and only a "
                   "recomputed unit's inputs can move (LibTorch's C++ autograd has no saved-tensor hooks); add " + t +
@@ -41,15 +41,15 @@ std::set<std::string> offloaded_units(Model& model, const std::vector<UnitSelect
   return units;
 }
 
-std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, const TrainSettings& s) {
+std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, const LayerTypeChoices& s) {
   auto root = model.module();
   std::vector<UnitSelection> sel = wrap.select(*root);
-  if (s.checkpoint_layer_types.empty()) return sel;
+  if (s.recompute.empty()) return sel;
   const auto types = model.layer_types();
   auto type_of = layer_type_by_path(model);
   std::vector<std::string> unit_types;
   for (const auto& u : sel) unit_types.push_back(type_of[u.fqn]);
-  for (const auto& t : s.checkpoint_layer_types) {
+  for (const auto& t : s.recompute) {
     if (std::find(types.begin(), types.end(), t) == types.end())
       throw Error("--activation-checkpointing " + t + ": the model has no layer type '" + t +
                   "'; its layer types are: " + join_names(types));

@@ -14,6 +14,14 @@
 
 namespace fsdpx {
 
+// What recomputes and what moves by layer type (fsdpx-train's --activation-checkpointing and
+// --activation-offload): the units of these types. The library has none: it chooses per unit,
+// through the wrap's activation_checkpointing and ShardOptions::activation_offload.
+struct LayerTypeChoices {
+  std::vector<std::string> recompute;  // these layer types' units recompute their activations
+  std::vector<std::string> offload;    // and these ones' inputs go to host memory
+};
+
 // The trainer's own settings (fsdpx-train's host options).
 struct FSDPX_API TrainSettings {
   int64_t steps = 100;
@@ -38,6 +46,7 @@ struct FSDPX_API TrainSettings {
   bool optimizer_in_backward = false;
   std::vector<std::string> checkpoint_layer_types;  // recompute these layer types' activations
   std::vector<std::string> offload_layer_types;     // and move these ones' inputs to host memory
+  LayerTypeChoices layer_type_choices() const { return {checkpoint_layer_types, offload_layer_types}; }
   int64_t max_memory_mib = 0;  // stop when a rank's peak RSS in a step exceeds this (0: no limit)
   int64_t profile_step = 0;    // rank 0 profiles this step (1-based; 0: none): profile.json
   bool progress_bar = false;  // rank 0 draws a bar on its terminal instead of log lines
