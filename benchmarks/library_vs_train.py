@@ -25,7 +25,8 @@ SEQ = {"tiny": 64, "small": 128}  # the presets' contexts
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--build", default="build", help="the build directory (bin/fsdpx-train, bin/fsdpx-library-bench)")
-    p.add_argument("--configs", default="tiny:full_shard:adamw,small:full_shard:adamw,small:shard_grad_op:adamw",
+    p.add_argument("--configs", default="tiny:full_shard:adamw,small:full_shard:adamw,small:shard_grad_op:adamw,"
+                                        "small:full_shard:torch-adamw",
                    help="comma-separated SIZE:SHARDING:OPTIMIZER")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
