@@ -17,6 +17,7 @@
 #include "fsdpx/suggest.h"
 #include "checkpoint_files.h"
 #include "checkpoint_tensors.h"
+#include "dcp_index.h"
 #include "rank_agreement.h"
 
 namespace fs = std::filesystem;
@@ -138,6 +139,10 @@ void load_consolidated(const std::string& dir, CheckpointState& st, const Checkp
 
 void load_initial_weights(const std::string& path, CheckpointState& st, const CheckpointContext& ctx) {
   fs::path p(path);
+  // A folder PyTorch's DCP wrote (HuggingFaceStorageWriter, or FileSystemWriter as safetensors):
+  // each rank reads its rows of every parameter; other tensors there (an optimizer's) stay unread.
+  if (fs::is_directory(p) && !fs::exists(p / "model.safetensors") && ckpt::is_dcp_folder(path))
+    return load_sharded(path, st, ctx);
   if (fs::is_directory(p)) p /= "model.safetensors";
   std::string error;
   try {

@@ -2,6 +2,7 @@
 #include "sharded_index.h"
 
 #include "checkpoint_files.h"
+#include "dcp_index.h"
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
 
@@ -45,6 +46,7 @@ Index read_index(const std::string& dir) {
   if (kind != "a directory")
     throw Error(dir + " is " + (kind.empty() ? "a file" : kind) + ", not a checkpoint directory");
   const fs::path p = fs::path(dir) / "index.json";
+  if (is_dcp_folder(dir)) return Index{dcp_index(dir), dir};  // PyTorch's DCP, as safetensors
   if (!fs::exists(p)) {
     if (fs::exists(fs::path(dir) / "model.safetensors"))
       throw Error(dir +
