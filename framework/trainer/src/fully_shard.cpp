@@ -222,7 +222,6 @@ void ShardedModule::zero_grad(bool set_to_none) {
 }
 MemoryReport ShardedModule::memory() const { return impl_->engine->memory(); }
 std::vector<ParamShard> ShardedModule::shards() const { return impl_->engine->shards(); }
-ShardingEngine& ShardedModule::engine() { return *impl_->engine; }
 
 FullParameters::FullParameters(std::map<std::string, at::Tensor> full, std::vector<TensorShard> rows, bool writable)
     : full_(std::move(full)),

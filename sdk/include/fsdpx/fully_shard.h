@@ -41,7 +41,6 @@ class Optimizer;
 namespace fsdpx {
 
 class PluginHost;      // fsdpx's plugin host (internal: fsdpx/framework/plugin_host/plugin_host.h)
-class ShardingEngine;  // the engine itself (internal: fsdpx/framework/engine/sharding_engine.h)
 
 struct RuntimeSettings {
   std::string device = "cpu";  // "cpu", "cuda" (a GPU per local rank) or "sim"
@@ -87,9 +86,10 @@ class FSDPX_API Runtime {
   // the global batch average to the global batch's). Collective.
   double mean_over_ranks(double value) const;
 
-  struct Impl;
 
  private:
+  struct Impl;
+  friend class ShardedModule;
   friend std::unique_ptr<ShardedModule> fully_shard(Runtime&, std::shared_ptr<Model>, const ShardOptions&);
   friend std::unique_ptr<ShardedModule> fully_shard(Runtime&, std::shared_ptr<torch::nn::Module>, const ShardOptions&);
   std::unique_ptr<Impl> impl_;
@@ -225,11 +225,9 @@ class FSDPX_API ShardedModule {
   void save(const std::string& dir, torch::optim::Optimizer& optimizer, int64_t step = 0,
             const std::string& backend = "sharded", const std::map<std::string, std::string>& backend_options = {});
   int64_t load(const std::string& dir, torch::optim::Optimizer& optimizer, const std::string& backend = "sharded");
-  ShardingEngine& engine();  // fsdpx's internals (fsdpx/framework/engine/sharding_engine.h)
-
-  struct Impl;
 
  private:
+  struct Impl;
   friend std::unique_ptr<ShardedModule> fully_shard(Runtime&, std::shared_ptr<Model>, const ShardOptions&);
   explicit ShardedModule(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
