@@ -144,6 +144,7 @@ void ParamGroup::hide_shards() {
 
 void ParamGroup::take_gradients() {
   if (!grad_shown) return;
+  grad_shown = false;  // from here on the module's tensors hold their unsharded gradients
   at::NoGradGuard no_grad;
   if (grads_held) {
     bool kept = false;
@@ -157,10 +158,8 @@ void ParamGroup::take_gradients() {
         kept = true;
       }
     }
-    grad_shown = false;  // release_gradients shows nothing now
     if (!kept) release_gradients();
   }
-  grad_shown = false;
   for (ShardedParam& p : params) {
     p.shown_grad = at::Tensor();
     p.param.mutable_grad() = std::exchange(p.unsharded_grad, at::Tensor());

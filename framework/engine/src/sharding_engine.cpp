@@ -287,6 +287,8 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
         throw Error("unit '" + u->fqn + "' did not run in this forward; call it through its FSDPX_MODULE holder "
                     "(`layer(x)`), not layer->forward(x)");
   } catch (const c10::Error& err) {
+    // A read of a sharded unit's parameter (its forward called around its holder) is one line,
+    // without LibTorch's backtrace; the step is abandoned as below.
     e.abort_step(/*drop_grads=*/false);
     const std::string what = err.what_without_backtrace();
     if (what.find(kNotGatheredHere) != std::string::npos) throw Error(what.substr(0, what.find('\n')));
