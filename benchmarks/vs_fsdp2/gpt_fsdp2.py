@@ -25,6 +25,10 @@ What is mirrored from fsdpx (the file each piece follows, relative to the reposi
     and an all-gather that blocks at issue) and for its reductions (a reduce-scatter or all-reduce
     that blocks at issue, as Gloo's do, and FSDPParamGroup._wait_for_post_backward).
 
+Checkpoints (tests/hf/dcp_interop_test.py): --resume-dcp goes on from fsdpx's sharded checkpoint
+(or any folder DCP's safetensors layer reads) through dcp.load, and --save-dcp writes the model and
+the optimizer's state through dcp.save, as docs/checkpoints.md shows a PyTorch loop doing it.
+
 Device: --device cpu uses Gloo (tested). --device cuda uses NCCL with one GPU per local rank;
 that path is written but could not be tested where this was written (a CPU-only machine).
 """
@@ -530,12 +534,28 @@ def parse_args(argv=None):
     g.add_argument("--clip-grad-norm", type=float, default=0.0)
     g.add_argument("--init-from", default="", help="safetensors file, or a directory holding model.safetensors "
                    "(fsdpx-train --save-init); without it, fsdpx's seeded initialisation from --seed")
+    g.add_argument("--resume-dcp", default="", metavar="DIR",
+                   help="go on from a folder DCP's safetensors layer reads (fsdpx's sharded step-N, or --save-dcp's): "
+                   "the model and the optimizer's state under fsdpx's names (optim/<p>/<key>) or DCP's flattened "
+                   "ones (state.<p>.<key>); the step and the data position from its trainer_state.json (fsdpx's), "
+                   "else the step from the optimizer's and the data from its beginning, as fsdpx-train --resume")
+    g.add_argument("--save-dcp", default="", metavar="DIR",
+                   help="after the last step, the model and the optimizer's state through dcp.save, under DCP's "
+                   "flattened names (param_groups, not tensors, are left out: DCP's safetensors layer holds tensors)")
+    g.add_argument("--save-dcp-way", default="hf",
+                   help="hf: HuggingFaceStorageWriter(save_distributed=True); hf-consolidated: with "
+                   "enable_consolidation; filesystem-safetensors: FileSystemWriter(serialization_format=SAFETENSORS); "
+                   "several, comma-separated, each into DIR/<way>")
     g.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     g.add_argument("--out", default="", help="rank 0 writes one JSON line per step here")
     g.add_argument("--quiet", action="store_true", help="no per-step line on stdout")
     g.add_argument("--fsdpx-lib", default="", help="fsdpx's libfsdpx.so: count CPU memory with its counting allocator "
                    "(bytes allocated, as fsdpx-train reports them) from the first tensor on")
     a = p.parse_args(argv)
+    a.save_dcp_ways = a.save_dcp_way.split(",")
+    for way in a.save_dcp_ways:
+        if way not in SAVE_WAYS:
+            p.error(f"--save-dcp-way {way}: not one of {', '.join(SAVE_WAYS)}")
     if a.lr is None:
         a.lr = 1e-2 if a.optimizer == "sgd" else 1e-3
     if a.weight_decay is None:
@@ -648,6 +668,77 @@ def build(a, device, world):
     return types.SimpleNamespace(cfg=cfg, seq=seq, model=model, counter=counter, opt=opt, data=data, sampler=sampler)
 
 
+# --- checkpoints through PyTorch's DCP: docs/checkpoints.md ------------------------------------
+
+
+def flat_optimizer_state(run):
+    """The optimizer's state as get_optimizer_state_dict flattens it: {"state.<p>.<key>": tensor, ...}
+    (and "param_groups.<p>.<key>" hyperparameters). Before a first step it holds zeros."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    return get_optimizer_state_dict(run.model, run.opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+
+
+def folder_names(folder):
+    from safetensors import safe_open
+    names = set()
+    for f in sorted(os.listdir(folder)):
+        if f.endswith((".safetensors", ".distcp")):
+            with safe_open(os.path.join(folder, f), "pt") as h:
+                names.update(h.keys())
+    return names
+
+
+def resume_from_dcp(a, run):
+    """The model and optimizer state from a.resume_dcp; returns the step to go on from."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    osd = flat_optimizer_state(run)
+    held = folder_names(a.resume_dcp)
+
+    def stored(key):  # "state.<p>.<key>" under the folder's names: fsdpx's optim/<p>/<key>, or DCP's own
+        param, _, name = key[len("state."):].rpartition(".")
+        fsdpx = f"optim/{param}/{name}"
+        return fsdpx if fsdpx in held else key
+
+    want = dict(run.model.state_dict())
+    renamed = {stored(k): k for k, v in osd.items() if k.startswith("state.") and torch.is_tensor(v)}
+    want.update({s: osd[k] for s, k in renamed.items()})
+    dcp.load(want, storage_reader=HuggingFaceStorageReader(a.resume_dcp))
+    for s, k in renamed.items():
+        osd[k] = want[s]
+    set_optimizer_state_dict(run.model, run.opt, osd, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    state_file = os.path.join(a.resume_dcp, "trainer_state.json")
+    if os.path.exists(state_file):  # fsdpx's: the step and where the data was
+        with open(state_file) as f:
+            ts = json.load(f)
+        run.sampler.epoch, run.sampler.step = ts["data"]["epoch"], ts["data"]["step"]
+        run.sampler.shuffle()
+        return ts["step"]
+    steps = {float(v) for k, v in osd.items() if k.startswith("state.") and k.endswith(".step")}
+    if len(steps) != 1:
+        raise SystemExit(f"{a.resume_dcp}: the optimizer's steps are {sorted(steps)}, not one step")
+    return int(steps.pop())
+
+
+SAVE_WAYS = ("hf", "hf-consolidated", "filesystem-safetensors")
+
+
+def save_to_dcp(a, run):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter, HuggingFaceStorageWriter
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+    sd = dict(run.model.state_dict())
+    sd.update({k: v for k, v in flat_optimizer_state(run).items() if k.startswith("state.") and torch.is_tensor(v)})
+    for way in a.save_dcp_ways:
+        out = a.save_dcp if len(a.save_dcp_ways) == 1 else os.path.join(a.save_dcp, way)
+        if way == "filesystem-safetensors":
+            writer = FileSystemWriter(out, serialization_format=SerializationFormat.SAFETENSORS)
+        else:
+            writer = HuggingFaceStorageWriter(out, save_distributed=True, enable_consolidation=way == "hf-consolidated")
+        dcp.save(sd, storage_writer=writer)
+
+
 def forward_backward(a, run, device):
     """One optimizer step's micro-batches and the step; returns (this rank's loss, grad norm)."""
     loss_sum = 0.0
@@ -751,10 +842,13 @@ def main(argv=None):
               f"init {'from ' + a.init_from if a.init_from else 'seeded (' + str(a.seed) + ')'}", flush=True)
     rss, hwm = proc_memory()
     run_peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, hwm)
+    first = resume_from_dcp(a, run) if a.resume_dcp else 0
+    if rank == 0 and a.resume_dcp and not a.quiet:
+        print(f"fsdp2: resumed from {a.resume_dcp} at step {first}", flush=True)
     dist.barrier()
     losses = []
     t_train = time.perf_counter()
-    for step in range(a.steps):
+    for step in range(first, a.steps):
         line, run_peak = train_step(a, run, device, world, step, startup_rss, run_peak)
         if line is None:
             continue
@@ -766,10 +860,12 @@ def main(argv=None):
             print(f"step {step + 1}/{a.steps} | loss {line['loss']:.6f} | lr {line['lr']:.2e} | "
                   f"{line['step_time_s']:.4f} s/step | peak rss {line['peak_rss_bytes'] / 2**20:.1f} MiB", flush=True)
     if rank == 0 and not a.quiet:
-        print(f"done: {a.steps} steps in {time.perf_counter() - t_train:.2f} s, loss {losses[0]:.4f} -> {losses[-1]:.4f}",
+        print(f"done: {a.steps - first} steps in {time.perf_counter() - t_train:.2f} s, loss {losses[0]:.4f} -> {losses[-1]:.4f}",
               flush=True)
     if out:
         out.close()
+    if a.save_dcp:
+        save_to_dcp(a, run)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -146,7 +146,9 @@ int main_body(int argc, char** argv) {
     if (a[0] == "inspect" && a.size() == 2) return inspect(a[1]);
     if (a[0] == "verify" && a.size() == 2) {
       const int64_t n = fsdpx::verify_checkpoint(a[1]);
-      std::printf("%s: OK, %lld tensors, every digest matches\n", a[1].c_str(), static_cast<long long>(n));
+      const bool dcp = fsdpx::is_dcp_checkpoint(a[1]);
+      std::printf("%s: OK, %lld tensors, %s\n", a[1].c_str(), static_cast<long long>(n),
+                  dcp ? "every row read and in one file (PyTorch's DCP records no digests)" : "every digest matches");
       return 0;
     }
     if (a[0] == "consolidate" && (a.size() == 3 || (a.size() == 4 && a[3] == "--no-optimizer"))) {

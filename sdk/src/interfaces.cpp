@@ -42,6 +42,7 @@ std::string layer_type_name(const torch::nn::Module& module) {
 }
 Evaluable::~Evaluable() = default;
 HuggingFaceModel::~HuggingFaceModel() = default;
+CheckpointNames::~CheckpointNames() = default;
 HeldOutData::~HeldOutData() = default;
 OptimizerDevices::~OptimizerDevices() = default;
 UnitNameCheck::~UnitNameCheck() = default;

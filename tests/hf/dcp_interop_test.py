@@ -8,8 +8,17 @@ venv's torch on Gloo (CTest's DcpInterop):
      fsdpx-train --init-from each at 3 ranks and --save-init: the weights are PyTorch's, exactly;
   3. what fsdpx cannot read is one line naming the tensor or file: a chunk cut along dimension 1
      (tensor parallel), rows no file holds, and DCP's pickled .distcp, which
-     scripts/dcp_to_safetensors.py (as that line says) converts into a folder fsdpx reads.
-usage: dcp_interop_test.py BUILD_DIR [WORK_DIR (kept; default: a temporary one)]"""
+     scripts/dcp_to_safetensors.py (as that line says) converts into a folder fsdpx reads;
+  4. training goes on across trainers (gpt tiny on tokens, AdamW, fp32): fsdpx trains 3 steps at 2
+     ranks; PyTorch FSDP2 (the mirror, benchmarks/vs_fsdp2/gpt_fsdp2.py) dcp.loads that checkpoint
+     at 3 ranks and trains 3 more, with the losses of fsdpx's own --resume at 3 ranks within
+     kSameLoss; and back: FSDP2 trains 3 steps at 2 ranks and saves with each writer, fsdpx
+     --resume at 3 ranks goes on as FSDP2's own resume at 3 ranks does, within kSameLoss;
+  5. torchtitan's Llama names (0.3: attention.qkv_linear.wq.weight, lm_head.weight; before:
+     attention.wq.weight, output.weight) and its optimizer's (optimizer.state.<p>.<key>): the same
+     state under them resumes to the same losses, bit for bit.
+usage: dcp_interop_test.py BUILD_DIR formats|trainers|all [WORK_DIR (kept; default: a temporary one)]
+(formats: 1-3, trainers: 4-5; two CTest tests, so that they run side by side)"""
 import os
 import subprocess
 import sys
@@ -23,8 +32,16 @@ from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint import FileSystemWriter, HuggingFaceStorageReader, HuggingFaceStorageWriter
 from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
+# Losses of the same state and batches at 3 ranks, one trainer against the other: the orders of
+# addition over 3 ranks differ (measured up to 1.6e-7 over 3 steps); an lr or data order off by
+# a step moves them by 1e-2.
+kSameLoss = 1e-6
+
 build = sys.argv[1]
-work = sys.argv[2] if len(sys.argv) > 2 else None
+part = sys.argv[2] if len(sys.argv) > 2 else "all"
+if part not in ("formats", "trainers", "all"):
+    sys.exit(f"dcp_interop_test.py: part '{part}' is not formats, trainers or all")
+work = sys.argv[3] if len(sys.argv) > 3 else None
 bin_dir = os.path.join(build, "bin")
 failures = []
 
@@ -69,7 +86,8 @@ def load_sharded_by_dcp(mesh, step_dir, reference, out):
 
 
 def save_by_dcp(mesh, weights, out, way):
-    sd = {k: distribute_tensor(v.clone(), mesh, [Shard(0)]) for k, v in weights.items()}
+    # Scalars (an optimizer's step) are plain tensors, the same on every rank, as FSDP2 holds them.
+    sd = {k: distribute_tensor(v.clone(), mesh, [Shard(0)]) if v.dim() else v.clone() for k, v in weights.items()}
     if way == "hf":
         writer = HuggingFaceStorageWriter(out, save_distributed=True)
     elif way == "hf-consolidated":
@@ -84,6 +102,17 @@ def save_by_dcp(mesh, weights, out, way):
 
 def main():
     train = os.path.join(bin_dir, "fsdpx-train")
+    if part != "trainers":
+        formats(train)
+    if part != "formats":
+        across_trainers(train, common_tokens(work))
+    if failures:
+        print("FAILED:\n" + "\n".join(failures))
+        sys.exit(1)
+    print("every check passed")
+
+
+def formats(train):
     common = ["--model.name", "gpt", "--model.size", "tiny", "--model.seq", "32", "--data.name", "synthetic",
               "--data.seq", "32", "--wrap.layer_types", "Block", "--batch-size", "2"]
     # 1. fsdpx's sharded checkpoint, read by DCP at another world size.
@@ -157,11 +186,117 @@ def main():
     print(f"pickled DCP converted by scripts/dcp_to_safetensors.py -> fsdpx: {len(bad)} of {len(weights)} differ")
     if bad:
         failures.append(f"converted: tensors differ: {bad[:5]}")
+    # A folder of weights alone cannot resume AdamW: the line names the state and DCP's names for it.
+    rc, out = run([train, "--nproc-per-node", "1", *common, "--optimizer.name", "adamw", "--steps", "2",
+                   "--checkpoint.name", "sharded", "--resume", os.path.join(work, "dcp-hf"),
+                   "--out", os.path.join(work, "weights-alone-run")])
+    line = next((l for l in out.splitlines() if "/exp_avg'" in l and "state.<p>.exp_avg" in l), None)
+    print(f"refused: {line}" if rc != 0 and line else f"NOT REFUSED (weights alone, --resume): rc {rc}\n{out[-2000:]}")
+    if rc == 0 or not line:
+        failures.append("--resume of a DCP folder without optimizer state: no line naming the missing state")
 
-    if failures:
-        print("FAILED:\n" + "\n".join(failures))
-        sys.exit(1)
-    print("every check passed")
+
+def common_tokens(work):
+    sys.path.insert(0, MIRROR_DIR)
+    import compare  # the FSDP2 comparison's tokens: Debian's fortunes as uint16
+    data = compare.make_tokens(os.path.join(work, "tokens.bin"))
+    return data
+
+
+MIRROR_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks", "vs_fsdp2")
+
+
+def losses_of(path):
+    import json
+    with open(path) as f:
+        return [j["loss"] for j in map(json.loads, f) if "loss" in j]
+
+
+def same_losses(what, got, want, exact=False):
+    worst = max((abs(g - w) for g, w in zip(got, want)), default=float("inf"))
+    ok = len(got) == len(want) == 3 and (worst == 0 if exact else worst <= kSameLoss)
+    print(f"{what}: losses {got} against {want}: worst difference {worst:.2e}{'' if ok else '  <-- FAILS'}")
+    if not ok:
+        failures.append(f"{what}: losses differ by {worst:.2e} (or not 3 steps: {len(got)}, {len(want)})")
+
+
+def torchtitan_name(name, old):
+    """torchtitan's Llama name of gpt's parameter (its state_dict_adapter's names)."""
+    import re
+    if name == "output.weight" and not old:
+        return "lm_head.weight"
+    m = re.fullmatch(r"layers\.(\d+)\.(attention\.w[qkvo]|feed_forward\.w[123])", name)
+    if not m:
+        return name
+    if not old and m.group(2) in ("attention.wq", "attention.wk", "attention.wv"):
+        return f"layers.{m.group(1)}.attention.qkv_linear.{m.group(2)[-2:]}.weight"
+    return name + ".weight"
+
+
+def across_trainers(train, data):
+    mirror = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    mirror_args = [os.path.join(MIRROR_DIR, "gpt_fsdp2.py"), "--size", "tiny", "--data", data, "--seq", "64",
+                   "--batch-size", "2", "--optimizer", "adamw", "--quiet"]
+    common = ["--model.name", "gpt", "--model.size", "tiny", "--data.name", "tokens", "--data.path", data,
+              "--data.dtype", "uint16", "--data.seq", "64", "--wrap.layer_types", "Block", "--batch-size", "2",
+              "--optimizer.name", "adamw", "--checkpoint.name", "sharded", "--log-every", "1"]
+
+    def fsdpx_resume(folder, out):
+        must([train, "--nproc-per-node", "3", *common, "--steps", "6", "--resume", folder, "--out", out])
+        return losses_of(os.path.join(out, "metrics.jsonl"))
+
+    def fsdp2(nproc, *args):
+        p = subprocess.run(mirror + [str(nproc)] + mirror_args + list(args), capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if p.returncode != 0:
+            sys.exit(f"FAIL: the FSDP2 mirror {' '.join(args)} exited {p.returncode}:\n{(p.stdout + p.stderr)[-3000:]}")
+
+    # fsdpx -> FSDP2.
+    run_dir = os.path.join(work, "fsdpx-tokens")
+    must([train, "--nproc-per-node", "2", *common, "--steps", "3", "--out", run_dir])
+    step3 = os.path.join(run_dir, "checkpoints", "step-00000003")
+    own = fsdpx_resume(step3, os.path.join(work, "fsdpx-resumed"))
+    fsdp2(3, "--resume-dcp", step3, "--steps", "6", "--out", os.path.join(work, "fsdp2-resumed.jsonl"))
+    same_losses("fsdpx at 2 ranks -> FSDP2 dcp.load at 3 ranks, steps 4-6 against fsdpx --resume",
+                losses_of(os.path.join(work, "fsdp2-resumed.jsonl")), own)
+
+    # FSDP2 -> fsdpx, with each writer.
+    saved = os.path.join(work, "fsdp2-saved")
+    fsdp2(2, "--steps", "3", "--save-dcp", saved, "--save-dcp-way", "hf,hf-consolidated,filesystem-safetensors",
+          "--out", os.path.join(work, "fsdp2-3.jsonl"))
+    fsdp2(3, "--resume-dcp", os.path.join(saved, "hf"), "--steps", "6", "--out", os.path.join(work, "fsdp2-6.jsonl"))
+    theirs = losses_of(os.path.join(work, "fsdp2-6.jsonl"))
+    for way in ["hf", "filesystem-safetensors", os.path.join("hf-consolidated", "sharded")]:
+        got = fsdpx_resume(os.path.join(saved, way), os.path.join(work, "fsdpx-from-" + way.replace("/", "-")))
+        same_losses(f"FSDP2 at 2 ranks ({way}) -> fsdpx --resume at 3 ranks, steps 4-6 against FSDP2's resume",
+                    got, theirs)
+    # PyTorch's consolidation writes 0-dimensional tensors (the optimizer's step) as zeros.
+    rc, out = run([train, "--nproc-per-node", "1", *common, "--steps", "6", "--resume",
+                   os.path.join(saved, "hf-consolidated"), "--out", os.path.join(work, "consolidated-run")])
+    line = next((l for l in out.splitlines() if "0-dimensional tensors as zeros" in l), None)
+    print(f"refused: {line}" if rc != 0 and line else f"NOT REFUSED: the consolidated folder's step 0: {out[-1500:]}")
+    if rc == 0 or not line:
+        failures.append("--resume of a consolidated DCP folder (its steps zeroed) was not refused")
+
+    # torchtitan's names, for the state FSDP2 saved: the same losses as under fsdpx's names.
+    whole = os.path.join(work, "fsdp2-whole.safetensors")
+    must([os.path.join(bin_dir, "fsdpx-ckpt"), "consolidate", os.path.join(saved, "hf"), whole])
+    state = load_file(whole)
+    for old in (False, True):
+        named = {}
+        for k, v in state.items():
+            if k.startswith("state."):
+                param, _, key = k[len("state."):].rpartition(".")
+                named[f"optimizer.state.{torchtitan_name(param, old)}.{key}"] = v
+            else:
+                named[torchtitan_name(k, old)] = v
+        version = "before 0.3" if old else "0.3"
+        folder = os.path.join(work, "torchtitan-" + ("old" if old else "0.3"))
+        spawn(2, save_by_dcp, named, folder, "hf")
+        got = fsdpx_resume(folder, folder + "-run")
+        ours = losses_of(os.path.join(work, "fsdpx-from-hf", "metrics.jsonl"))
+        same_losses(f"torchtitan {version}'s names ({next(n for n in named if 'wq' in n)}) -> fsdpx --resume",
+                    got, ours, exact=True)
 
 
 if __name__ == "__main__":

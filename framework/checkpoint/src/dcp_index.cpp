@@ -7,7 +7,9 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/base/dtype_name.h"
+#include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/checkpoint/safetensors.h"
+#include "checkpoint_tensors.h"
 
 namespace fsdpx::ckpt {
 
@@ -114,15 +116,18 @@ json entry_of(const std::string& name, std::vector<Chunk> cs, const std::string&
     shape.push_back(next);
     shape.insert(shape.end(), first.row_shape.begin(), first.row_shape.end());
   }
-  return {{"dtype", first.dtype}, {"shape", shape}, {"pieces", pieces}};
+  // DCP records no digests: readers check sizes and coverage only (read_whole_tensor, verify).
+  return {{"dtype", first.dtype}, {"shape", shape}, {"pieces", pieces}, {"no_digest", true}};
 }
 
 }  // namespace
 
 bool is_dcp_folder(const std::string& dir) {
   std::error_code ec;
+  // model.safetensors: fsdpx's consolidated checkpoint, or a Hugging Face directory (DCP names its
+  // files shard-*-model-* and model-*-of-*).
   if (!fs::is_directory(dir, ec) || fs::exists(fs::path(dir) / "index.json") ||
-      fs::exists(fs::path(dir) / "trainer_state.json"))
+      fs::exists(fs::path(dir) / "trainer_state.json") || fs::exists(fs::path(dir) / "model.safetensors"))
     return false;
   const std::vector<fs::path> files = dcp_files(dir);
   // fsdpx's own sharded folder without its index (a save cut short) is incomplete, not DCP's.
@@ -134,10 +139,61 @@ bool is_dcp_folder(const std::string& dir) {
 json dcp_index(const std::string& dir) {
   std::map<std::string, std::vector<Chunk>> chunks;
   for (const fs::path& p : dcp_files(dir)) add_chunks(p, chunks);
-  json tensors = json::object();
+  json tensors = json::object(), files = json::object();
+  for (const auto& [_, cs] : chunks)  // the files that hold tensors, at the sizes read now
+    for (const Chunk& c : cs) files[c.file] = static_cast<int64_t>(fs::file_size(fs::path(dir) / c.file));
   for (auto& [name, cs] : chunks) tensors[name] = entry_of(name, std::move(cs), dir);
   return json{{"format", "fsdpx-sharded"}, {"version", 1}, {"step", 0}, {"tensors", tensors},
-              {"files", json::object()}, {"written_by", "dcp"}};
+              {"files", files}, {"written_by", "dcp"}};
 }
 
 }  // namespace fsdpx::ckpt
+
+namespace fsdpx {
+
+namespace {
+
+using ckpt::kOptimPrefix;
+
+// The names, in dcp_names' order, that `name` may be held under.
+std::vector<std::string> candidates(const std::string& name,
+                                    const std::function<std::vector<std::string>(const std::string&)>& other_names) {
+  auto names_of = [&](const std::string& p) {
+    std::vector<std::string> out{p};
+    if (other_names)
+      for (auto& o : other_names(p)) out.push_back(std::move(o));
+    return out;
+  };
+  std::vector<std::string> out{name};
+  const size_t slash = name.rfind('/');
+  if (name.rfind(kOptimPrefix, 0) != 0 || slash < std::string(kOptimPrefix).size()) {
+    out.push_back("model." + name);
+    const std::vector<std::string> others = names_of(name);
+    out.insert(out.end(), others.begin() + 1, others.end());
+    return out;
+  }
+  const size_t first = std::string(kOptimPrefix).size();
+  const std::string param = name.substr(first, slash - first), key = name.substr(slash + 1);
+  for (const std::string& q : names_of(param))
+    for (const char* prefix : {"", "optim.", "optimizer."}) out.push_back(prefix + ("state." + q + "." + key));
+  return out;
+}
+
+}  // namespace
+
+bool is_dcp_checkpoint(const std::string& dir) { return ckpt::is_dcp_folder(dir); }
+
+std::vector<std::string> dcp_names(const std::string& dir, const std::vector<std::string>& names,
+                                   const std::function<std::vector<std::string>(const std::string&)>& other_names) {
+  const nlohmann::json index = ckpt::dcp_index(dir);
+  const nlohmann::json& held = index["tensors"];
+  std::vector<std::string> out;
+  for (const std::string& name : names) {
+    const std::vector<std::string> c = candidates(name, other_names);
+    auto it = std::find_if(c.begin(), c.end(), [&](const std::string& n) { return held.contains(n); });
+    out.push_back(it == c.end() ? name : *it);
+  }
+  return out;
+}
+
+}  // namespace fsdpx

@@ -14,7 +14,8 @@ namespace fsdpx::ckpt {
 
 // Whether `dir` holds files DCP's safetensors layer writes (*.safetensors or *.distcp) and none
 // of fsdpx's own sharded checkpoint (index.json, trainer_state.json, rank-NNNNN files: without
-// its index, that is a save cut short): then dcp_index reads it.
+// its index, that is a save cut short) nor a model.safetensors (fsdpx's consolidated checkpoint, a
+// Hugging Face directory): then dcp_index reads it.
 bool is_dcp_folder(const std::string& dir);
 
 // The index of such a folder, in index.json's form ("fsdpx-sharded", version 1, step 0,

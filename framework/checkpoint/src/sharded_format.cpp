@@ -37,6 +37,16 @@ std::string rank_file(const char* pattern, int rank) {
   return name;
 }
 
+// For a folder PyTorch's DCP wrote, the other names a missing tensor was looked for under (dcp_names).
+std::string dcp_names_tried(const Index& ix, const std::string& name) {
+  if (ix.j.value("written_by", "") != "dcp") return "";
+  const size_t slash = name.rfind('/');
+  if (name.rfind(kOptimPrefix, 0) != 0 || slash == std::string::npos)
+    return " (nor model." + name + ", nor under the model's names in other trainers)";
+  return " (nor under DCP's flattened optimizer names, state.<p>." + name.substr(slash + 1) +
+         " with no prefix, optim. or optimizer.: was the optimizer's state saved?)";
+}
+
 // Rank 0: the index's tensors and files from every rank's piece list (which it removes), each
 // tensor's rows checked to be covered exactly once and its digest summed.
 json assemble_index(const std::string& dir, const fs::path& tmp, int64_t step, int world_size) {
@@ -278,7 +288,8 @@ void load_sharded(const std::string& dir, CheckpointState& st, const CheckpointC
       if (!tensors.contains(t.name)) {
         std::vector<std::string> held;
         for (const auto& [name, _] : tensors.items()) held.push_back(name);
-        throw Error("checkpoint " + dir + " has no tensor '" + t.name + "'" + missing_tensor_question(t.name, held) +
+        throw Error("checkpoint " + dir + " has no tensor '" + t.name + "'" + dcp_names_tried(ix, t.name) +
+                    missing_tensor_question(t.name, held) +
                     "model, optimizer or precision? (fsdpx-ckpt inspect lists what it holds)");
       }
       const json& e = tensors[t.name];

@@ -35,6 +35,8 @@ void check_index_fields(const json& j, const std::string& where) {
     field(it.value(), "digest", json::value_t::string, in, false);
     field(it.value(), "shape", json::value_t::array, in, true);
     field(it.value(), "pieces", json::value_t::array, in, true);
+    if (it.value().contains("no_digest"))  // what dcp_index marks; an fsdpx index always has its digests
+      throw Error(where + ": " + in + "has \"no_digest\", which only the index of a folder PyTorch's DCP wrote holds");
   }
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -10,6 +11,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "fsdpx/error.h"
+#include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/base/shard_geometry.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/every_rank.h"
@@ -217,4 +219,46 @@ void load_optimizer_state(const CheckpointState& st, Optimizer& optimizer) {
     optimizer.load_state(param, updated);
   }
 }
+
+bool load_checkpoint(const std::string& dir, CheckpointState& st, const std::function<void(CheckpointState&)>& load,
+                     const std::function<std::vector<std::string>(const std::string&)>& other_names) {
+  if (!is_dcp_checkpoint(dir)) {
+    load(st);
+    return false;
+  }
+  std::vector<std::string> ours, theirs;
+  for (const TensorShard& t : st.tensors) ours.push_back(t.name);
+  try {
+    theirs = dcp_names(dir, ours, other_names);
+  } catch (const Error&) {
+    theirs = ours;  // the load reads the folder again, and every rank stops there with its error
+  }
+  for (size_t i = 0; i < st.tensors.size(); ++i) st.tensors[i].name = theirs[i];
+  try {
+    load(st);
+  } catch (...) {
+    for (size_t i = 0; i < st.tensors.size(); ++i) st.tensors[i].name = ours[i];
+    throw;
+  }
+  for (size_t i = 0; i < st.tensors.size(); ++i) st.tensors[i].name = ours[i];
+  const std::string suffix = "/step";
+  std::optional<double> step;
+  std::string first;
+  for (const TensorShard& t : st.tensors) {
+    const bool is_step = t.name.rfind(kOptimPrefix, 0) == 0 && t.name.size() > suffix.size() &&
+                         t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+                         t.local.numel() == 1;
+    if (!is_step) continue;
+    const double v = t.local.item<double>();
+    if (step && *step != v)
+      throw Error("checkpoint " + dir + ": the optimizer's step is " + std::to_string(static_cast<int64_t>(*step)) +
+                  " for '" + first + "' and " + std::to_string(static_cast<int64_t>(v)) + " for '" + t.name +
+                  "'; fsdpx takes one step for the whole model");
+    if (!step) first = t.name;
+    step = v;
+  }
+  st.step = step ? static_cast<int64_t>(*step) : 0;
+  return true;
+}
+
 }  // namespace fsdpx

@@ -10,6 +10,7 @@
 #include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/runtime/collective_context.h"
 #include "fsdpx/framework/trainer/checkpoint_state.h"
+#include "fsdpx/checkpoint_names.h"
 #include "fsdpx/hf_interop.h"
 #include "rank_zero.h"
 #include "seconds_since.h"
@@ -61,7 +62,8 @@ void Checkpointer::initial_weights() {
     if (writer_) std::printf("initial weights from the Hugging Face checkpoint %s\n", hf_dir.c_str());
   }
   if (!s_.init_from.empty()) {
-    load_initial_weights(s_.init_from, st, ctx);
+    load_checkpoint(s_.init_from, st, [&](CheckpointState& s) { load_initial_weights(s_.init_from, s, ctx); },
+                    other_names());
     if (writer_) std::printf("initial weights from %s\n", s_.init_from.c_str());
   }
   staging.copy_back();
@@ -100,9 +102,12 @@ int64_t Checkpointer::restore() {
   }
   CheckpointState st = checkpoint_state(parts_.engine, parts_.optimizer, /*for_load=*/true);
   const HostStaging staging = stage_on_host(st);
-  backend_->load(dir, st, checkpoint_context(groups_, parts_.engine));
+  const CheckpointContext ctx = checkpoint_context(groups_, parts_.engine);
+  const bool from_dcp =
+      load_checkpoint(dir, st, [&](CheckpointState& s) { backend_->load(dir, s, ctx); }, other_names());
   staging.copy_back();
   load_optimizer_state(st, parts_.optimizer);
+  if (from_dcp) return resumed_from_dcp(dir, st.step);
   const TrainerState state = TrainerState::from_json(st.trainer_state_json);
   if (!state.has_data_position()) {
     if (writer_)
@@ -117,6 +122,29 @@ int64_t Checkpointer::restore() {
     throw Error("the checkpoint " + dir + " is at step " + std::to_string(st.step) + ", not before --steps " +
                 std::to_string(s_.steps) + "; raise --steps to train further");
   return st.step;
+}
+
+std::function<std::vector<std::string>(const std::string&)> Checkpointer::other_names() const {
+  auto* names = dynamic_cast<CheckpointNames*>(&parts_.model);
+  if (!names) return {};
+  return [names](const std::string& n) { return names->other_checkpoint_names(n); };
+}
+
+int64_t Checkpointer::resumed_from_dcp(const std::string& dir, int64_t step) {
+  // DCP saves tensors alone: the step is its optimizer's, and where the data was is not known.
+  if (step == 0)
+    throw Error("--resume " + dir + ": PyTorch's DCP checkpoint records no step, and its optimizer's is absent "
+                "(no optim/<p>/step or state.<p>.step) or 0 (PyTorch 2.11's enable_consolidation writes "
+                "0-dimensional tensors as zeros: resume from the sharded/ folder it writes beside); --init-from " +
+                dir + " starts a run from its weights at step 0");
+  if (step >= s_.steps)
+    throw Error("the checkpoint " + dir + " is at step " + std::to_string(step) + ", not before --steps " +
+                std::to_string(s_.steps) + "; raise --steps to train further");
+  if (writer_)
+    std::printf("resumed from %s at step %ld, its optimizer's (PyTorch's DCP checkpoint: no trainer state, so "
+                "the data starts from its beginning%s)\n",
+                dir.c_str(), static_cast<long>(step), parts_.scaling.active() ? " and the loss scale afresh" : "");
+  return step;
 }
 
 TrainerState Checkpointer::trainer_state(int64_t step) const {

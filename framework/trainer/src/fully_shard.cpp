@@ -321,7 +321,8 @@ int64_t ShardedModule::load(const std::string& dir, Optimizer& optimizer, const 
   auto b = impl_->runtime.host.create<CheckpointBackend>(backend);
   CheckpointState st = checkpoint_state(*impl_->engine, optimizer, /*for_load=*/true);
   const HostStaging staging = stage_on_host(st);
-  b->load(dir, st, checkpoint_context(*impl_->runtime.groups, *impl_->engine));
+  const CheckpointContext ctx = checkpoint_context(*impl_->runtime.groups, *impl_->engine);
+  load_checkpoint(dir, st, [&](CheckpointState& s) { b->load(dir, s, ctx); }, {});
   staging.copy_back();
   load_optimizer_state(st, optimizer);
   return st.step;

@@ -31,6 +31,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <fsdpx/activation_memory.h>
+#include <fsdpx/checkpoint_names.h>
 #include <fsdpx/error.h>
 #include <fsdpx/hf_config.h>
 #include <fsdpx/evaluation.h>
@@ -230,6 +231,21 @@ std::string hf_name_of(const std::string& name) {
   throw fsdpx::Error("gpt has no Hugging Face name for parameter '" + name + "'");
 }
 
+// torchtitan's Llama names for a gpt parameter: its projections are nn.Linear modules (a ".weight"
+// more), grouped under attention.qkv_linear and with the output projection named lm_head from
+// torchtitan 0.3; the norms and the embedding are named alike.
+std::vector<std::string> torchtitan_names_of(const std::string& name) {
+  if (name == "output.weight") return {"lm_head.weight"};
+  static const std::regex layer(R"(layers\.([0-9]+)\.(attention\.w[qkvo]|feed_forward\.w[123]))");
+  std::smatch m;
+  if (!std::regex_match(name, m, layer)) return {};
+  std::vector<std::string> out{name + ".weight"};
+  const std::string proj = m[2].str();
+  if (proj != "attention.wo" && proj.rfind("attention.", 0) == 0)
+    out.push_back("layers." + m[1].str() + ".attention.qkv_linear." + proj.substr(10) + ".weight");
+  return out;
+}
+
 // The bytes each layer of gpt keeps for its backward and holds at its worst moments, from the
 // tensors LibTorch's autograd saves for the ops below (N tokens per rank, width C, hidden F,
 // vocabulary V, heads H, e bytes per compute element; RMSNorm computes in fp32 whatever e is).
@@ -281,6 +297,7 @@ std::vector<fsdpx::LayerActivations> gpt_activations(const Config& c, int64_t ba
 class Gpt final : public fsdpx::Model,
                   public fsdpx::Evaluable,
                   public fsdpx::HuggingFaceModel,
+                  public fsdpx::CheckpointNames,
                   public fsdpx::ActivationMemory {
  public:
   Gpt(const Config& c, std::string hf_dir, std::string hf_config)
@@ -294,6 +311,9 @@ class Gpt final : public fsdpx::Model,
 
   std::string hf_weights_dir() const override { return hf_dir_; }
   std::string hf_name(const std::string& name) const override { return hf_name_of(name); }
+  std::vector<std::string> other_checkpoint_names(const std::string& name) const override {
+    return torchtitan_names_of(name);
+  }
   bool hf_ignorable(const std::string& name) const override {
     // Rotary caches of older checkpoints; the output projection a tied checkpoint may still hold.
     return name.find("rotary_emb.inv_freq") != std::string::npos ||

@@ -218,6 +218,8 @@ class FSDPX_API ShardedModule {
   bool save_in_flight();
   void wait_for_save();
   // Loads what save() wrote (at any world size) into the shards and `optimizer`; returns its step.
+  // It also reads a folder PyTorch's DCP wrote as safetensors (docs/checkpoints.md): its step is
+  // then its optimizer's (0 without one), as DCP records none.
   int64_t load(const std::string& dir, Optimizer& optimizer, const std::string& backend = "sharded");
   // The same with a torch::optim optimizer over module->parameters(): SGD, Adam or AdamW (another
   // is refused in one line), whose state goes under the keys of the sgd and adamw plugins', so a

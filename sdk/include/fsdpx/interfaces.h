@@ -3,6 +3,7 @@
 
 #include "fsdpx/activation_memory.h"
 #include "fsdpx/checkpoint_backend.h"
+#include "fsdpx/checkpoint_names.h"
 #include "fsdpx/data_source.h"
 #include "fsdpx/capabilities.h"
 #include "fsdpx/evaluation.h"

@@ -56,7 +56,7 @@ struct CheckpointTensorInfo {
   std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> pieces;  // file, (row_offset, rows)
 };
 struct CheckpointInfo {
-  std::string format;  // "fsdpx-sharded" or "safetensors"
+  std::string format;  // "fsdpx-sharded", "dcp-safetensors" (a folder PyTorch's DCP wrote) or "safetensors"
   int64_t step = 0;
   int world_size = 0;
   std::vector<CheckpointTensorInfo> tensors;
@@ -64,8 +64,9 @@ struct CheckpointInfo {
   int64_t bytes = 0;
 };
 FSDPX_API CheckpointInfo inspect_checkpoint(const std::string& path);
-// Re-reads every byte and checks every digest and size. Returns the tensors checked; throws
-// fsdpx::Error naming the first problem.
+// Re-reads every byte and checks every digest and size (a folder PyTorch's DCP wrote has no
+// digests: its sizes and coverage). Returns the tensors checked; throws fsdpx::Error naming the
+// first problem.
 FSDPX_API int64_t verify_checkpoint(const std::string& path);
 // A consolidated safetensors file from a sharded checkpoint, one tensor at a time.
 // `with_optimizer` keeps the optim/ tensors; the model's names are kept as they are.
@@ -80,6 +81,23 @@ FSDPX_API void consolidate_checkpoint(const std::string& dir, const std::string&
 // digests.json beside the file is checked when present. Collective. Throws fsdpx::Error naming
 // the file and the missing, extra or misshapen tensor.
 FSDPX_API void load_initial_weights(const std::string& path, CheckpointState& state, const CheckpointContext& ctx);
+
+// --- Folders PyTorch's distributed checkpointing wrote ----------------------------------------
+
+// Whether `dir` is a folder PyTorch's DCP wrote as safetensors (HuggingFaceStorageWriter, or
+// FileSystemWriter with serialization_format=SAFETENSORS): the sharded format reads it, without
+// digests or a trainer state, since DCP records neither.
+FSDPX_API bool is_dcp_checkpoint(const std::string& dir);
+// For each of `names` (a run's tensors: parameters, and optim/<p>/<key>), the name the DCP folder
+// `dir` holds it under: the first of these that the folder holds, else the name itself (the load
+// then names it missing):
+//   a parameter p: p, "model." + p (dcp.save({"model": ...})), then each of other_names(p);
+//   optim/<p>/<key>: itself, then for q among p and other_names(p), DCP's flattened optimizer
+//   names (get_optimizer_state_dict with flatten_optimizer_state_dict) "state.<q>.<key>",
+//   under no prefix (torchtitan), "optim." or "optimizer.".
+// Throws fsdpx::Error as the folder's index (dcp_index) would.
+FSDPX_API std::vector<std::string> dcp_names(const std::string& dir, const std::vector<std::string>& names,
+                                             const std::function<std::vector<std::string>(const std::string&)>& other_names);
 
 // --- Hugging Face directories -------------------------------------------------------------------
 

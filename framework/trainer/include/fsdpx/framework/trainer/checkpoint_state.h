@@ -2,7 +2,10 @@
 // and what a load hands back to the optimizer.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "fsdpx/checkpoint_backend.h"
 #include "fsdpx/export.h"
@@ -50,6 +53,14 @@ FSDPX_API std::unique_ptr<CheckpointSaver> make_checkpoint_saver(StreamedCheckpo
 // Each of `shards` whole on every rank of `world` (CPU tensors over Gloo): one exchange of every
 // rank's rows, then one all-gather per tensor. Collective.
 FSDPX_API std::vector<at::Tensor> gather_whole(Communicator& world, const std::vector<TensorShard>& shards);
+// Loads the checkpoint `dir` into `st` with `load` (a backend's load, or load_initial_weights).
+// A folder PyTorch's DCP wrote is read under the names it holds the run's tensors under
+// (dcp_names, with a model's `other_names`, which may be empty), and since DCP records no step,
+// st.step is then its optimizer's: the one value every optim/<p>/step holds (0 without any).
+// Returns whether `dir` is such a folder. Throws fsdpx::Error when its parameters' steps differ.
+FSDPX_API bool load_checkpoint(const std::string& dir, CheckpointState& st,
+                               const std::function<void(CheckpointState&)>& load,
+                               const std::function<std::vector<std::string>(const std::string&)>& other_names);
 // After a load: the optimizer state into the optimizer. (The trainer state, with the data
 // position, is the trainer's TrainerState.)
 FSDPX_API void load_optimizer_state(const CheckpointState& state, Optimizer& optimizer);
