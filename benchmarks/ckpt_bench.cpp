@@ -14,9 +14,15 @@
 // fsyncs), side by side with their ratio, the RSS the asynchronous save adds next to its pool, and
 // the floor: the disk's own fsynced write speed, every rank writing plain files of its checkpoint's
 // size with write(2) and fsync at once.
+//
+// With --load DIR it only loads the parameters of that gpt from DIR (a sharded checkpoint, or a
+// folder PyTorch's DCP wrote: tests/hf/dcp_load_memory_test.py writes one) and prints the load's
+// speed and the RSS it adds next to the largest tensor's rows on a rank.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -206,6 +212,31 @@ void stall_table(ProcessGroups& groups, PluginHost& host, Model& model, Sharding
               floor_s, bytes / 1e6 / floor_s, write[0] / floor_s);
 }
 
+// --load: the parameters from `dir`, timed, with the peak RSS the load adds on the worst rank.
+int load_only(ProcessGroups& groups, ShardingEngine& engine, const std::string& dir) {
+  CheckpointState st = weights_state(engine);
+  int64_t largest = 0;
+  for (const TensorShard& t : st.tensors) largest = std::max<int64_t>(largest, t.local.nbytes());
+  auto sharded = tool::default_plugins()->create<CheckpointBackend>("sharded", std::map<std::string, std::string>{});
+  const CheckpointContext ctx = checkpoint_context(groups, engine);
+  groups.world()->barrier().wait();
+  const int64_t rss_before = status_kib("VmRSS:");
+  reset_peak_rss();
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool dcp = load_checkpoint(dir, st, [&](CheckpointState& s) { sharded->load(dir, s, ctx); }, {});
+  const double load_s = max_over_ranks(groups, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                                                   .count());
+  const double rise = max_over_ranks(groups, (status_kib("VmHWM:") - rss_before) * 1024.0);
+  const double largest_rows = max_over_ranks(groups, static_cast<double>(largest));
+  const double bytes = static_cast<double>(engine.plan().total_params) * 4;
+  if (groups.topology().rank == 0)
+    std::printf("load %s (%s): %.0f MB of parameters in %.2f s = %.0f MB/s; the load adds at most %.1f MB of RSS on "
+                "a rank (parameter shard: %.0f MB; the largest tensor's rows on a rank: %.1f MB)\n",
+                dir.c_str(), dcp ? "PyTorch's DCP" : "fsdpx's", bytes / 1e6, load_s, bytes / 1e6 / load_s, rise / 1e6,
+                engine.memory().param_bytes / 1e6, largest_rows / 1e6);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -214,7 +245,9 @@ int main(int argc, char** argv) {
       "dim", po::value<int>()->default_value(1024), "model width")(
       "layers", po::value<int>()->default_value(8), "layers")("vocab", po::value<int>()->default_value(32000),
                                                               "vocabulary")(
-      "pool-mib", po::value<int64_t>()->default_value(2048), "the asynchronous save's staging pool (MiB per rank)");
+      "pool-mib", po::value<int64_t>()->default_value(2048), "the asynchronous save's staging pool (MiB per rank)")(
+      "load", po::value<std::string>(), "only load this gpt's parameters from DIR (sharded, or PyTorch's DCP) and "
+      "report the load's speed and the RSS it adds");
   tool::main(argc, argv, "fsdpx-ckpt-bench", desc, [](const po::variables_map& vm) {
     auto groups = tool::join_world();
     const int rank = groups->topology().rank, world = groups->topology().world_size;
@@ -232,6 +265,7 @@ int main(int argc, char** argv) {
     comms.world = groups->world();
     if (world > 1) comms.shard = groups->world();
     ShardingEngine engine(model, policy->select(*model->module()), comms, eo);
+    if (vm.count("load")) return load_only(*groups, engine, vm["load"].as<std::string>());
     auto opt = host->create<Optimizer>("adamw", std::map<std::string, std::string>{});
     opt->init(engine.shards());
     const int64_t params = engine.plan().total_params;
