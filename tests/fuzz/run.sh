@@ -11,7 +11,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 scratch=$(mktemp -d /tmp/fsdpx-fuzz.XXXXXX)
 source "$here/../sanitize/env.sh"
 status=0
-for target in safetensors checkpoint_index hostlist config data_readers train_command; do
+for target in safetensors checkpoint_index dcp_folder hostlist config data_readers train_command; do
   bin="$build/tests/fuzz_$target"
   [[ -x $bin ]] || { echo "fuzz: $bin is missing (configure with -DFSDPX_FUZZ=ON; make fuzz does)" >&2; exit 2; }
   mkdir -p "$scratch/$target"
