@@ -148,7 +148,11 @@ def formats(train):
         if bad or len(got) != len(weights):
             failures.append(f"DCP ({way}) -> fsdpx: tensors differ: {bad[:5]}")
 
-    # 3. What fsdpx cannot read.
+    refusals(train, common, weights)
+
+
+def refusals(train, common, weights):
+    """3. What fsdpx cannot read."""
     def refused(folder, expect):
         rc, out = run([train, "--nproc-per-node", "1", *common, "--steps", "1", "--checkpoint.name", "none",
                        "--init-from", folder, "--out", folder + "-run"])

@@ -156,8 +156,7 @@ namespace {
 using ckpt::kOptimPrefix;
 
 // The names, in dcp_names' order, that `name` may be held under.
-std::vector<std::string> candidates(const std::string& name,
-                                    const std::function<std::vector<std::string>(const std::string&)>& other_names) {
+std::vector<std::string> candidates(const std::string& name, const OtherNames& other_names) {
   auto names_of = [&](const std::string& p) {
     std::vector<std::string> out{p};
     if (other_names)
@@ -184,7 +183,7 @@ std::vector<std::string> candidates(const std::string& name,
 bool is_dcp_checkpoint(const std::string& dir) { return ckpt::is_dcp_folder(dir); }
 
 std::vector<std::string> dcp_names(const std::string& dir, const std::vector<std::string>& names,
-                                   const std::function<std::vector<std::string>(const std::string&)>& other_names) {
+                                   const OtherNames& other_names) {
   const nlohmann::json index = ckpt::dcp_index(dir);
   const nlohmann::json& held = index["tensors"];
   std::vector<std::string> out;

@@ -46,7 +46,8 @@ at::Tensor read_whole_tensor(Files& files, const std::string& name, const json& 
   d.kind = RowDigest::kind_of(entry.value("digest", ""));
   const int64_t rows = rows_of(shape);
   std::vector<char> bytes = read_tensor_rows(files, name, entry, shape, dtype, 0, rows, &d);
-  if (!entry.value("no_digest", false) && d.hex() != entry.value("digest", "")) throw Error(where + ": tensor '" + name + "' does not match its digest");
+  if (!entry.value("no_digest", false) && d.hex() != entry.value("digest", ""))
+    throw Error(where + ": tensor '" + name + "' does not match its digest");
   return bytes_to_tensor(bytes, shape, rows, dtype).reshape(shape);
 }
 

@@ -221,7 +221,7 @@ void load_optimizer_state(const CheckpointState& st, Optimizer& optimizer) {
 }
 
 bool load_checkpoint(const std::string& dir, CheckpointState& st, const std::function<void(CheckpointState&)>& load,
-                     const std::function<std::vector<std::string>(const std::string&)>& other_names) {
+                     const OtherNames& other_names) {
   if (!is_dcp_checkpoint(dir)) {
     load(st);
     return false;

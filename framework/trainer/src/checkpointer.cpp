@@ -124,7 +124,7 @@ int64_t Checkpointer::restore() {
   return st.step;
 }
 
-std::function<std::vector<std::string>(const std::string&)> Checkpointer::other_names() const {
+OtherNames Checkpointer::other_names() const {
   auto* names = dynamic_cast<CheckpointNames*>(&parts_.model);
   if (!names) return {};
   return [names](const std::string& n) { return names->other_checkpoint_names(n); };

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/trainer/checkpoint_saver.h"
@@ -69,7 +70,7 @@ class Checkpointer {
  private:
   TrainerState trainer_state(int64_t step) const;
   // The model's names of its parameters in other trainers' checkpoints (fsdpx/checkpoint_names.h).
-  std::function<std::vector<std::string>(const std::string&)> other_names() const;
+  OtherNames other_names() const;
   // --resume from a folder PyTorch's DCP wrote, at its optimizer's `step`: checked and said.
   int64_t resumed_from_dcp(const std::string& dir, int64_t step);
   void report(const SaveFigures& f);

@@ -96,8 +96,9 @@ FSDPX_API bool is_dcp_checkpoint(const std::string& dir);
 //   names (get_optimizer_state_dict with flatten_optimizer_state_dict) "state.<q>.<key>",
 //   under no prefix (torchtitan), "optim." or "optimizer.".
 // Throws fsdpx::Error as the folder's index (dcp_index) would.
+using OtherNames = std::function<std::vector<std::string>(const std::string&)>;
 FSDPX_API std::vector<std::string> dcp_names(const std::string& dir, const std::vector<std::string>& names,
-                                             const std::function<std::vector<std::string>(const std::string&)>& other_names);
+                                             const OtherNames& other_names);
 
 // --- Hugging Face directories -------------------------------------------------------------------
 

@@ -9,6 +9,7 @@
 
 #include "fsdpx/checkpoint_backend.h"
 #include "fsdpx/export.h"
+#include "fsdpx/framework/checkpoint/checkpointing.h"
 #include "fsdpx/optimizer.h"
 
 namespace fsdpx {
@@ -60,7 +61,7 @@ FSDPX_API std::vector<at::Tensor> gather_whole(Communicator& world, const std::v
 // Returns whether `dir` is such a folder. Throws fsdpx::Error when its parameters' steps differ.
 FSDPX_API bool load_checkpoint(const std::string& dir, CheckpointState& st,
                                const std::function<void(CheckpointState&)>& load,
-                               const std::function<std::vector<std::string>(const std::string&)>& other_names);
+                               const OtherNames& other_names);
 // After a load: the optimizer state into the optimizer. (The trainer state, with the data
 // position, is the trainer's TrainerState.)
 FSDPX_API void load_optimizer_state(const CheckpointState& state, Optimizer& optimizer);
