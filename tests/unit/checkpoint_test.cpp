@@ -381,6 +381,11 @@ TEST(Checkpoint, IndexFieldsOfAnotherTypeAreNamed) {
   std::ofstream(dir.path() / "index.json") << json{{"format", 3}, {"version", 1}, {"tensors", json::object()}}.dump();
   EXPECT_EQ(error_of([&] { fsdpx::verify_checkpoint(dir.path().string()); }),
             (dir.path() / "index.json").string() + ": \"format\" is number, not string");
+  // "written_by" tells a DCP folder's index from fsdpx's; a number there was the same exception.
+  std::ofstream(dir.path() / "index.json")
+      << json{{"format", "fsdpx-sharded"}, {"version", 1}, {"tensors", json::object()}, {"written_by", 1}}.dump();
+  EXPECT_EQ(error_of([&] { fsdpx::inspect_checkpoint(dir.path().string()); }),
+            (dir.path() / "index.json").string() + ": \"written_by\" is number, not string");
 }
 
 namespace {

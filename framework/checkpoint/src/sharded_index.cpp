@@ -28,6 +28,7 @@ void check_index_fields(const json& j, const std::string& where) {
   field(j, "world_size", json::value_t::number_integer, "", false);
   field(j, "tensors", json::value_t::object, "", true);
   field(j, "files", json::value_t::object, "", false);
+  field(j, "written_by", json::value_t::string, "", false);
   for (auto it = j["tensors"].begin(); it != j["tensors"].end(); ++it) {
     const std::string in = "tensor '" + it.key() + "' ";
     if (!it.value().is_object()) throw Error(where + ": " + in + "is not an object");
