@@ -13,6 +13,7 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
+#include "fsdpx/safetensors_file.h"
 
 namespace fsdpx {
 
@@ -254,6 +255,27 @@ void SafetensorsWriter::close() {
     throw Error(path_ + ": closed after " + std::to_string(next_) + " of " + std::to_string(specs_.size()) +
                 " tensors");
   if (!synced) throw Error(path_ + ": fsync failed: " + std::strerror(errno));
+}
+
+}  // namespace fsdpx
+
+// fsdpx/safetensors_file.h, for plugins: the checkpoint layer's reader behind the SDK's two calls.
+namespace fsdpx {
+
+std::map<std::string, SafetensorsTensorInfo> safetensors_tensors(const std::string& path) {
+  std::map<std::string, SafetensorsTensorInfo> out;
+  for (const auto& [name, e] : SafetensorsReader(path).entries()) out[name] = {e.scalar_type, e.shape};
+  return out;
+}
+
+at::Tensor read_safetensors_tensor(const std::string& path, const std::string& name) {
+  SafetensorsReader r(path);
+  if (!r.entries().count(name)) {
+    std::string held;
+    for (const auto& [n, e] : r.entries()) held += (held.empty() ? "" : ", ") + n;
+    throw Error(path + " has no tensor '" + name + "'; it holds " + (held.empty() ? "none" : held));
+  }
+  return r.read(name);
 }
 
 }  // namespace fsdpx
