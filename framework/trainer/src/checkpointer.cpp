@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,22 @@
 #include "fsdpx/framework/runtime/device.h"
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// The model's config.json for export-hf, or none when this configuration of the model has no
+// Hugging Face counterpart (vit with re-attention): hf_config_json() says why by throwing, and
+// export-hf, which asks again, repeats that reason.
+std::optional<std::string> hf_config_of(const fsdpx::HuggingFaceModel* hf) {
+  if (!hf) return std::nullopt;
+  try {
+    return hf->hf_config_json();
+  } catch (const fsdpx::Error&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
 using json = nlohmann::json;
 
 namespace fsdpx {
@@ -71,7 +88,7 @@ void Checkpointer::initial_weights() {
     fs::path dir = fs::absolute(s_.save_init).lexically_normal();
     if (dir.filename().empty()) dir = dir.parent_path();  // "DIR/"
     st.config_ini = config_ini_;  // what made these weights (export-hf reads [model])
-    if (hf) st.trainer_state_json = json{{"hf_config", json::parse(hf->hf_config_json())}}.dump();
+    if (const auto config = hf_config_of(hf)) st.trainer_state_json = json{{"hf_config", json::parse(*config)}}.dump();
     save_consolidated(dir.string(), st, ctx, /*with_optimizer=*/false);
     if (writer_) std::printf("initial weights written to %s/model.safetensors\n", s_.save_init.c_str());
   }
@@ -152,7 +169,7 @@ TrainerState Checkpointer::trainer_state(int64_t step) const {
   state.step = step;
   state.seed = s_.seed;
   state.data = parts_.data.state();
-  if (auto* hf = dynamic_cast<HuggingFaceModel*>(&parts_.model)) state.hf_config = hf->hf_config_json();
+  state.hf_config = hf_config_of(dynamic_cast<HuggingFaceModel*>(&parts_.model));
   if (parts_.scaling.active()) state.loss_scaler = parts_.scaling.state();
   return state;
 }

@@ -1,5 +1,5 @@
 // fsdpx/hf_interop.h: an optional capability for models that have a Hugging Face transformers
-// counterpart (the gpt plugin: LlamaForCausalLM).
+// counterpart (gpt: LlamaForCausalLM, t5: T5ForConditionalGeneration, vit: ViTForImageClassification).
 //
 // A model offers it by inheriting the mix-in besides its interface, as with fsdpx/evaluation.h:
 //
@@ -33,8 +33,11 @@ class FSDPX_API HuggingFaceModel {
   // (e.g. an old checkpoint's rotary cache); any other such tensor is an error.
   virtual bool hf_ignorable(const std::string& /*tensor*/) const { return false; }
   // config.json for this model's configuration (model_type, sizes, rope, tied embeddings).
+  // fsdpx::Error naming why for a configuration with no Hugging Face counterpart (vit with
+  // re-attention): its checkpoints then record no config.json, and export-hf gives that error.
   virtual std::string hf_config_json() const = 0;
-  // The fp32 logits [B, T, vocab] of token ids [B, T], to compare a conversion with transformers.
+  // The fp32 logits of the model's inputs (token ids [B, T] -> [B, T, vocab]; vit's pixel values
+  // [B, C, H, W] -> [B, classes]), to compare a conversion with transformers.
   // Runs the model's forward: inside the sharding engine's forward when sharded.
   virtual at::Tensor hf_logits(const at::Tensor& token_ids) = 0;
 };
