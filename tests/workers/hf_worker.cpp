@@ -1,14 +1,17 @@
-// A worker for the Hugging Face interop tests: a model (--model, gpt unless named; t5) configured
-// from a Hugging Face directory (--model.from_hf), sharded with full_shard over the ranks (its
-// first layer type a unit: gpt's Block, t5's T5Block), its weights read the way
+// A worker for the Hugging Face interop tests: a model (--model, gpt unless named; t5, vit)
+// configured from a Hugging Face directory (--model.from_hf) or by its options (--option KEY=VALUE,
+// repeated; then --init-from gives the weights), sharded with full_shard over the ranks (its
+// first layer type a unit: gpt's Block, t5's T5Block, vit's Block), its weights read the way
 // the trainer reads them (load_hf_weights, each rank its own rows; or --init-from, an fsdpx
-// checkpoint or consolidated file), then one forward through the sharding engine on the token ids
-// of --ids (a safetensors file with an int64 tensor "ids", as the model's hf_logits takes them);
+// checkpoint or consolidated file), then one forward through the sharding engine on the inputs
+// of --ids (a safetensors file with a tensor "ids": token ids, or vit's pixel values);
 // rank 0 writes the fp32 logits to --out as tensor "logits".
 //
-//   hf_worker [--nproc-per-node N] [--model gpt|t5] --from-hf DIR --ids IDS.safetensors
-//             --out LOGITS.safetensors [--init-from PATH]
+//   hf_worker [--nproc-per-node N] [--model gpt|t5|vit] (--from-hf DIR | --option K=V ...)
+//             --ids IDS.safetensors --out LOGITS.safetensors [--init-from PATH]
 #include <cstdio>
+#include <map>
+#include <vector>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -28,9 +31,18 @@ namespace {
 int run(const po::variables_map& vm) {
   auto groups = tool::join_world();
   auto host = tool::default_plugins();
-  const std::string dir = vm["from-hf"].as<std::string>();
+  const std::string dir = vm.count("from-hf") ? vm["from-hf"].as<std::string>() : "";
   const std::string name = vm["model"].as<std::string>();
-  std::shared_ptr<Model> model = host->create<Model>(name, {{"from_hf", dir}});
+  std::map<std::string, std::string> options;
+  if (!dir.empty()) options["from_hf"] = dir;
+  if (vm.count("option"))
+    for (const std::string& kv : vm["option"].as<std::vector<std::string>>()) {
+      const size_t eq = kv.find('=');
+      if (eq == std::string::npos) throw Error("--option " + kv + " is not KEY=VALUE");
+      options[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+  if (dir.empty() && !vm.count("init-from")) throw Error("without --from-hf, give the weights with --init-from");
+  std::shared_ptr<Model> model = host->create<Model>(name, options);
   auto* hf = dynamic_cast<HuggingFaceModel*>(model.get());
   if (!hf) throw Error("the " + name + " plugin does not offer fsdpx/hf_interop.h");
   EngineOptions eo;
@@ -71,7 +83,8 @@ int run(const po::variables_map& vm) {
 
 int main(int argc, char** argv) {
   po::options_description desc;
-  desc.add_options()("from-hf", po::value<std::string>()->required(), "")
+  desc.add_options()("from-hf", po::value<std::string>(), "")
+      ("option", po::value<std::vector<std::string>>()->composing(), "")
       ("model", po::value<std::string>()->default_value("gpt"), "")
       ("ids", po::value<std::string>()->required(), "")
       ("out", po::value<std::string>()->required(), "")
