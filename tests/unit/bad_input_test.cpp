@@ -10,11 +10,13 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include "fsdpx/error.h"
 #include "fsdpx/files.h"
+#include "fsdpx/framework/checkpoint/safetensors.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
 #include "fsdpx/framework/trainer/train_command.h"
@@ -390,7 +392,16 @@ std::map<std::string, std::map<std::string, std::string>> creation_needs(const f
   test::write_file(dir / "rows.csv", csv);
   test::write_file(dir / "pairs.jsonl", pairs);
   test::write_file(dir / "tokens.bin", tokens);
-  return {{"data.text", {{"path", (dir / "corpus.txt").string()}}},
+  {  // 4 grey 2x2 images and their labels
+    const at::Tensor images = at::zeros({4, 1, 2, 2}, at::kByte), labels = at::zeros({4}, at::kLong);
+    SafetensorsWriter w((dir / "images.safetensors").string(),
+                        {{"images", at::kByte, images.sizes().vec()}, {"labels", at::kLong, {4}}}, {});
+    w.write(images);
+    w.write(labels);
+    w.close();
+  }
+  return {{"data.images", {{"path", (dir / "images.safetensors").string()}}},
+          {"data.text", {{"path", (dir / "corpus.txt").string()}}},
           {"data.csv", {{"path", (dir / "rows.csv").string()}}},
           {"data.seq2seq", {{"path", (dir / "pairs.jsonl").string()}}},
           {"data.tokens", {{"path", (dir / "tokens.bin").string()}}},

@@ -160,9 +160,10 @@ Config config_of(const fsdpx::Options& o, json* hf_source) {
   for (auto [name, field] : {std::pair<const char*, bool*>{"reattention", &c.reattention},
                              {"patch_norms", &c.patch_norms},
                              {"qkv_bias", &c.qkv_bias}}) {
+    const bool v = o.get_bool(name);  // read whether given or not: the preset's value stands when not
     if (!o.was_given(name)) continue;
-    if (!hf.empty() && o.get_bool(name) != *field) throw conflict(name);
-    *field = o.get_bool(name);
+    if (!hf.empty() && v != *field) throw conflict(name);
+    *field = v;
   }
   if (o.get_float("norm_eps") > 0) {
     if (!hf.empty()) throw conflict("norm_eps");
