@@ -127,7 +127,8 @@ def vit_pytorch_part(deep):
     save_file(w0, os.path.join(folder, "model.safetensors"))
     ids = os.path.join(work, name + "-ids.safetensors")
     save_file({"ids": x.contiguous()}, ids)
-    options = [a for o in OPTIONS + (["reattention=true"] if deep else []) for a in ("--option", o)]
+    given = OPTIONS + (["reattention=true"] if deep else [])
+    options = [a for o in given for a in ("--option", o)]
     got = logits_of(folder, ids, *options)
     want = model(x)
     check(f"{name}: fsdpx's logits against vit-pytorch's", (got - want).abs().max().item(), kLogits)
@@ -138,7 +139,7 @@ def vit_pytorch_part(deep):
     data = os.path.join(work, name + "-data.safetensors")
     save_file({"images": images, "labels": labels}, data)
     run = os.path.join(work, name + "-run")
-    model_opts = [f"--model.{o.split('=')[0]}={o.split('=')[1]}" for o in OPTIONS + (["reattention=true"] if deep else [])]
+    model_opts = ["--model." + o for o in given]
     must([train, "--nproc-per-node", "2", "--model.name", "vit", *model_opts, "--data.name", "images",
           "--data.path", data, "--data.holdout", "0", "--batch-size", "4", "--steps", "1",
           "--optimizer.name", "sgd", "--optimizer.lr", "1", "--precision.name", "fp32",
@@ -194,8 +195,8 @@ def hugging_face_part():
     print(f"Hugging Face ViT: 2 steps of training moved the logits by {moved:.2e}")
     if moved < 1e-3:
         failures.append("the export's logits equal the untrained model's: the trained weights were not exported")
-    check("Hugging Face ViT: transformers' logits of fsdpx-ckpt export-hf against fsdpx's", (theirs - mine).abs().max().item(),
-          kLogits)
+    check("Hugging Face ViT: transformers' logits of fsdpx-ckpt export-hf against fsdpx's",
+          (theirs - mine).abs().max().item(), kLogits)
 
 
 def main():
