@@ -4,12 +4,13 @@ asserts nothing).
 
 The blog fine-tunes T5 with FSDP and reports what each optimisation gives in throughput over an
 untuned run, the memory each one frees reinvested in batch size. Here, on CPU ranks under a fixed
-memory budget per rank (--budget-gib, 4 by default), for t5 and for gpt:
+memory budget per rank (--budget-gib, 4 by default), for t5, gpt and
+DeepViT (the blog's third model: vit with re-attention, on random images; its tokens are images):
 
   baseline                  fp32, full_shard, the model as one unit (below), no recompute
   mixed precision           the baseline with bf16_mixed
   activation checkpointing  the baseline with layer-type units (T5Block, Block) that recompute
-  transformer wrapping      the baseline with layer-type units (T5Block, Block)
+  transformer wrapping      the baseline with layer-type units (T5Block, Block: gpt's, vit's)
   full_shard over zero2     layer-type units: full_shard against shard_grad_op
 
 The blog's untuned run wraps the whole model as one FSDP unit. fsdpx's wrap policies always make at
@@ -31,7 +32,7 @@ included, and counts everything a process touches: LibTorch's code, Gloo's buffe
 fsdpx's --max-memory-mib (the bytes LibTorch allocates on each rank, checked after every step).
 The output says which; --no-cgroup chooses the second.
 
-  python3 benchmarks/blog_table.py [--fsdpx-bin build] [--quick] [--models t5,gpt] [--budget-gib 4]
+  python3 benchmarks/blog_table.py [--fsdpx-bin build] [--quick] [--models t5,gpt,deepvit] [--budget-gib 4]
 
 --quick: smaller models, a 1 GiB budget, 3-step runs, a coarse search and 2 rounds (about 20
 minutes on 2 busy cores).
@@ -39,8 +40,10 @@ minutes on 2 busy cores).
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -67,6 +70,17 @@ MODELS = {
             "full": ["--model.name", "gpt", "--model.size", "small"],
             "quick": ["--model.name", "gpt", "--model.dim", "256", "--model.layers", "4", "--model.heads", "4",
                       "--model.vocab", "32000", "--model.seq", "128"]},
+    # The blog's third model: DeepViT (vit with re-attention, vit-pytorch's layout) on random
+    # 64x64 RGB images in 8x8 patches (65 tokens); its "tokens" are images.
+    "deepvit": {"layer": "Block", "one_unit": r"blocks\.0\.mlp", "images": 64,
+                "full": ["--model.name", "vit", "--model.reattention", "true", "--model.patch_norms", "true",
+                         "--model.qkv_bias", "false", "--model.norm_eps", "1e-5", "--model.image", "64",
+                         "--model.patch", "8", "--model.channels", "3", "--model.classes", "1000",
+                         "--model.dim", "256", "--model.heads", "8", "--model.head_dim", "32", "--model.mlp", "512",
+                         "--model.layers", "8"],
+                "quick": ["--model.name", "vit", "--model.reattention", "true", "--model.image", "64",
+                          "--model.patch", "8", "--model.channels", "3", "--model.classes", "1000",
+                          "--model.dim", "128", "--model.heads", "4", "--model.layers", "4"]},
 }
 
 
@@ -74,7 +88,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
     p.add_argument("--fsdpx-bin", default=os.path.join(compare.REPO, "build"), help="the fsdpx build directory")
-    p.add_argument("--models", default="t5,gpt")
+    p.add_argument("--models", default="t5,gpt,deepvit")
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--budget-gib", type=float, default=None, help="memory per rank (default 4; 1 with --quick)")
     p.add_argument("--seq", type=int, default=None, help="tokens per sequence (default 128; 64 with --quick)")
@@ -128,10 +142,20 @@ class Bench:
         return (f"{self.a.budget_gib:g} GiB per rank: fsdpx's --max-memory-mib (LibTorch's allocated bytes per rank; "
                 f"{why})")
 
+    def data(self, model):
+        """The data flags: synthetic tokens, or for an image model a file of random images, enough
+        for the search's largest global batch (written once)."""
+        size = MODELS[model].get("images")
+        if not size:
+            return ["--data.name", "synthetic", "--data.seq", str(self.a.seq), "--data.vocab", "32000"]
+        path = os.path.join(self.a.work, f"images-{size}.safetensors")
+        if not os.path.exists(path):
+            write_random_images(path, self.a.max_batch * self.a.nproc, size)
+        return ["--data.name", "images", "--data.path", path]
+
     def command(self, model, flags, batch, steps, out):
         cmd = [self.train, "--nproc-per-node", str(self.a.nproc), *MODELS[model]["quick" if self.a.quick else "full"],
-               "--data.name", "synthetic", "--data.seq", str(self.a.seq), "--data.vocab", "32000",
-               "--batch-size", str(batch), "--steps", str(steps), "--log-every", "1", "--eval-every", "0",
+               *self.data(model), "--batch-size", str(batch), "--steps", str(steps), "--log-every", "1", "--eval-every", "0",
                "--optimizer.name", "adamw", "--out", out, *flags]
         if self.cgroup:
             cmd.append("--skip-memory-check")  # the cgroup decides what fits, not the plan
@@ -192,6 +216,20 @@ class Bench:
         rate = steady_rate(lines)
         peak = max(max(x["peak_memory_bytes"]) for x in lines)
         return {"batch": batch, "tokens_per_s": rate, "peak_allocated_bytes": peak, "seconds": time.time() - t0}
+
+
+def write_random_images(path, n, size):
+    """n random uint8 images [3, size, size] and labels of 1000 classes as a safetensors file (its
+    header is JSON; written here so that any python3 runs this script)."""
+    g = random.Random(0)
+    pixels = g.randbytes(n * 3 * size * size)
+    labels = struct.pack(f"<{n}q", *(g.randrange(1000) for _ in range(n)))
+    header = json.dumps({"images": {"dtype": "U8", "shape": [n, 3, size, size], "data_offsets": [0, len(pixels)]},
+                         "labels": {"dtype": "I64", "shape": [n],
+                                    "data_offsets": [len(pixels), len(pixels) + len(labels)]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + pixels + labels)
 
 
 def steady_rate(lines):

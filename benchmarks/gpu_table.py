@@ -15,6 +15,9 @@
      embedding and output projection as units, activation checkpointing and offload, alone and
      together, against FSDP2's plain peak and FSDP2 with the same units and checkpointing, each a
      short run on the same weights and batches (--options picks them, --no-options leaves them out).
+  6. DeepViT (vit with re-attention in the FSDP blog's 8B shape, --deepvit-layers of its 952 blocks,
+     on random 256x256 images), full_shard, adamw: samples/s in bf16_mixed and in fp32 and their
+     ratio, the blog's "bf16 against fp32" row (its 8B DeepViT: 77% faster); --no-deepvit leaves it out.
 Step times and rates are medians over the steps after the first (it includes warm-up). A run that
 fails ends the script with its log's last lines: the table shows only what was measured.
 
@@ -40,6 +43,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "vs_fsdp2"))
 sys.dont_write_bytecode = True  # no __pycache__ left in the checkout
 import compare  # noqa: E402  (run, read_steps, make_tokens, find_train, RunFailed: the same runner)
+sys.path.insert(0, HERE)
+import blog_table  # noqa: E402  (write_random_images: part 6's images)
 
 # Dense (not sparse) bf16 tensor-core peak of one GPU, TFLOPS, from NVIDIA's datasheets (which
 # print the sparse figure, twice this). Matched in order against the device's name.
@@ -69,13 +74,18 @@ def parse_args():
     p.add_argument("--no-options", dest="options", action="store_const", const=[],
                    help="leave out the memory options' peaks (part 5)")
     p.add_argument("--options-steps", type=int, default=3, help="steps of each memory option's run")
+    p.add_argument("--deepvit-layers", type=int, default=320,
+                   help="blocks of the DeepViT of part 6 (the 8B one's 952 do not fit one GPU with AdamW)")
+    p.add_argument("--deepvit-batch", type=int, default=32, help="images per step of part 6")
+    p.add_argument("--no-deepvit", action="store_true", help="leave out DeepViT's bf16_mixed against fp32 (part 6)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each timed run")
     p.add_argument("--probe-timeout", type=float, default=900,
                    help="seconds allowed to each 1-step run of the search (one that takes longer counts as failed)")
     p.add_argument("--work", default="", help="keep every run's files here (default: a temporary directory)")
     p.add_argument("--json", default="", help="also write every figure to this file")
     a = p.parse_args()
-    for name, low in (("steps", 2), ("options_steps", 2), ("batch_size", 1), ("seq", 1), ("max_layers", FIRST_LAYERS)):
+    for name, low in (("steps", 2), ("options_steps", 2), ("batch_size", 1), ("seq", 1), ("max_layers", FIRST_LAYERS),
+                      ("deepvit_layers", 1), ("deepvit_batch", 1)):
         if getattr(a, name) < low:
             p.error(f"--{name.replace('_', '-')} must be at least {low}, got {getattr(a, name)}")
     if a.peak_tflops < 0 or a.timeout <= 0 or a.probe_timeout <= 0:
@@ -148,6 +158,22 @@ class Table:
                         self.a.timeout, self.env)
         print(f"  fsdpx {name}: {t:.0f} s", flush=True)
         return compare.read_steps(os.path.join(out, "metrics.jsonl"), steps or self.a.steps)
+
+    def deepvit(self, precision):
+        """DeepViT's steps (part 6) in `precision`, on the images file a.images."""
+        a = self.a
+        out = os.path.join(a.work, "deepvit-" + precision)
+        shutil.rmtree(out, ignore_errors=True)
+        cmd = [self.train, "--nproc-per-node", "1", "--device", "cuda", "--backend", a.backend,
+               "--model.name", "vit", "--model.size", "deepvit-8b", "--model.layers", str(a.deepvit_layers),
+               "--data.name", "images", "--data.path", a.images, "--sharding.name", "full_shard",
+               "--wrap.name", "layer_type", "--wrap.layer_types", "Block", "--precision.name", precision,
+               "--optimizer.name", "adamw", "--steps", str(a.steps), "--batch-size", str(a.deepvit_batch),
+               "--seed", "0", "--log-every", "1", "--eval-every", "0", "--checkpoint.name", "none",
+               "--peak-tflops", repr(self.peak), "--out", out]
+        t = compare.run(cmd, out + ".log", a.timeout, self.env)
+        print(f"  fsdpx deepvit {precision}: {t:.0f} s", flush=True)
+        return compare.read_steps(os.path.join(out, "metrics.jsonl"), a.steps)
 
     def init_weights(self):
         """gpt 1b's initial weights, whole, written by fsdpx-train --save-init (one step)."""
@@ -246,7 +272,23 @@ def measure(a, table):
         r["options"] = measure_options(a, table, init, fx, r["fsdp2"]["peak_allocated_bytes"])
     if not a.no_largest:
         r["largest"] = {s: table.largest(s) for s in ("full_shard", "cpu_offload")}
+    if not a.no_deepvit:
+        runs = {p: table.deepvit(p) for p in ("bf16_mixed", "fp32")}
+        r["deepvit"] = {p: {"samples_per_s": median(v, "samples_per_s"), "step_time_s": median(v, "step_time_s"),
+                            "mfu": median(v, "mfu"),
+                            "peak_allocated_bytes": max(s["step_peak_allocated_bytes"] for s in v)}
+                        for p, v in runs.items()}
     return r
+
+
+def deepvit_rows(a, d):
+    b, f = d["bf16_mixed"], d["fp32"]
+    detail = f"{a.deepvit_layers} of the 8B DeepViT's 952 blocks, batch {a.deepvit_batch}, full_shard, adamw"
+    row("DeepViT samples/s, bf16_mixed", f"{b['samples_per_s']:.1f}",
+        f"{detail}; MFU {100 * b['mfu']:.1f}%, peak {gib(b['peak_allocated_bytes'])}")
+    row("DeepViT samples/s, fp32", f"{f['samples_per_s']:.1f}", f"peak {gib(f['peak_allocated_bytes'])}")
+    row("DeepViT bf16_mixed / fp32", f"{b['samples_per_s'] / f['samples_per_s']:.2f}",
+        "the FSDP blog's 8B DeepViT: 1.77 (77% faster)")
 
 
 UNITS = compare.EMBEDDING_UNITS
@@ -399,6 +441,8 @@ def report(a, r, name, count, peak, peak_from):
         options_rows(r["options"])
     if "largest" in r:
         largest_rows(r)
+    if "deepvit" in r:
+        deepvit_rows(a, r["deepvit"])
     row("step time, overlap on", f"{fx['step_time_s'] * 1e3:.1f} ms", "--overlap 1 (the runs above)")
     row("step time, overlap off", f"{r['overlap_off_step_time_s'] * 1e3:.1f} ms",
         f"--overlap 0; off/on {r['overlap_off_step_time_s'] / fx['step_time_s']:.2f}")
@@ -420,6 +464,9 @@ def main():
     a.work = os.path.abspath(a.work) if a.work else tempfile.mkdtemp(prefix="fsdpx-gpu-table-")
     os.makedirs(a.work, exist_ok=True)
     a.data = compare.make_tokens(os.path.join(a.work, "tokens.bin"))
+    if not a.no_deepvit:
+        a.images = os.path.join(a.work, "images.safetensors")
+        blog_table.write_random_images(a.images, 4 * a.deepvit_batch, 256)
     print(f"gpu_table: {train} on {name}; FSDP2 from {a.python}; work {a.work}", flush=True)
     t0 = time.perf_counter()
     try:
