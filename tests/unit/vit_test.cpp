@@ -15,6 +15,7 @@
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/hf_interop.h"
 #include "fsdpx/model.h"
+#include "fsdpx/safetensors_file.h"
 #include "test_paths.h"
 
 namespace fsdpx {
@@ -89,6 +90,12 @@ TEST_F(VitTest, ImagesAreScaledNormalisedAndSplitAsEveryLayoutGivesThem) {
   resumed->restore(a->state());
   EXPECT_TRUE(resumed->next().inputs.equal(a->next().inputs));
   EXPECT_EQ(held->heldout(0, 2).inputs.size(0), 2);
+  // The SDK's reader the source is built on: the file's tensors, their dtypes and shapes.
+  const auto tensors = safetensors_tensors(nhwc);
+  ASSERT_EQ(tensors.size(), 2u);
+  EXPECT_EQ(tensors.at("images").dtype, at::kByte);
+  EXPECT_EQ(tensors.at("images").shape, (std::vector<int64_t>{10, 2, 2, 3}));
+  EXPECT_EQ(tensors.at("labels").dtype, at::kLong);
 }
 
 TEST_F(VitTest, BadImagesAreNamed) {

@@ -264,7 +264,8 @@ namespace fsdpx {
 
 std::map<std::string, SafetensorsTensorInfo> safetensors_tensors(const std::string& path) {
   std::map<std::string, SafetensorsTensorInfo> out;
-  for (const auto& [name, e] : SafetensorsReader(path).entries()) out[name] = {e.scalar_type, e.shape};
+  const SafetensorsReader r(path);  // named: entries() refers into it
+  for (const auto& [name, e] : r.entries()) out[name] = {e.scalar_type, e.shape};
   return out;
 }
 
