@@ -5,7 +5,8 @@ lr 1e-3, 200 steps of 32 images a rank, 20% held out) and evaluates the held-out
   - every strategy (full_shard, shard_grad_op, no_shard, hybrid_shard with shard groups of 1,
     cpu_offload, recomputed Blocks) trains it with the losses of one process over the same global
     batches within kParity, over kParitySteps steps;
-  - on the sim device the losses are the CPU's, bit for bit.
+  - on the sim device the losses are the CPU's, bit for bit;
+  - the converter's --folder reads class folders of images (Pillow) in sorted order, resized.
 usage: vit_digits_test.py BUILD_DIR [WORK_DIR (kept; default: a temporary one)]"""
 import json
 import os
@@ -58,6 +59,23 @@ os.makedirs(work, exist_ok=True)
 data = os.path.join(work, "digits.safetensors")
 print(must([sys.executable, os.path.join(here, "..", "..", "scripts", "images_to_safetensors.py"), "--digits", data]),
       end="")
+# The converter's other source: a folder of class folders of images (Pillow), resized, in order.
+from PIL import Image
+from safetensors.numpy import load_file
+for label, name in enumerate(["cat", "dog"]):
+    os.makedirs(os.path.join(work, "folder", name), exist_ok=True)
+    for i in range(3):
+        Image.new("RGB", (5 + i, 7), (40 * i, 100 * label, 7)).save(os.path.join(work, "folder", name, f"{i}.png"))
+folder = os.path.join(work, "folder.safetensors")
+must([sys.executable, os.path.join(here, "..", "..", "scripts", "images_to_safetensors.py"), "--folder",
+      os.path.join(work, "folder"), "--size", "4", folder])
+got = load_file(folder)
+ok = (got["images"].shape == (6, 3, 4, 4) and got["labels"].tolist() == [0, 0, 0, 1, 1, 1]
+      and int(got["images"][4, 0, 0, 0]) == 40 and int(got["images"][4, 1, 0, 0]) == 100)
+print(f"images_to_safetensors --folder: images {got['images'].shape}, labels {got['labels'].tolist()}"
+      f"{'' if ok else '  <-- FAILS'}")
+if not ok:
+    failures.append("images_to_safetensors --folder wrote other images or labels")
 learns("fp32")
 learns("bf16_mixed", "--precision.name", "bf16_mixed")
 one, _ = run("one-process", nproc=1, batch=64, steps=kParitySteps)
