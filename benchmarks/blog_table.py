@@ -286,8 +286,8 @@ def main():
     bench = Bench(a)
     results = {}
     try:
-        print(f"budget: {bench.describe()}; {a.nproc} ranks, seq {a.seq}, AdamW, synthetic tokens"
-              f"{', --quick' if a.quick else ''}", flush=True)
+        print(f"budget: {bench.describe()}; {a.nproc} ranks, seq {a.seq}, AdamW, synthetic tokens (deepvit: "
+              f"random images){', --quick' if a.quick else ''}", flush=True)
         for model in a.models.split(","):
             rows, configs = {}, configurations(model)
             for row, label, flags in configs:
