@@ -318,12 +318,13 @@ class Vit final : public fsdpx::Model,
 
 // The bytes each layer keeps for its backward and holds at its worst moments, from the tensors
 // LibTorch's autograd saves for the ops above (N = B*T tokens, width C, inner I, MLP F, heads H,
-// e bytes per compute element; a LayerNorm keeps its input and fp32 mean and reciprocal deviation).
+// e bytes per compute element; a LayerNorm keeps its input and fp32 mean and reciprocal deviation,
+// and its output is kept by the projections after it).
 std::vector<fsdpx::LayerActivations> vit_activations(const Config& c, int64_t batch, c10::ScalarType compute) {
   const int64_t B = batch, T = c.tokens(), N = B * T, C = c.dim, I = c.inner(), F = c.mlp, H = c.heads;
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute)), x = N * C * e;
   auto norm = [&](const std::string& path, int64_t width_bytes, int64_t rows) {
-    return fsdpx::LayerActivations{path, width_bytes + 8 * rows, width_bytes, width_bytes, 3 * width_bytes + 8 * rows};
+    return fsdpx::LayerActivations{path, 2 * width_bytes + 8 * rows, width_bytes, 0, 4 * width_bytes + 8 * rows};
   };
   std::vector<fsdpx::LayerActivations> out;
   // Patches: the permuted copy (kept by the projection, or by the first norm), the projection's output
@@ -334,12 +335,15 @@ std::vector<fsdpx::LayerActivations> vit_activations(const Config& c, int64_t ba
   for (int64_t i = 0; i < c.layers; ++i) {
     const std::string p = "blocks." + std::to_string(i) + ".";
     out.push_back(norm(p + "attention_norm", x, N));
-    // q, k, v and the output with its contiguous copy (flash attention keeps the fp32 log-sum-exp);
-    // re-attention keeps q and k, the maps, their mix and its normalised copy (with fp32 statistics).
-    const int64_t qkvo = 5 * N * I * e, maps = B * H * T * T * e;
+    // q, k, v and the output: the CPU's flash attention writes it [B, T, H, D] in memory, so the
+    // output projection's input is a view of it; it keeps the fp32 log-sum-exp. Re-attention keeps
+    // q, k and v, the maps, their mix and its normalised copy (with fp32 statistics), and the
+    // [B, T, H, D] copy of the output the projection takes. The backward holds the gradients of
+    // the output, q, k, v and the projections' input (5 N I), and with re-attention one map's.
+    const int64_t qkvo = 4 * N * I * e, maps = B * H * T * T * e;
     const int64_t attn_saved = c.reattention ? qkvo + 4 * maps + 8 * B * T * T : qkvo + 4 * N * H;
     out.push_back(
-        {p + "attention", attn_saved, x, 3 * N * I * e, attn_saved + 5 * N * I * e + (c.reattention ? 2 * maps : 0)});
+        {p + "attention", attn_saved, x, 3 * N * I * e, attn_saved + 5 * N * I * e + (c.reattention ? maps : 0)});
     out.push_back(norm(p + "mlp_norm", x, N));
     // w1's output (kept by GELU) and GELU's (kept by w2); the backward holds two N x F gradients.
     out.push_back({p + "mlp", 2 * N * F * e, x, 0, 4 * N * F * e + x});
