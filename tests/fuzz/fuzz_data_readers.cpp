@@ -1,5 +1,6 @@
-// The csv and text data sources on arbitrary files: the input's first byte picks the reader
-// (even: csv, odd: text) and its options; the rest is the file. Opened, sized and read.
+// The csv, text and images data sources on arbitrary files: the input's first byte picks the
+// reader (192 and above: images, its layout from the byte; below, even: csv, odd: text) and its
+// options; the rest is the file. Opened, sized and read.
 #include "fsdpx/data_source.h"
 #include "fuzz_support.h"
 
@@ -9,7 +10,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto path = fsdpx::fuzz::write("data.txt", data + 1, size - 1);
   fsdpx::fuzz::expect_clear_errors([&] {
     std::shared_ptr<fsdpx::DataSource> source;
-    if (pick % 2 == 0) {
+    if (pick >= 192) {
+      const char* layout[] = {"auto", "nchw", "nhwc"};
+      source = fsdpx::fuzz::plugins().create<fsdpx::DataSource>(
+          "images", std::map<std::string, std::string>{{"path", path.string()},
+                                                       {"layout", layout[pick % 3]},
+                                                       {"holdout", pick % 2 ? "0" : "0.5"}});
+    } else if (pick % 2 == 0) {
       const char* header[] = {"auto", "yes", "no"};
       source = fsdpx::fuzz::plugins().create<fsdpx::DataSource>(
           "csv",
