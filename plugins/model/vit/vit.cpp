@@ -98,7 +98,7 @@ struct PatchEmbeddingImpl : torch::nn::Module {
 FSDPX_MODULE(PatchEmbedding);
 
 struct AttentionImpl : torch::nn::Module {
-  AttentionImpl(const Config& c) : torch::nn::Module("Attention"), heads(c.heads), eps(c.norm_eps) {
+  AttentionImpl(const Config& c) : torch::nn::Module("Attention"), heads(c.heads) {
     const int64_t I = c.inner();
     for (auto [w, b, n] : {std::tuple{&wq, &bq, "q"}, {&wk, &bk, "k"}, {&wv, &bv, "v"}}) {
       *w = register_parameter(std::string("w") + n, deferred({I, c.dim}));
@@ -130,7 +130,6 @@ struct AttentionImpl : torch::nn::Module {
   }
   bool reattention() const { return reattn_weights.defined(); }
   int64_t heads;
-  double eps;
   at::Tensor wq, wk, wv, bq, bk, bv, wo, bo, reattn_weights;
   LayerNorm reattn_norm{nullptr};
 };
