@@ -98,13 +98,15 @@ fi
 # --- Python tools beside torch: plots, the safetensors interop test, the breast-cancer CSV, ----
 # --- transformers and tokenizers for the Hugging Face interop (scripts/tokenize, tests/hf), -----
 # --- vit-pytorch for the vit model's reference (tests/hf/vit_interop_test.py); it imports --------
-# --- torchvision, whose release for torch 2.11 is 0.26 (a later one would replace torch) ---------
+# --- torchvision, whose release for torch 2.11 is 0.26 (a later one would replace torch); ---------
+# --- torchao for float8's reference (benchmarks/vs_fsdp2 --configs ...:float8:...) -----------------
 PY_TOOLS=(matplotlib safetensors scikit-learn lizard transformers==5.23.0 tokenizers==0.23.3 vit-pytorch==1.26.14
-          torchvision==0.26.0)
+          torchvision==0.26.0 torchao==0.18.0)
 if ! "$VENV/bin/python" - <<'PY' 2>/dev/null; then
 import matplotlib, safetensors, sklearn, lizard, vit_pytorch, importlib.metadata as md
 assert md.version("transformers") == "5.23.0" and md.version("tokenizers") == "0.23.3"
 assert md.version("vit-pytorch") == "1.26.14" and md.version("torchvision") == "0.26.0"
+assert md.version("torchao") == "0.18.0"
 PY
   say "installing ${PY_TOOLS[*]} into $VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "torch==$TORCH_VERSION" "${PY_TOOLS[@]}" >&2 \

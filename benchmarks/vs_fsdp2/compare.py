@@ -36,6 +36,8 @@ DEFAULT_PYTHON = os.path.join(os.environ.get("FSDPX_VENV") or os.path.join(
 SIZES = ["tiny", "small"]
 SHARDINGS = ["full_shard", "shard_grad_op", "no_shard"]
 PRECISIONS = ["fp32", "bf16_mixed"]
+# float8: fsdpx's against FSDP2 with torchao's float8 linears (the venv's torchao); by --configs only
+EXTRA_PRECISIONS = ["float8"]
 OPTIMIZERS = ["sgd", "adamw"]
 FULL = [f"{s}:{sh}:{p}:{o}" for s in SIZES for sh in SHARDINGS for p in PRECISIONS for o in OPTIMIZERS]
 QUICK = ["tiny:full_shard:fp32:sgd", "tiny:shard_grad_op:fp32:adamw", "tiny:no_shard:fp32:sgd",
@@ -85,10 +87,10 @@ def parse_args():
     a.configs = [c for c in a.configs.split(",") if c] if a.configs else (QUICK if a.quick else FULL)
     for c in a.configs:
         parts = c.split(":")
-        if (len(parts) != 4 or parts[0] not in SIZES or parts[1] not in SHARDINGS or parts[2] not in PRECISIONS
-                or parts[3] not in OPTIMIZERS):
+        if (len(parts) != 4 or parts[0] not in SIZES or parts[1] not in SHARDINGS
+                or parts[2] not in PRECISIONS + EXTRA_PRECISIONS or parts[3] not in OPTIMIZERS):
             p.error(f"configuration '{c}' is not SIZE:SHARDING:PRECISION:OPTIMIZER with SIZE in {SIZES}, SHARDING in "
-                    f"{SHARDINGS}, PRECISION in {PRECISIONS}, OPTIMIZER in {OPTIMIZERS}")
+                    f"{SHARDINGS}, PRECISION in {PRECISIONS + EXTRA_PRECISIONS}, OPTIMIZER in {OPTIMIZERS}")
     if a.steps < 2:
         p.error("--steps must be at least 2 (step 1 is left out of the timings)")
     if a.rounds < 1:

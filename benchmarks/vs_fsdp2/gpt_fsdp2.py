@@ -93,6 +93,31 @@ def rotate(x, cos, sin):
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
 
 
+# The linear layers of the Blocks: F.linear, or torchao's float8 with --precision float8
+# (use_float8_linears). The output projection is F.linear always, as torchtitan's float8 filter.
+linear = F.linear
+
+
+def use_float8_linears():
+    """torchao's float8 training for the Blocks' linears: the autograd function behind
+    torchao.float8's Float8Linear.forward, with its default config (tensorwise dynamic scaling,
+    e4m3 inputs and weights, e5m2 output gradients) and the three products' configs a Float8Linear
+    makes. The model keeps its parameters (gpt.cpp's names) instead of nn.Linear modules, so the
+    function is called as Float8Linear.forward calls it, for the weights torchtitan's filter keeps
+    (both sizes multiples of 16)."""
+    global linear
+    from torchao.float8.config import Float8LinearConfig
+    from torchao.float8.float8_linear import Float8Linear, matmul_with_hp_or_float8_args
+    config = Float8LinearConfig()
+    mm_config = Float8Linear(16, 16, bias=False, config=config).linear_mm_config
+
+    def float8_linear(x, w):
+        if w.shape[0] % 16 or w.shape[1] % 16:
+            return F.linear(x, w)
+        return matmul_with_hp_or_float8_args.apply(x, w.t(), mm_config, config)
+    linear = float8_linear
+
+
 class Attention(nn.Module):
     def __init__(self, c):
         super().__init__()
@@ -111,7 +136,7 @@ class Attention(nn.Module):
         def split(t):
             return t.view(B, T, H, D).transpose(1, 2)
 
-        q, k, v = split(F.linear(x, self.wq)), split(F.linear(x, self.wk)), split(F.linear(x, self.wv))
+        q, k, v = split(linear(x, self.wq)), split(linear(x, self.wk)), split(linear(x, self.wv))
         # The rotary tables in x's dtype, computed in forward as gpt.cpp does.
         inv = torch.reciprocal(torch.pow(self.theta, torch.arange(0, D, 2, dtype=x.dtype, device=x.device) / float(D)))
         angles = torch.outer(torch.arange(T, dtype=x.dtype, device=x.device), inv)
@@ -119,7 +144,7 @@ class Attention(nn.Module):
         q = rotate(q, cos, sin)
         k = rotate(k, cos, sin)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
-        return F.linear(y.transpose(1, 2).reshape(B, T, C), self.wo)
+        return linear(y.transpose(1, 2).reshape(B, T, C), self.wo)
 
 
 class FeedForward(nn.Module):
@@ -130,7 +155,7 @@ class FeedForward(nn.Module):
         self.w3 = nn.Parameter(torch.empty(hidden, dim))
 
     def forward(self, x):
-        return F.linear(F.silu(F.linear(x, self.w1)) * F.linear(x, self.w3), self.w2)
+        return linear(F.silu(linear(x, self.w1)) * linear(x, self.w3), self.w2)
 
 
 class Block(nn.Module):
@@ -519,7 +544,8 @@ def parse_args(argv=None):
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="every Block recomputes its forward in backward (torch.distributed._composable's "
                         "checkpoint before fully_shard, as torchtitan; fsdpx: --activation-checkpointing Block)")
-    g.add_argument("--precision", choices=["fp32", "bf16_mixed"], default="fp32")
+    g.add_argument("--precision", choices=["fp32", "bf16_mixed", "float8"], default="fp32",
+                   help="float8: bf16_mixed with the Blocks' linears in torchao's float8")
     g.add_argument("--optimizer", choices=["sgd", "adamw"], default="adamw")
     g.add_argument("--lr", type=float, default=None, help="peak lr (default: the optimizer's fsdpx default, 1e-2 sgd, 1e-3 adamw)")
     g.add_argument("--momentum", type=float, default=0.0)
@@ -583,7 +609,9 @@ def shard_model(model, a, world, device_type):
     else:
         mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
         reshard = a.sharding == "full_shard"
-    if a.precision == "bf16_mixed":
+    if a.precision == "float8":
+        use_float8_linears()
+    if a.precision in ("bf16_mixed", "float8"):
         # fsdpx's bf16_mixed defaults: param_dtype bf16, reduce_dtype fp32, cast_forward_inputs on,
         # and output_dtype fp32 for the model's output only (FSDP2 applies output_dtype to every
         # module's output that has the policy, so the Blocks get none: their bf16 output goes on

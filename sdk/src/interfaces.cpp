@@ -46,6 +46,7 @@ CheckpointNames::~CheckpointNames() = default;
 HeldOutData::~HeldOutData() = default;
 OptimizerDevices::~OptimizerDevices() = default;
 UnitNameCheck::~UnitNameCheck() = default;
+Float8Units::~Float8Units() = default;
 ActivationMemory::~ActivationMemory() = default;
 LossScaler::~LossScaler() = default;
 LossScalingPolicy::~LossScalingPolicy() = default;

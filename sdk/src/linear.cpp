@@ -15,6 +15,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "fsdpx/float8.h"
+
 namespace fsdpx {
 
 namespace bf16_matmul_generic {
@@ -159,6 +161,7 @@ at::Tensor bf16_matmul_reference_order(const at::Tensor& a, const at::Tensor& b)
 bool linear_uses_bf16_kernel() { return kernel_used; }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight) {
+  if (float8_on() && float8_eligible(weight)) return float8_linear(x, weight);
   // A weight without gradient is left to at::linear: at::matmul then folds x only where that
   // needs no copy, a choice the function below would have to repeat.
   const bool differentiable = at::GradMode::is_enabled() && weight.requires_grad();

@@ -8,6 +8,7 @@
 
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include "fsdpx/capabilities.h"
 #include "fsdpx/error.h"
 #include "fsdpx/suggest.h"
 #include "fsdpx/framework/engine/unit_precision.h"
@@ -49,6 +50,7 @@ std::unique_ptr<Unit> new_unit(ShardingEngine::Impl& e, const std::string& fqn, 
   u->group.config = &e.config;
   const EngineOptions& o = e.config.options;
   u->group.precision = o.unit_precision ? o.unit_precision(fqn) : o.precision;
+  u->float8 = o.unit_float8 && o.unit_float8(fqn);
   check_unit_precision(fqn, u->group.precision, o.precision);
   u->group.reshard_choice = reshard_choice_of(o, fqn);
   return u;
@@ -224,6 +226,13 @@ void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& sel
   cast_buffers(*root, e.config.options.precision);
   // Hooked last, all at once; Impl removes them whenever it goes.
   e.hooks = std::make_unique<InstalledHooks>(e.units);
+}
+
+void use_precision_policy(EngineOptions& o, std::shared_ptr<const PrecisionPolicy> policy) {
+  o.unit_precision = [policy](const std::string& unit) { return policy->spec(unit); };
+  o.unit_float8 = nullptr;
+  if (const auto* f8 = dynamic_cast<const Float8Units*>(policy.get()))
+    o.unit_float8 = [policy, f8](const std::string& unit) { return f8->float8(unit); };
 }
 
 }  // namespace fsdpx

@@ -5,6 +5,7 @@
 
 #include "engine_state.h"
 #include "fsdpx/error.h"
+#include "fsdpx/float8.h"
 #include "fsdpx/framework/runtime/collective_context.h"
 #include "recompute.h"
 
@@ -76,8 +77,15 @@ std::vector<at::Tensor> Unit::pre_forward(std::vector<at::Tensor> inputs) {
 
 bool Unit::recomputes() const { return checkpoint && at::GradMode::is_enabled(); }
 
-at::Tensor Unit::run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& f,
+at::Tensor Unit::run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& layer,
                      const std::vector<at::Tensor>& inputs) {
+  // Float8 (or not) for this unit's own layers, in its forward and in its recompute; a unit
+  // inside sets its own and hands this one's back.
+  const std::function<at::Tensor(const std::vector<at::Tensor>&)> f =
+      [layer, on = float8](const std::vector<at::Tensor>& in) {
+        Float8Scope scope(on);
+        return layer(in);
+      };
   if (!recomputes()) {
     drop_recompute();
     return f(inputs);

@@ -38,6 +38,7 @@ struct Unit final : UnitHooks {
   const torch::nn::Module* module = nullptr;
   bool root = false;
   bool checkpoint = false;  // recompute activations in backward instead of storing them
+  bool float8 = false;      // its linear layers compute in float8 (EngineOptions::unit_float8)
   ParamGroup group;
 
   // Activation checkpointing: this step's forward and what it needs to run again.

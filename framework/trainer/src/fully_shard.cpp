@@ -358,7 +358,7 @@ std::unique_ptr<ShardedModule> fully_shard(Runtime& runtime, std::shared_ptr<Mod
   EngineOptions eo;
   eo.layout = strategy->layout(rt.topology.topology);
   eo.precision = precision->spec("");
-  eo.unit_precision = [precision](const std::string& unit) { return precision->spec(unit); };
+  use_precision_policy(eo, precision);
   eo.overlap = options.overlap;
   eo.prefetch = options.prefetch;
   eo.reshard_after_forward_by_unit = options.reshard_after_forward;

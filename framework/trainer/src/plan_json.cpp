@@ -13,7 +13,7 @@ json plan_json(const RunPlan& p) {
     units.push_back({{"unit", u.fqn}, {"params", u.params}, {"shard_numel", u.shard_numel},
                      {"gathered_bytes", u.unsharded_bytes}, {"reshard_after_forward", u.reshard_after_forward},
                      {"recompute", u.recompute}, {"compute", dtype_name(u.dtypes.compute)},
-                     {"reduce", dtype_name(u.dtypes.reduce)}});
+                     {"reduce", dtype_name(u.dtypes.reduce)}, {"float8", u.float8}});
   json savings = json::object();
   for (const auto& [option, bytes] : p.option_savings) savings[option] = bytes;
   return {{"world_size", p.topology.world_size},

@@ -329,8 +329,10 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   plan.total_params = up.total_params;
   const double opt_per_elt = optimizer_bytes_per_element(*opt_probe, plan.dtypes);
   check_unit_names(config, *precision, up);
+  const auto* float8 = dynamic_cast<const Float8Units*>(precision.get());
   for (size_t i = 0; i < up.units.size(); ++i) {
     UnitBytes b = unit_bytes(up.units[i], i == 0, plan, unit_precision(*precision, up.units[i].fqn, plan.dtypes));
+    b.float8 = float8 && float8->float8(b.fqn);
     plan.param_bytes += b.shard_numel * elt(plan.dtypes.storage);
     plan.grad_bytes += b.shard_numel * elt(plan.dtypes.gradient);
     if (opt_per_elt >= 0)
@@ -377,7 +379,7 @@ void write_units(std::ostringstream& o, const std::vector<UnitBytes>& units, boo
                 "gathered", last("recompute", "compute/reduce").c_str());
   o << line;
   for (const auto& u : units) {
-    const std::string own = dtype_name(u.dtypes.compute) + "/" + dtype_name(u.dtypes.reduce);
+    const std::string own = dtype_name(u.dtypes.compute) + "/" + dtype_name(u.dtypes.reduce) + (u.float8 ? " float8" : "");
     std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w),
                   u.fqn.empty() ? "(root)" : u.fqn.c_str(), human_count(static_cast<double>(u.params)).c_str(),
                   human_count(static_cast<double>(u.shard_numel)).c_str(),
@@ -433,7 +435,12 @@ std::string RunPlan::text() const {
   o << "  components model=" << model << " data=" << data << " sharding=" << strategy << " wrap=" << wrap
     << " precision=" << precision << " optimizer=" << optimizer << "\n";
   bool mixed = false;  // units with dtypes of their own: a column for them
-  for (const auto& u : units) mixed = mixed || u.dtypes.compute != dtypes.compute || u.dtypes.reduce != dtypes.reduce;
+  size_t float8 = 0;  // units whose linears compute in float8: a column when not all of them do
+  for (const auto& u : units) {
+    mixed = mixed || u.dtypes.compute != dtypes.compute || u.dtypes.reduce != dtypes.reduce;
+    float8 += u.float8 ? 1 : 0;
+  }
+  mixed = mixed || (float8 > 0 && float8 < units.size());
   if (mixed)
     o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", gradient " << dtype_name(dtypes.gradient)
       << "; compute (and all-gather) and reduce per unit (below)\n";
@@ -441,6 +448,10 @@ std::string RunPlan::text() const {
     o << "  dtypes     storage " << dtype_name(dtypes.storage) << ", compute (and all-gather) "
       << dtype_name(dtypes.compute) << ", reduce " << dtype_name(dtypes.reduce) << ", gradient "
       << dtype_name(dtypes.gradient) << "\n";
+  if (float8 > 0)
+    o << "  float8     the linear layers of " << (float8 == units.size() ? "every unit" : std::to_string(float8) + " units")
+      << ": e4m3 inputs and weights, e5m2 output gradients, one scale per tensor (the output projection "
+         "stays in the compute dtype)\n";
   o << "  units      " << units.size() << " (reshard after forward: " << (layout.reshard_after_forward ? "yes" : "no")
     << ")\n";
   write_units(o, units, mixed);

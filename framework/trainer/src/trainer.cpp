@@ -160,7 +160,7 @@ class Trainer {
     EngineOptions eo;
     eo.layout = plan_.layout;
     eo.precision = plan_.dtypes;
-    eo.unit_precision = [precision](const std::string& unit) { return precision->spec(unit); };
+    use_precision_policy(eo, precision);
     eo.seed = s_.seed;
     eo.overlap = s_.overlap;
     eo.deterministic = s_.deterministic;

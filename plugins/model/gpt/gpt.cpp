@@ -36,6 +36,7 @@
 #include <fsdpx/hf_config.h>
 #include <fsdpx/evaluation.h>
 #include <fsdpx/files.h>
+#include <fsdpx/float8.h>
 #include <fsdpx/hf_interop.h>
 #include <fsdpx/linear.h>
 #include <fsdpx/model.h>
@@ -166,7 +167,7 @@ TORCH_MODULE(TiedEmbedding);
 // The output projection to the vocabulary, without bias (torchtitan's output).
 struct OutputImpl : VocabTable {
   OutputImpl(int64_t vocab, int64_t dim) : VocabTable("Output", vocab, dim) {}
-  at::Tensor forward(const at::Tensor& h) { return fsdpx::linear(h, weight); }
+  at::Tensor forward(const at::Tensor& h) { return fsdpx::output_linear(h, weight); }  // never float8
 };
 FSDPX_MODULE(Output);
 
@@ -188,7 +189,7 @@ struct TransformerImpl : torch::nn::Module {
     if (config.tie_embeddings) {
       at::Tensor h = tied_embeddings->forward(tokens);
       for (auto& block : blocks) h = block(h);
-      return fsdpx::linear(norm(h), tied_embeddings->weight);
+      return fsdpx::output_linear(norm(h), tied_embeddings->weight);
     }
     at::Tensor h = tok_embeddings(tokens);
     for (auto& block : blocks) h = block(h);

@@ -18,6 +18,7 @@
 #include <ATen/ops/zeros_like.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <fsdpx/float8.h>
 #include <fsdpx/linear.h>
 #include <fsdpx/model.h>
 
@@ -183,7 +184,7 @@ at::Tensor T5Impl::forward(const at::Tensor& source, const at::Tensor& decoder_i
   const at::Tensor encoded = encoder(at::embedding(shared, source), blocked, at::Tensor(), at::Tensor());
   at::Tensor y = decoder(at::embedding(shared, decoder_ids), at::Tensor(), encoded, blocked);
   if (config.scale_logits) y = y * std::pow(static_cast<double>(config.dim), -0.5);
-  return fsdpx::linear(y, config.tie_embeddings ? shared : lm_head);
+  return fsdpx::output_linear(y, config.tie_embeddings ? shared : lm_head);  // never float8
 }
 
 at::Tensor shift_right(const at::Tensor& labels) {

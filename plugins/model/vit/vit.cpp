@@ -30,6 +30,7 @@
 #include <fsdpx/activation_memory.h>
 #include <fsdpx/error.h>
 #include <fsdpx/evaluation.h>
+#include <fsdpx/float8.h>
 #include <fsdpx/hf_interop.h>
 #include <fsdpx/linear.h>
 #include <fsdpx/model.h>
@@ -180,7 +181,8 @@ struct VisionTransformerImpl : torch::nn::Module {
   at::Tensor forward(const at::Tensor& images) {
     at::Tensor x = embeddings(images);
     for (auto& block : blocks) x = block(x);
-    return head(norm(x.select(1, 0)));
+    const at::Tensor cls = norm(x.select(1, 0));  // the logits stay in the compute dtype under float8
+    return fsdpx::output_linear(cls, head->weight) + head->bias;
   }
   PatchEmbedding embeddings{nullptr};
   torch::nn::ModuleList list{nullptr};

@@ -30,4 +30,13 @@ class FSDPX_API UnitNameCheck {
   virtual void check_unit_names(const std::vector<std::string>& units) const = 0;
 };
 
+// On a precision policy: the units whose linear layers compute in float8 (fsdpx/float8.h), the
+// engine turning float8 on around their forward and recompute. Default (not declared): none.
+class FSDPX_API Float8Units {
+ public:
+  virtual ~Float8Units();
+  // `unit`: its path, "" for the root unit.
+  virtual bool float8(const std::string& unit) const = 0;
+};
+
 }  // namespace fsdpx

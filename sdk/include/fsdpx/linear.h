@@ -11,6 +11,9 @@
 // first call of each shape. Anywhere else (fp32, another device, a CPU whose LibTorch takes
 // oneDNN's path, a shape whose check failed) it is at::linear.
 //
+// In a unit the precision policy computes in float8, it is fsdpx::float8_linear instead, for
+// the weights fsdpx/float8.h says.
+//
 //   at::Tensor y = fsdpx::linear(x, weight);  // x [..., in], weight [out, in]
 #pragma once
 

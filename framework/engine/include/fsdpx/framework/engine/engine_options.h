@@ -33,6 +33,9 @@ struct EngineOptions {
   // Each unit's own dtypes (the precision policy's answer for its path, "" for the root); unset:
   // `precision` for every unit. Units may differ in compute and reduce dtypes, not in storage.
   std::function<PrecisionSpec(const std::string& unit)> unit_precision;
+  // The units whose linear layers compute in float8 (fsdpx/float8.h: the engine turns float8 on
+  // around their forward and recompute); unset: none.
+  std::function<bool(const std::string& unit)> unit_float8;
   // Units (by path) that reshard after forward otherwise than layout.reshard_after_forward says,
   // as FSDP2's reshard_after_forward per fully_shard call (ReshardAfterForward: true, false or
   // an int). A path that is no unit, the root's "" (the root never reshards), or an int that does
@@ -72,6 +75,9 @@ struct EngineOptions {
   // The step's events as they happen (step_trace.h), for tests; unset: none.
   StepTrace step_trace;
 };
+
+// unit_precision and unit_float8 from a precision policy (its fsdpx::Float8Units, if it declares it).
+FSDPX_API void use_precision_policy(EngineOptions& o, std::shared_ptr<const PrecisionPolicy> policy);
 
 // The unit's own reshard_after_forward (EngineOptions::reshard_after_forward_by_unit), if set.
 inline std::optional<ReshardAfterForward> reshard_choice_of(const EngineOptions& o, const std::string& unit) {

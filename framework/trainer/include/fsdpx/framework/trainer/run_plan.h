@@ -33,6 +33,7 @@ struct UnitBytes {
   bool reshard_after_forward = false;
   bool recompute = false;       // activation checkpointing
   PrecisionSpec dtypes;         // the precision policy's answer for this unit
+  bool float8 = false;          // its linear layers compute in float8 (fsdpx::Float8Units)
 };
 
 struct FSDPX_API RunPlan {

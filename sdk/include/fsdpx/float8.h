@@ -1,0 +1,71 @@
+// fsdpx/float8.h: linear layers computed in float8, with torchao's numerics (its default
+// "tensorwise" recipe, torchao.float8.convert_to_float8_training), for model plugins.
+//
+// A model writes its linears with fsdpx::linear (fsdpx/linear.h). Where the precision policy asks
+// for float8 in a unit (`--precision float8`), the engine turns float8 on for that unit's forward
+// and its recompute (Float8Scope), and fsdpx::linear then computes each weight float8_eligible()
+// accepts with fsdpx::float8_linear:
+//   forward        y  = x W^T   x and W in e4m3
+//   input grad     gx = g W     g (the output gradient) in e5m2, W in e4m3
+//   weight grad    gW = g^T x   g in e5m2, x in e4m3
+// each cast with one dynamic scale for the whole tensor, scale = max(dtype) / max(|t|, 1e-12)
+// (worked out in float64, then rounded to float32), saturated to the dtype's range, and each
+// product through at::_scaled_mm with the scales' reciprocals, out in x's dtype (bf16 or fp32).
+// The operands, their layouts and the scales are torchao's, so on one device the results are
+// torchao's to the bit. The saved tensors are x and W in high precision, as torchao's.
+//
+// A layer that must stay in the compute dtype whatever the policy calls fsdpx::output_linear: a
+// model's output projection (torchtitan's float8 filter leaves `output` out by default; the logits
+// feed the loss directly).
+//
+//   at::Tensor h = fsdpx::linear(x, wq);              // float8 in a float8 unit
+//   at::Tensor logits = fsdpx::output_linear(h, head); // never float8
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "fsdpx/export.h"
+
+namespace fsdpx {
+
+// The largest finite values of the two float8 formats: e4m3 (inputs and weights) and e5m2
+// (output gradients, which need the range more than the precision).
+constexpr double kFloat8E4m3Max = 448.0;
+constexpr double kFloat8E5m2Max = 57344.0;
+
+// Float8 on (or off) for fsdpx::linear on this thread until the scope ends; scopes nest.
+class FSDPX_API Float8Scope {
+ public:
+  explicit Float8Scope(bool on);
+  ~Float8Scope();
+  Float8Scope(const Float8Scope&) = delete;
+  Float8Scope& operator=(const Float8Scope&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Whether fsdpx::linear computes in float8 on this thread now.
+FSDPX_API bool float8_on();
+
+// Whether a linear of this weight computes in float8 when float8 is on: a 2-D floating weight
+// whose two sizes are multiples of 16, as at::_scaled_mm needs on CUDA (torchtitan's filter;
+// the same on every device, so that a run's numerics do not depend on where it runs).
+FSDPX_API bool float8_eligible(const at::Tensor& weight);
+
+// The scale of a tensorwise cast of `t` to `float8` (at::kFloat8_e4m3fn or at::kFloat8_e5m2): a
+// 0-dim float32 tensor, max(float8) / max(amax(|t|), 1e-12) as torchao works it out.
+FSDPX_API at::Tensor float8_scale(const at::Tensor& t, c10::ScalarType float8);
+
+// t * scale in float32, saturated to the float8 range, rounded to `float8`; t's layout kept.
+FSDPX_API at::Tensor to_float8(const at::Tensor& t, const at::Tensor& scale, c10::ScalarType float8);
+
+// y = x W^T in float8 (above), whatever float8_on() says. x [..., in], weight [out, in].
+FSDPX_API at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight);
+
+// y = x W^T in the compute dtype, whatever float8_on() says (fsdpx::linear with float8 off).
+FSDPX_API at::Tensor output_linear(const at::Tensor& x, const at::Tensor& weight);
+
+}  // namespace fsdpx

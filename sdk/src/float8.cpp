@@ -1,0 +1,114 @@
+#include "fsdpx/float8.h"
+
+#include <string>
+#include <vector>
+
+#include <ATen/ops/_scaled_mm.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "fsdpx/error.h"
+#include "fsdpx/linear.h"
+
+namespace fsdpx {
+namespace {
+
+thread_local bool float8_now = false;
+
+// torchao's EPS: an all-zero tensor gets a large finite scale, not an infinite one.
+constexpr double kAmaxFloor = 1e-12;
+
+double float8_max(c10::ScalarType float8) {
+  if (float8 == at::kFloat8_e4m3fn) return kFloat8E4m3Max;
+  if (float8 == at::kFloat8_e5m2) return kFloat8E5m2Max;
+  throw Error(std::string("float8: ") + c10::toString(float8) + " is not a float8 format fsdpx casts to; use " +
+              "Float8_e4m3fn or Float8_e5m2");
+}
+
+bool row_major(const at::Tensor& t) { return t.stride(1) == 1 && t.stride(0) >= t.size(1); }
+bool column_major(const at::Tensor& t) { return t.stride(0) == 1 && t.stride(1) >= t.size(0); }
+
+// at::_scaled_mm takes its left operand row-major and its right one column-major: the copies
+// torchao makes for each product, the same ones, so that each kernel sees torchao's layout.
+at::Tensor scaled_mm(at::Tensor a, const at::Tensor& a_scale, at::Tensor b, const at::Tensor& b_scale,
+                     c10::ScalarType out, bool fast_accum) {
+  if (!row_major(a)) a = a.contiguous();
+  if (!column_major(b)) b = b.t().contiguous().t();
+  if (a.is_cuda() && (a.size(0) % 16 || a.size(1) % 16 || b.size(1) % 16))
+    throw Error("float8 on CUDA needs every product's sizes multiples of 16, and this one is [" +
+                std::to_string(a.size(0)) + ", " + std::to_string(a.size(1)) + "] x [" + std::to_string(b.size(0)) +
+                ", " + std::to_string(b.size(1)) + "]: make the tokens per rank (batch x sequence) a multiple of 16");
+  return at::_scaled_mm(a, b, a_scale.reciprocal(), b_scale.reciprocal(), std::nullopt, std::nullopt, out,
+                        fast_accum);
+}
+
+// torchao's matmul_with_hp_or_float8_args for a weight in high precision: the forward product
+// accumulates fast (its gemm_config_output), the two backward products do not.
+struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight) {
+    const at::Tensor x_scale = float8_scale(x, at::kFloat8_e4m3fn), w_scale = float8_scale(weight, at::kFloat8_e4m3fn);
+    ctx->save_for_backward({x, weight, x_scale, w_scale});
+    const at::Tensor x2d = x.reshape({-1, x.size(-1)});
+    at::Tensor y = scaled_mm(to_float8(x2d, x_scale, at::kFloat8_e4m3fn), x_scale,
+                             to_float8(weight.t(), w_scale, at::kFloat8_e4m3fn), w_scale, x.scalar_type(), true);
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = weight.size(0);
+    return y.view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], &x_scale = saved[2], &w_scale = saved[3];
+    const at::Tensor g2d = grads[0].reshape({-1, weight.size(0)});
+    const at::Tensor g_scale = float8_scale(g2d, at::kFloat8_e5m2);
+    const at::Tensor g8 = to_float8(g2d, g_scale, at::kFloat8_e5m2);
+    at::Tensor grad_x, grad_weight;
+    if (ctx->needs_input_grad(0))
+      grad_x = scaled_mm(g8, g_scale, to_float8(weight.t(), w_scale, at::kFloat8_e4m3fn).t(), w_scale,
+                         grads[0].scalar_type(), false)
+                   .view(x.sizes());
+    if (ctx->needs_input_grad(1))
+      grad_weight = scaled_mm(g8.t(), g_scale, to_float8(x.reshape({-1, x.size(-1)}), x_scale, at::kFloat8_e4m3fn),
+                              x_scale, grads[0].scalar_type(), false);
+    return {grad_x, grad_weight};
+  }
+};
+
+}  // namespace
+
+Float8Scope::Float8Scope(bool on) : previous_(float8_now) { float8_now = on; }
+Float8Scope::~Float8Scope() { float8_now = previous_; }
+
+bool float8_on() { return float8_now; }
+
+bool float8_eligible(const at::Tensor& weight) {
+  return weight.dim() == 2 && at::isFloatingType(weight.scalar_type()) && weight.size(0) % 16 == 0 &&
+         weight.size(1) % 16 == 0 && weight.size(0) > 0 && weight.size(1) > 0;
+}
+
+at::Tensor float8_scale(const at::Tensor& t, c10::ScalarType float8) {
+  const double max = float8_max(float8);
+  // max / amax as torchao writes it, a Python float over a tensor: reciprocal, then product.
+  return t.abs().max().to(at::kDouble).clamp_min(kAmaxFloor).reciprocal().mul(max).to(at::kFloat);
+}
+
+at::Tensor to_float8(const at::Tensor& t, const at::Tensor& scale, c10::ScalarType float8) {
+  const double max = float8_max(float8);
+  // Saturated by hand, as torchao does: LibTorch 2.11's eager cast does not saturate.
+  return t.to(at::kFloat).mul(scale).clamp(-max, max).to(float8);
+}
+
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight) {
+  if (x.dim() < 2 || !float8_eligible(weight) || x.size(-1) != weight.size(1))
+    throw Error("float8_linear: needs x [..., in] and a weight [out, in] with both sizes multiples of 16; got x " +
+                c10::str(x.sizes()) + " and weight " + c10::str(weight.sizes()) + " (" +
+                c10::toString(weight.scalar_type()) + ")");
+  return Float8LinearFunction::apply(x, weight);
+}
+
+at::Tensor output_linear(const at::Tensor& x, const at::Tensor& weight) {
+  Float8Scope off(false);
+  return fsdpx::linear(x, weight);
+}
+
+}  // namespace fsdpx
