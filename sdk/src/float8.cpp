@@ -1,5 +1,6 @@
 #include "fsdpx/float8.h"
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@ namespace fsdpx {
 namespace {
 
 thread_local bool float8_now = false;
+std::atomic<uint64_t> float8_forwards{0};
 
 // torchao's EPS: an all-zero tensor gets a large finite scale, not an infinite one.
 constexpr double kAmaxFloor = 1e-12;
@@ -37,8 +39,15 @@ at::Tensor scaled_mm(at::Tensor a, const at::Tensor& a_scale, at::Tensor b, cons
     throw Error("float8 on CUDA needs every product's sizes multiples of 16, and this one is [" +
                 std::to_string(a.size(0)) + ", " + std::to_string(a.size(1)) + "] x [" + std::to_string(b.size(0)) +
                 ", " + std::to_string(b.size(1)) + "]: make the tokens per rank (batch x sequence) a multiple of 16");
-  return at::_scaled_mm(a, b, a_scale.reciprocal(), b_scale.reciprocal(), std::nullopt, std::nullopt, out,
-                        fast_accum);
+  try {
+    return at::_scaled_mm(a, b, a_scale.reciprocal(), b_scale.reciprocal(), std::nullopt, std::nullopt, out,
+                          fast_accum);
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    throw Error("float8: at::_scaled_mm cannot run this product on " + a.device().str() + " (" +
+                what.substr(0, what.find('\n')) + "); float8 runs on the CPU and on GPUs of compute capability 8.9 "
+                "and later (Ada, Hopper: H100, H200); use --precision bf16_mixed here");
+  }
 }
 
 // torchao's matmul_with_hp_or_float8_args for a weight in high precision: the forward product
@@ -103,8 +112,11 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight) {
     throw Error("float8_linear: needs x [..., in] and a weight [out, in] with both sizes multiples of 16; got x " +
                 c10::str(x.sizes()) + " and weight " + c10::str(weight.sizes()) + " (" +
                 c10::toString(weight.scalar_type()) + ")");
+  float8_forwards.fetch_add(1, std::memory_order_relaxed);
   return Float8LinearFunction::apply(x, weight);
 }
+
+uint64_t float8_linears_computed() { return float8_forwards.load(std::memory_order_relaxed); }
 
 at::Tensor output_linear(const at::Tensor& x, const at::Tensor& weight) {
   Float8Scope off(false);

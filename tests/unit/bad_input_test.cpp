@@ -507,6 +507,26 @@ TEST(OptionEffects, Fp32UnitsMatchingNoUnitIsRefused) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }
 
+// float8 that would compute nothing in float8 (a model whose layers call at::linear, as mlp's; a
+// float8_units pattern naming no unit) or cannot (fp16 without loss scaling) is refused.
+TEST(OptionEffects, Float8ThatWouldComputeNothingInFloat8IsRefused) {
+  auto r = run_command(train() + " --model.name mlp --data.name csv --data.path " + test::csv_path() +
+                       " --wrap.layer_types Hidden --precision.name float8 --steps 1 --batch-size 4" + test::kNoEval);
+  expect_one_line(r, "fsdpx-train", "the precision policy computes the linear layers of root, layers.0, layers.1 in "
+                                    "float8, and none of them computed a float8 linear in this forward");
+  EXPECT_NE(r.err.find("use --precision bf16_mixed for this model"), std::string::npos) << r.err;
+  const std::string f8 = kQuick + "--precision.name float8 --dry-run ";
+  r = run_command(train() + f8 + "--precision.float8_units 'layers\\.9'");
+  expect_one_line(r, "fsdpx-train", "precision 'float8': float8_units: 'layers\\.9' matches no unit, so it would "
+                                    "compute nothing in float8; the units are: root, layers.0, layers.1");
+  r = run_command(train() + f8 + "--precision.param_dtype fp16");
+  expect_one_line(r, "fsdpx-train", "fp16 needs loss scaling, which float8 does not do; use bf16");
+  r = run_command(train() + f8 + "--precision.float8_units 'layers\\.1'");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("float8     the linear layers of 1 of the units below"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bf16/fp32 float8"), std::string::npos) << r.out;
+}
+
 // 3. --eval-every on data without a held-out share evaluated nothing.
 TEST(OptionEffects, EvalEveryWithoutHeldOutDataIsRefused) {
   auto r = run_command(train() + kQuick + "--eval-every 5 --dry-run");

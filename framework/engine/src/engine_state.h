@@ -42,6 +42,7 @@ struct ShardingEngine::Impl final : StepContext {
   UnitPlan plan;
   bool sync = true;  // set_requires_gradient_sync
   TrainingState state = TrainingState::Idle;
+  bool float8_checked = false;  // a forward has shown that the float8 units compute float8 linears
   // Each forward is a generation; its hooks and autograd nodes carry it, so a backward that
   // reaches an earlier forward's graph, or a second backward over one forward, is refused.
   uint64_t current = 0, finished_generation = 0;

@@ -20,6 +20,7 @@
 #include "engine_builder.h"
 #include "engine_state.h"
 #include "fsdpx/error.h"
+#include "fsdpx/float8.h"
 #include "fsdpx/framework/base/fault_injection.h"
 #include "fsdpx/framework/base/unit_registry.h"
 #include "fsdpx/framework/runtime/collective_context.h"
@@ -260,6 +261,27 @@ ShardingEngine::ShardingEngine(std::shared_ptr<Model> model, const std::vector<U
 
 ShardingEngine::~ShardingEngine() = default;
 
+namespace {
+
+// A precision policy that asks for float8 in units none of whose linears can take it (a model
+// without fsdpx::linear, or without weights float8_eligible accepts) would train in bf16 while
+// saying float8: refused after the first forward, which is the first that can tell.
+void check_float8_ran(ShardingEngine::Impl& e, uint64_t float8_before) {
+  if (e.float8_checked) return;
+  std::string units;
+  for (const auto& u : e.units)
+    if (u->float8) units += std::string(units.empty() ? "" : ", ") + (u->root ? "root" : u->fqn);
+  if (units.empty() || float8_linears_computed() > float8_before) {
+    e.float8_checked = true;
+    return;
+  }
+  throw Error("the precision policy computes the linear layers of " + units + " in float8, and none of them "
+              "computed a float8 linear in this forward: their layers use no fsdpx::linear with a weight whose two "
+              "sizes are multiples of 16 (fsdpx/float8.h); use --precision bf16_mixed for this model");
+}
+
+}  // namespace
+
 at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   Impl& e = *impl_;
   CollectivePhase phase("forward");
@@ -280,7 +302,12 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   at::Tensor out;
   try {
     root.pre_forward({});
-    out = root.post_forward(f());
+    const uint64_t float8_before = float8_linears_computed();
+    out = root.post_forward([&] {
+      Float8Scope scope(root.float8);  // the root's own layers, as Unit::run does for the others
+      return f();
+    }());
+    check_float8_ran(e, float8_before);
     e.release_offloading();
     for (auto& u : e.units)
       if (!u->root && !u->group.params.empty() && u->forward_calls == 0)

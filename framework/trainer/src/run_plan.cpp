@@ -449,7 +449,7 @@ std::string RunPlan::text() const {
       << dtype_name(dtypes.compute) << ", reduce " << dtype_name(dtypes.reduce) << ", gradient "
       << dtype_name(dtypes.gradient) << "\n";
   if (float8 > 0)
-    o << "  float8     the linear layers of " << (float8 == units.size() ? "every unit" : std::to_string(float8) + " units")
+    o << "  float8     the linear layers of " << (float8 == units.size() ? "every unit" : std::to_string(float8) + " of the units below")
       << ": e4m3 inputs and weights, e5m2 output gradients, one scale per tensor (the output projection "
          "stays in the compute dtype)\n";
   o << "  units      " << units.size() << " (reshard after forward: " << (layout.reshard_after_forward ? "yes" : "no")

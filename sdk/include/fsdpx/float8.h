@@ -65,6 +65,10 @@ FSDPX_API at::Tensor to_float8(const at::Tensor& t, const at::Tensor& scale, c10
 // y = x W^T in float8 (above), whatever float8_on() says. x [..., in], weight [out, in].
 FSDPX_API at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight);
 
+// How many float8 linear forwards this process has computed (the engine's check that a float8
+// policy reached a linear).
+FSDPX_API uint64_t float8_linears_computed();
+
 // y = x W^T in the compute dtype, whatever float8_on() says (fsdpx::linear with float8 off).
 FSDPX_API at::Tensor output_linear(const at::Tensor& x, const at::Tensor& weight);
 
