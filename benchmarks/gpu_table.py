@@ -18,6 +18,10 @@
   6. DeepViT (vit with re-attention in the FSDP blog's 8B shape, --deepvit-layers of its 952 blocks,
      on random 256x256 images), full_shard, adamw: samples/s in bf16_mixed and in fp32 and their
      ratio, the blog's "bf16 against fp32" row (its 8B DeepViT: 77% faster); --no-deepvit leaves it out.
+  7. float8 (--precision float8: the Blocks' linears in float8, torchao's tensorwise recipe) on gpt 1b:
+     tokens/s, MFU (counted against the bf16 peak, so that it compares with part 1's) and peak
+     allocated against bf16_mixed's (part 1), and against FSDP2 with torchao's float8 on the same
+     weights and batches; --no-float8 leaves it out.
 Step times and rates are medians over the steps after the first (it includes warm-up). A run that
 fails ends the script with its log's last lines: the table shows only what was measured.
 
@@ -78,6 +82,7 @@ def parse_args():
                    help="blocks of the DeepViT of part 6 (the 8B one's 952 do not fit one GPU with AdamW)")
     p.add_argument("--deepvit-batch", type=int, default=32, help="images per step of part 6")
     p.add_argument("--no-deepvit", action="store_true", help="leave out DeepViT's bf16_mixed against fp32 (part 6)")
+    p.add_argument("--no-float8", action="store_true", help="leave out float8 against bf16_mixed and torchao (part 7)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each timed run")
     p.add_argument("--probe-timeout", type=float, default=900,
                    help="seconds allowed to each 1-step run of the search (one that takes longer counts as failed)")
@@ -138,24 +143,25 @@ class Table:
         self.a, self.train, self.peak = a, train, peak
         self.env = dict(os.environ)
 
-    def fsdpx_cmd(self, out, sharding="full_shard", layers=0, steps=None, extra=(), layer_types="Block"):
+    def fsdpx_cmd(self, out, sharding="full_shard", layers=0, steps=None, extra=(), layer_types="Block",
+                  precision="bf16_mixed"):
         a = self.a
         cmd = [self.train, "--nproc-per-node", "1", "--device", "cuda", "--backend", a.backend,
                "--model.name", "gpt", "--model.size", "1b",
                "--data.name", "tokens", "--data.path", a.data, "--data.dtype", "uint16", "--data.seq", str(a.seq),
                "--sharding.name", sharding, "--wrap.name", "layer_type", "--wrap.layer_types", layer_types,
-               "--precision.name", "bf16_mixed", "--optimizer.name", "adamw",
+               "--precision.name", precision, "--optimizer.name", "adamw",
                "--steps", str(steps or a.steps), "--batch-size", str(a.batch_size), "--seed", "0",
                "--log-every", "1", "--peak-tflops", repr(self.peak), "--out", out]
         if layers:
             cmd += ["--model.layers", str(layers)]
         return cmd + list(extra)
 
-    def fsdpx(self, name, extra=(), steps=None, layer_types="Block"):
+    def fsdpx(self, name, extra=(), steps=None, layer_types="Block", precision="bf16_mixed"):
         out = os.path.join(self.a.work, name)
         shutil.rmtree(out, ignore_errors=True)
-        t = compare.run(self.fsdpx_cmd(out, steps=steps, extra=extra, layer_types=layer_types), out + ".log",
-                        self.a.timeout, self.env)
+        t = compare.run(self.fsdpx_cmd(out, steps=steps, extra=extra, layer_types=layer_types, precision=precision),
+                        out + ".log", self.a.timeout, self.env)
         print(f"  fsdpx {name}: {t:.0f} s", flush=True)
         return compare.read_steps(os.path.join(out, "metrics.jsonl"), steps or self.a.steps)
 
@@ -187,14 +193,14 @@ class Table:
         print(f"  initial weights {path}: {t:.0f} s", flush=True)
         return path
 
-    def fsdp2(self, init, name="fsdp2", steps=None, extra=()):
+    def fsdp2(self, init, name="fsdp2", steps=None, extra=(), precision="bf16_mixed"):
         a = self.a
         steps = steps or a.steps
         out = os.path.join(a.work, name + ".jsonl")
         cmd = [a.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                os.path.join(HERE, "vs_fsdp2", "gpt_fsdp2.py"), "--size", "1b", "--data", a.data, "--seq", str(a.seq),
                "--batch-size", str(a.batch_size), "--steps", str(steps), "--seed", "0", "--sharding", "full_shard",
-               "--precision", "bf16_mixed", "--optimizer", "adamw", "--init-from", init, "--device", "cuda",
+               "--precision", precision, "--optimizer", "adamw", "--init-from", init, "--device", "cuda",
                "--out", out, "--quiet", *extra]
         t = compare.run(cmd, os.path.join(a.work, name + ".log"), a.timeout, self.env)
         print(f"  {name}: {t:.0f} s", flush=True)
@@ -278,7 +284,34 @@ def measure(a, table):
                             "mfu": median(v, "mfu"),
                             "peak_allocated_bytes": max(s["step_peak_allocated_bytes"] for s in v)}
                         for p, v in runs.items()}
+    if not a.no_float8:
+        f8 = table.fsdpx("fsdpx-float8", ["--init-from", init], precision="float8")
+        r["float8"] = {"tokens_per_s": median(f8, "tokens_per_s"), "mfu": median(f8, "mfu"),
+                       "step_time_s": median(f8, "step_time_s"),
+                       "peak_allocated_bytes": max(s["step_peak_allocated_bytes"] for s in f8)}
+        # The GPU machine's Python may lack torchao (scripts/setup.sh's venv has it): then no FSDP2 row.
+        has_torchao = subprocess.run([a.python, "-c", "import torchao.float8"], capture_output=True).returncode == 0
+        if has_torchao:
+            t8 = table.fsdp2(init, name="fsdp2-float8", precision="float8")
+            r["float8"].update({"fsdp2_step_time_s": median(t8, "step_time_s"),
+                                "fsdp2_peak_allocated_bytes": max(s["cuda_peak_allocated_bytes"] for s in t8),
+                                "max_abs_loss_diff": loss_diff(f8, t8)})
     return r
+
+
+def float8_rows(fx, f):
+    row("gpt 1b tokens/s, float8", f"{f['tokens_per_s']:.0f}",
+        f"MFU {100 * f['mfu']:.1f}% (of the bf16 peak), peak {gib(f['peak_allocated_bytes'])}")
+    row("float8 / bf16_mixed tokens/s", f"{f['tokens_per_s'] / fx['tokens_per_s']:.2f}",
+        f"peak allocated {f['peak_allocated_bytes'] / fx['peak_allocated_bytes']:.2f}x bf16_mixed's; "
+        "torchtitan's Llama 3.1 8B: 1.28")
+    if "fsdp2_step_time_s" not in f:
+        row("fsdpx / FSDP2+torchao float8 step", "-", "torchao is not installed in --python: not measured")
+        return
+    row("fsdpx / FSDP2+torchao float8 step", f"{f['step_time_s'] / f['fsdp2_step_time_s']:.2f}",
+        f"fsdpx {f['step_time_s'] * 1e3:.1f} ms, FSDP2 {f['fsdp2_step_time_s'] * 1e3:.1f} ms; peak "
+        f"{f['peak_allocated_bytes'] / f['fsdp2_peak_allocated_bytes']:.2f}x; max |loss diff| "
+        f"{f['max_abs_loss_diff']:.1e}")
 
 
 def deepvit_rows(a, d):
@@ -443,6 +476,8 @@ def report(a, r, name, count, peak, peak_from):
         largest_rows(r)
     if "deepvit" in r:
         deepvit_rows(a, r["deepvit"])
+    if "float8" in r:
+        float8_rows(fx, r["float8"])
     row("step time, overlap on", f"{fx['step_time_s'] * 1e3:.1f} ms", "--overlap 1 (the runs above)")
     row("step time, overlap off", f"{r['overlap_off_step_time_s'] * 1e3:.1f} ms",
         f"--overlap 0; off/on {r['overlap_off_step_time_s'] / fx['step_time_s']:.2f}")

@@ -28,7 +28,8 @@ allocated), PyTorch FSDP2 on the same weights and batches (step-time and peak-me
 the largest gpt at 1b width that trains one step with and without cpu_offload, and the step time
 with overlap on and off, where a step's time goes (CUDA events), and the memory options' peaks
 (recomputed Blocks, --optimizer-in-backward, activation offload) against FSDP2 recomputing the
-same. Then the several-rank part (benchmarks/gpu_multi.py) at 2 and 4 ranks over NCCL, a GPU
+same, and float8 against bf16_mixed and against FSDP2 with torchao's float8 (where --python has
+torchao; two more gpt 1b runs, not yet timed on a GPU). Then the several-rank part (benchmarks/gpu_multi.py) at 2 and 4 ranks over NCCL, a GPU
 per rank where there are enough and ranks sharing them otherwise (--share-gpus: each rank a node
 of its own to NCCL, over loopback sockets; on a one-GPU machine every rank shares it): losses of
 each strategy and memory option against the CPU and one rank, an asynchronous save resumed at
