@@ -19,9 +19,11 @@ constexpr double kLastStepsGap = 0.01;
 constexpr int kLastSteps = 50;
 
 std::map<int64_t, double> demo_losses(const std::string& precision, const fs::path& out) {
-  const auto r = test::run_command(test::train() + " --config " + (test::source_dir() / "configs" / "demo.ini").string() +
-                                   " --nproc-per-node 2 --log-every 1 --eval-every 0 --checkpoint.name none"
-                                   " --peak-tflops 1 --precision.name " + precision + " --out " + out.string());
+  const auto r =
+      test::run_command(test::train() + " --config " + (test::source_dir() / "configs" / "demo.ini").string() +
+                        " --nproc-per-node 2 --log-every 1 --eval-every 0 --checkpoint.name none"
+                        " --peak-tflops 1 --precision.name " +
+                        precision + " --out " + out.string());
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   std::map<int64_t, double> losses;
   for (const auto& m : test::step_metrics(out)) losses[m["step"].get<int64_t>()] = m["loss"].get<double>();

@@ -379,7 +379,8 @@ void write_units(std::ostringstream& o, const std::vector<UnitBytes>& units, boo
                 "gathered", last("recompute", "compute/reduce").c_str());
   o << line;
   for (const auto& u : units) {
-    const std::string own = dtype_name(u.dtypes.compute) + "/" + dtype_name(u.dtypes.reduce) + (u.float8 ? " float8" : "");
+    const std::string own =
+        dtype_name(u.dtypes.compute) + "/" + dtype_name(u.dtypes.reduce) + (u.float8 ? " float8" : "");
     std::snprintf(line, sizeof line, "    %-*s %12s %14s %14s  %s\n", static_cast<int>(w),
                   u.fqn.empty() ? "(root)" : u.fqn.c_str(), human_count(static_cast<double>(u.params)).c_str(),
                   human_count(static_cast<double>(u.shard_numel)).c_str(),
@@ -449,7 +450,8 @@ std::string RunPlan::text() const {
       << dtype_name(dtypes.compute) << ", reduce " << dtype_name(dtypes.reduce) << ", gradient "
       << dtype_name(dtypes.gradient) << "\n";
   if (float8 > 0)
-    o << "  float8     the linear layers of " << (float8 == units.size() ? "every unit" : std::to_string(float8) + " of the units below")
+    o << "  float8     the linear layers of "
+      << (float8 == units.size() ? "every unit" : std::to_string(float8) + " of the units below")
       << ": e4m3 inputs and weights, e5m2 output gradients, one scale per tensor (the output projection "
          "stays in the compute dtype)\n";
   o << "  units      " << units.size() << " (reshard after forward: " << (layout.reshard_after_forward ? "yes" : "no")
