@@ -99,10 +99,10 @@ bool float8_eligible(const at::Tensor& weight) {
 
 at::Tensor float8_scale(const at::Tensor& t, c10::ScalarType float8) {
   const double max = float8_max(float8);
-  // max / amax as torchao writes it, a Python float over a tensor: reciprocal, then product.
   // max |t| as the larger of -min and max: exact, as torchao's max(abs(t)), without a copy of t.
   const auto [low, high] = at::aminmax(t);
   const at::Tensor amax = at::maximum(low.neg(), high);
+  // max / amax as torchao writes it, a Python float over a tensor: reciprocal, then product.
   return amax.to(at::kDouble).clamp_min(kAmaxFloor).reciprocal().mul(max).to(at::kFloat);
 }
 

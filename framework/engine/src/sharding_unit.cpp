@@ -80,12 +80,16 @@ bool Unit::recomputes() const { return checkpoint && at::GradMode::is_enabled();
 at::Tensor Unit::run(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& layer,
                      const std::vector<at::Tensor>& inputs) {
   // Float8 (or not) for this unit's own layers, in its forward and in its recompute; a unit
-  // inside sets its own and hands this one's back.
+  // inside sets its own and hands this one's back. Float8 is off outside every scope (and so in
+  // a backward's recompute), so a unit that is not float8 under no float8 scope runs as given.
+  const bool scoped = float8 || float8_on();
   const std::function<at::Tensor(const std::vector<at::Tensor>&)> f =
-      [layer, on = float8](const std::vector<at::Tensor>& in) {
-        Float8Scope scope(on);
-        return layer(in);
-      };
+      scoped ? std::function<at::Tensor(const std::vector<at::Tensor>&)>(
+                   [layer, on = float8](const std::vector<at::Tensor>& in) {
+                     Float8Scope scope(on);
+                     return layer(in);
+                   })
+             : layer;
   if (!recomputes()) {
     drop_recompute();
     return f(inputs);

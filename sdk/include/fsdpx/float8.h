@@ -2,7 +2,7 @@
 // "tensorwise" recipe, torchao.float8.convert_to_float8_training), for model plugins.
 //
 // A model writes its linears with fsdpx::linear (fsdpx/linear.h). Where the precision policy asks
-// for float8 in a unit (`--precision float8`), the engine turns float8 on for that unit's forward
+// for float8 in a unit (`--precision.name float8`), the engine turns float8 on for that unit's forward
 // and its recompute (Float8Scope), and fsdpx::linear then computes each weight float8_eligible()
 // accepts with fsdpx::float8_linear:
 //   forward        y  = x W^T   x and W in e4m3
