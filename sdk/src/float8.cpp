@@ -1,7 +1,9 @@
 #include "fsdpx/float8.h"
 
 #include <atomic>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <ATen/ops/_scaled_mm.h>
@@ -85,6 +87,59 @@ struct Float8LinearFunction : torch::autograd::Function<Float8LinearFunction> {
   }
 };
 
+// A weight gathered in float8 (float8 all-gather): the weight's data and scale come from the
+// all-gather, the product is the same as above. Saved: x and the gathered e4m3 weight, as
+// torchao's with a Float8TrainingTensor weight (the gathered bytes' storage is refilled for the
+// backward when the unit reshards after forward, as FSDP2's all-gather output is).
+struct Float8GatheredLinearFunction : torch::autograd::Function<Float8GatheredLinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& data, const at::Tensor& w_scale) {
+    const at::Tensor x_scale = float8_scale(x, at::kFloat8_e4m3fn);
+    ctx->save_for_backward({x, data, x_scale, w_scale});
+    at::Tensor y = scaled_mm(to_float8(x.reshape({-1, x.size(-1)}), x_scale, at::kFloat8_e4m3fn), x_scale, data.t(),
+                             w_scale, x.scalar_type(), true);
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+    shape.back() = weight.size(0);
+    return y.view(shape);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &data = saved[1], &x_scale = saved[2], &w_scale = saved[3];
+    const at::Tensor g2d = grads[0].reshape({-1, data.size(0)});
+    const at::Tensor g_scale = float8_scale(g2d, at::kFloat8_e5m2);
+    const at::Tensor g8 = to_float8(g2d, g_scale, at::kFloat8_e5m2);
+    at::Tensor grad_x, grad_weight;
+    if (ctx->needs_input_grad(0))
+      grad_x = scaled_mm(g8, g_scale, data, w_scale, grads[0].scalar_type(), false).view(x.sizes());
+    if (ctx->needs_input_grad(1))
+      grad_weight = scaled_mm(g8.t(), g_scale, to_float8(x.reshape({-1, x.size(-1)}), x_scale, at::kFloat8_e4m3fn),
+                              x_scale, grads[0].scalar_type(), false);
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+// The weights gathered in float8, by their module tensor's identity. Read by every float8
+// linear's forward (also a recompute on autograd's thread), written when an engine is built or
+// goes.
+struct GatheredWeights {
+  std::mutex mutex;
+  std::unordered_map<const c10::TensorImpl*, std::shared_ptr<const Float8GatheredWeight>> by_weight;
+};
+
+GatheredWeights& gathered_weights() {
+  static GatheredWeights* registry = new GatheredWeights();  // never destroyed: handles may outlive statics
+  return *registry;
+}
+
+std::shared_ptr<const Float8GatheredWeight> gathered_of(const at::Tensor& weight) {
+  GatheredWeights& r = gathered_weights();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.by_weight.find(weight.unsafeGetTensorImpl());
+  return it == r.by_weight.end() ? nullptr : it->second;
+}
+
 }  // namespace
 
 Float8Scope::Float8Scope(bool on) : previous_(float8_now) { float8_now = on; }
@@ -93,8 +148,11 @@ Float8Scope::~Float8Scope() { float8_now = previous_; }
 bool float8_on() { return float8_now; }
 
 bool float8_eligible(const at::Tensor& weight) {
-  return weight.dim() == 2 && at::isFloatingType(weight.scalar_type()) && weight.size(0) % 16 == 0 &&
-         weight.size(1) % 16 == 0 && weight.size(0) > 0 && weight.size(1) > 0;
+  return at::isFloatingType(weight.scalar_type()) && float8_eligible_shape(weight.sizes().vec());
+}
+
+bool float8_eligible_shape(const std::vector<int64_t>& shape) {
+  return shape.size() == 2 && shape[0] % 16 == 0 && shape[1] % 16 == 0 && shape[0] > 0 && shape[1] > 0;
 }
 
 at::Tensor float8_scale(const at::Tensor& t, c10::ScalarType float8) {
@@ -104,6 +162,25 @@ at::Tensor float8_scale(const at::Tensor& t, c10::ScalarType float8) {
   const at::Tensor amax = at::maximum(low.neg(), high);
   // max / amax as torchao writes it, a Python float over a tensor: reciprocal, then product.
   return amax.to(at::kDouble).clamp_min(kAmaxFloor).reciprocal().mul(max).to(at::kFloat);
+}
+
+at::Tensor float8_weight_scales(const at::Tensor& amaxes) {
+  return amaxes.clamp_min(kAmaxFloor).to(at::kDouble).reciprocal().mul(kFloat8E4m3Max).to(at::kFloat);
+}
+
+std::shared_ptr<void> register_float8_gathered(const at::Tensor& weight,
+                                               std::shared_ptr<const Float8GatheredWeight> gathered) {
+  const c10::TensorImpl* key = weight.unsafeGetTensorImpl();
+  {
+    GatheredWeights& r = gathered_weights();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.by_weight[key] = std::move(gathered);
+  }
+  return std::shared_ptr<void>(nullptr, [key](void*) {
+    GatheredWeights& r = gathered_weights();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.by_weight.erase(key);
+  });
 }
 
 at::Tensor to_float8(const at::Tensor& t, const at::Tensor& scale, c10::ScalarType float8) {
@@ -121,6 +198,8 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight) {
                 c10::str(x.sizes()) + " and weight " + c10::str(weight.sizes()) + " (" +
                 c10::toString(weight.scalar_type()) + ")");
   float8_forwards.fetch_add(1, std::memory_order_relaxed);
+  if (const auto gathered = gathered_of(weight))
+    return Float8GatheredLinearFunction::apply(x, weight, gathered->data, gathered->scale);
   return Float8LinearFunction::apply(x, weight);
 }
 

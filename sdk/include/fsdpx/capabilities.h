@@ -39,4 +39,26 @@ class FSDPX_API Float8Units {
   virtual bool float8(const std::string& unit) const = 0;
 };
 
+// On a precision policy that declares Float8Units: whether the float8 units gather their linear
+// weights in float8 (FSDP2 with torchao's enable_fsdp_float8_all_gather): each weight cast to e4m3
+// on its shard before the all-gather, half of bf16's bytes, with one scale per weight computed for
+// all units at once before each forward (one all-reduce of the amaxes, as torchao's
+// precompute_float8_dynamic_scale_for_fsdp). Default (not declared): gathered in the compute dtype.
+class FSDPX_API Float8AllGather {
+ public:
+  virtual ~Float8AllGather();
+  virtual bool float8_all_gather() const = 0;
+};
+
+// On a model: the parameters it reads only as the weight of fsdpx::linear (fsdpx/linear.h), which
+// float8 all-gather may hold in float8 alone inside a step. A parameter also read otherwise (a
+// tied embedding, a norm) must not be listed: its read would fail. Default (not declared): none,
+// and float8 all-gather is refused for the model.
+class FSDPX_API LinearWeights {
+ public:
+  virtual ~LinearWeights();
+  // `parameter`: its path in the model, as named_parameters() gives it.
+  virtual bool linear_weight(const std::string& parameter) const = 0;
+};
+
 }  // namespace fsdpx

@@ -23,6 +23,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -54,6 +56,8 @@ FSDPX_API bool float8_on();
 // whose two sizes are multiples of 16, as at::_scaled_mm needs on CUDA (torchtitan's filter;
 // the same on every device, so that a run's numerics do not depend on where it runs).
 FSDPX_API bool float8_eligible(const at::Tensor& weight);
+// The same for a floating weight of `shape` (planners, which have shapes only).
+FSDPX_API bool float8_eligible_shape(const std::vector<int64_t>& shape);
 
 // The scale of a tensorwise cast of `t` to `float8` (at::kFloat8_e4m3fn or at::kFloat8_e5m2): a
 // 0-dim float32 tensor, max(float8) / max(amax(|t|), 1e-12) as torchao works it out.
@@ -64,6 +68,26 @@ FSDPX_API at::Tensor to_float8(const at::Tensor& t, const at::Tensor& scale, c10
 
 // y = x W^T in float8 (above), whatever float8_on() says. x [..., in], weight [out, in].
 FSDPX_API at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight);
+
+// The scales of tensorwise e4m3 casts of weights from their amaxes (a float32 tensor, one per
+// weight), as torchao's precompute_float8_dynamic_scale_for_fsdp: the floor applied in float32,
+// then max / amax in float64, rounded to float32. The same as float8_scale but where amax < 1e-12.
+FSDPX_API at::Tensor float8_weight_scales(const at::Tensor& amaxes);
+
+// float8 all-gather (the engine's, `--precision.float8_all_gather`): a weight its unit gathers in
+// e4m3, cast on each rank's shard before the all-gather, instead of in the compute dtype. While
+// registered, fsdpx::linear in a float8 scope computes with `data` and `scale` (torchao's
+// Float8TrainingTensor after FSDP2's all-gather: the same products, the weight never cast again)
+// and reads nothing of the weight's own tensor, which holds no data inside the step; only its
+// gradient is the weight's. The engine fills `data` while the unit is gathered and sets `scale`
+// before each forward, between steps only.
+struct Float8GatheredWeight {
+  at::Tensor data;  // e4m3 [out, in]
+  at::Tensor scale;  // 0-dim float32
+};
+// Registers `weight` (by identity, as the module holds it) until the returned handle goes.
+FSDPX_API std::shared_ptr<void> register_float8_gathered(const at::Tensor& weight,
+                                                         std::shared_ptr<const Float8GatheredWeight> gathered);
 
 // How many float8 linear forwards this process has computed (the engine's check that a float8
 // policy reached a linear).
