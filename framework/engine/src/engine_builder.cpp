@@ -10,9 +10,10 @@
 
 #include "fsdpx/capabilities.h"
 #include "fsdpx/error.h"
-#include "fsdpx/suggest.h"
+#include "fsdpx/framework/engine/unit_buffers.h"
 #include "fsdpx/framework/engine/unit_precision.h"
 #include "fsdpx/framework/runtime/every_rank.h"
+#include "fsdpx/suggest.h"
 #include "module_tree.h"
 #include "step_order.h"
 
@@ -177,6 +178,25 @@ void check_ranks_agree(const ShardingEngine::Impl& e) {
                 " do not match rank 0's; every rank must build the same model with the same options");
 }
 
+// float8 all-gather: the float8 units' parameters the model lists among its linear weights, of
+// shapes float8 takes, are gathered in float8; refused where nothing would be.
+void mark_float8_gathered(ShardingEngine::Impl& e) {
+  if (!e.config.options.float8_all_gather) return;
+  const auto* linear = dynamic_cast<const LinearWeights*>(e.model.get());
+  int64_t float8 = 0;
+  for (auto& u : e.units) {
+    if (!u->float8 || !linear) continue;
+    u->group.gathers_float8.assign(u->group.params.size(), false);
+    for (size_t i = 0; i < u->group.params.size(); ++i) {
+      const ShardedParam& p = u->group.params[i];
+      if (!gathers_in_float8(linear->linear_weight(p.name), p.shape)) continue;
+      u->group.gathers_float8[i] = true;
+      ++float8;
+    }
+  }
+  check_float8_all_gather(static_cast<int>(e.config.shard_size), linear != nullptr, float8);
+}
+
 // Module buffers in the precision's buffer dtype (floating ones; they are not sharded).
 void cast_buffers(torch::nn::Module& root, const PrecisionSpec& precision) {
   if (!precision.buffer) return;
@@ -210,6 +230,7 @@ void build_engine(ShardingEngine::Impl& e, const std::vector<UnitSelection>& sel
     }
   }
   check_reshard_choices(e);
+  mark_float8_gathered(e);
   mark_offloaded_units(e);
   check_ranks_agree(e);
   // The plan, in the form wrap policies print it: of the whole parameters, before they become
@@ -233,6 +254,8 @@ void use_precision_policy(EngineOptions& o, std::shared_ptr<const PrecisionPolic
   o.unit_float8 = nullptr;
   if (const auto* f8 = dynamic_cast<const Float8Units*>(policy.get()))
     o.unit_float8 = [policy, f8](const std::string& unit) { return f8->float8(unit); };
+  const auto* gather = dynamic_cast<const Float8AllGather*>(policy.get());
+  o.float8_all_gather = o.unit_float8 && gather && gather->float8_all_gather();
 }
 
 }  // namespace fsdpx

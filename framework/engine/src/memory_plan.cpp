@@ -73,10 +73,12 @@ UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in
   const PrecisionSpec& d = u.dtypes;
   UnitBuffers b;
   b.name = root ? "the root" : "unit " + u.fqn;
-  b.gathered = in.offload ? S * total * elt(d.compute) : gathered_bytes(total, S, d);  // offloading: its own storage
-  b.gather_out = all_gather_bytes(total, S, d);
-  // The shard cast to the compute dtype, or offloading, copied to the device.
-  b.gather_in = S > 1 && (d.compute != d.storage || in.offload) ? total * elt(d.compute) : 0;
+  const int64_t f8 = u.float8_numel;  // float8 all-gather: one byte each, gathered and in flight
+  b.gathered = in.offload && f8 == 0 ? S * total * elt(d.compute)
+                                     : gathered_bytes(total, S, d, f8);  // offloading: its own storage
+  b.gather_out = all_gather_bytes(total, S, d, f8);
+  // The shard cast to the compute dtype (and float8), or offloading, copied to the device.
+  b.gather_in = S > 1 && (d.compute != d.storage || in.offload || f8 > 0) ? b.gather_out / S : 0;
   for (const auto& p : u.params) b.grad_elements += p.second;
   b.grad_shard = total * elt(d.gradient);
   b.packed = S * total * elt(d.reduce);

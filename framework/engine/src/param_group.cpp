@@ -70,14 +70,17 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
   flat_shard = at::zeros({total}, config->for_shards(prec.storage));
   flat_grad = at::empty({total}, config->for_shards(prec.gradient));
   resize_storage(flat_grad.storage(), 0);  // no bytes until hold_gradients
+  const c10::Device dev = config->device->device();
+  if (!gathers_float8.empty()) float8_gather.lay_out(params, gathers_float8, S, dev);
   if (separate()) {
-    const c10::Device dev = config->device->device();
+    const int64_t numel = float8_gather.on() ? float8_gather.compute_numel : total;
     unsharded =
-        c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * total) * c10::elementSize(prec.compute),
+        c10::Storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(S * numel) * c10::elementSize(prec.compute),
                      c10::GetAllocator(dev.type()), /*resizable=*/true);
-    unsharded_flat = tensor_over(unsharded, 0, {S * total}, prec.compute);
+    unsharded_flat = tensor_over(unsharded, 0, {S * numel}, prec.compute);
   }
-  for (ShardedParam& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    ShardedParam& p = params[i];
     std::vector<int64_t> shard_shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
     shard_shape[0] = p.geometry.rows_per_shard;
     {
@@ -91,8 +94,9 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
     }
     // The module's parameter becomes a view of the unit's unsharded storage (or, unsharded, of
     // the shard itself); its object stays, so the model and autograd keep using it.
-    p.gathered = separate() ? tensor_over(unsharded, S * p.offset, p.shape, prec.compute)
-                            : tensor_over(flat_shard.storage(), p.offset, p.shape, prec.storage);
+    p.gathered = float8_gather.on() ? float8_gather.gathered_view(i, p, unsharded, S, prec.compute)
+                 : separate()       ? tensor_over(unsharded, S * p.offset, p.shape, prec.compute)
+                                    : tensor_over(flat_shard.storage(), p.offset, p.shape, prec.storage);
     std::vector<int64_t> local_shape = p.shape;
     const int64_t mine = p.geometry.valid_rows(config->shard_rank);
     if (local_shape.empty() && mine == 0) local_shape = {0};  // a 0-dim parameter another rank holds
@@ -110,6 +114,7 @@ void ParamGroup::materialise(Model& model, const std::string& unit) {
     p.attach();
   }
   if (separate()) resize_storage(unsharded, 0);
+  if (float8_gather.on()) resize_storage(float8_gather.storage, 0);
   show_shards();
 }
 
@@ -181,10 +186,11 @@ void ParamGroup::start_gather() {
     // for a backward after the int form's forward, what this rank kept (written on the compute
     // stream, which the copy-in stream waited for).
     gather_in = gathers_post_forward ? post_forward
+                : float8_gather.on() ? float8_gather.input(flat_shard, params, precision.compute, dev.device())
                                      : cast_for_all_gather(flat_shard, precision.compute, dev.device());
     const bool skip = fault_skips_gather(*config, label);
-    gather_out = skip ? at::zeros({config->shard_size * total}, gather_in.options())
-                      : at::empty({config->shard_size * total}, gather_in.options());
+    gather_out = skip ? at::zeros({config->shard_size * gather_row()}, gather_in.options())
+                      : at::empty({config->shard_size * gather_row()}, gather_in.options());
     if (skip) {
       gather_work = Work();
       return;
@@ -207,13 +213,18 @@ void ParamGroup::unshard() {
     if (sharded_layout()) {
       TimedSpan waiting(config->timing(), TimedPhase::AllGatherWait);
       gather_work.wait();  // the compute stream waits for the all-gather (the host, over Gloo)
-      src = gather_out.view({s, total});
+      src = gather_out.view({s, gather_row()});
       keep_post_forward(src);
     } else {
       src = flat_shard.view({1, total});  // cast by the copy-out
     }
-    resize_storage(unsharded, static_cast<size_t>(s * total) * unsharded_flat.element_size());
-    copy_out_gathered(unsharded_flat, src, params, s);
+    resize_storage(unsharded, unsharded_flat.nbytes());
+    if (float8_gather.on()) {
+      resize_storage(float8_gather.storage, float8_gather.flat.nbytes());
+      float8_gather.copy_out(unsharded_flat, src, params, s, precision.compute);
+    } else {
+      copy_out_gathered(unsharded_flat, src, params, s);
+    }
     src = at::Tensor();
     if (sharded_layout()) {
       // The all-gather's buffers belong to the copy-in stream, whose next allocations may reuse
@@ -254,6 +265,7 @@ void ParamGroup::reshard() {
   if (!separate() || state != State::Unsharded) return;
   trace_step(config->options.step_trace, "free", root, label);
   resize_storage(unsharded, 0);
+  if (float8_gather.on()) resize_storage(float8_gather.storage, 0);
   for (const ShardedParam& p : params) p.release();
   state = State::Sharded;
 }

@@ -12,6 +12,7 @@
 #include <c10/core/Storage.h>
 
 #include "engine_config.h"
+#include "float8_gather.h"
 #include "sharded_param.h"
 
 namespace fsdpx {
@@ -26,8 +27,12 @@ struct ParamGroup {
   std::vector<ShardedParam> params;
   int64_t total = 0;  // shard elements (padded)
   at::Tensor flat_shard, flat_grad;
-  c10::Storage unsharded;     // shard_size * total elements while gathered
+  c10::Storage unsharded;  // shard_size * total elements while gathered (float8 all-gather: the compute part's)
   at::Tensor unsharded_flat;  // over `unsharded`, for the copy-out
+  // float8 all-gather: per parameter, whether it is gathered in float8 (the engine's builder
+  // decides), and the unit's layout of it (on() when any is).
+  std::vector<bool> gathers_float8;
+  Float8Gather float8_gather;
 
   enum class State { Sharded, Gathering, Unsharded } state = State::Sharded;
   Work gather_work;
@@ -57,6 +62,9 @@ struct ParamGroup {
   at::Tensor replicate_on_device;
 
   bool sharded_layout() const { return config->shard_size > 1; }
+  // One rank's row of the all-gather, in the all-gather's elements: the shard's, or float8
+  // all-gather's bytes.
+  int64_t gather_row() const { return float8_gather.on() ? float8_gather.row_bytes(precision.compute) : total; }
   // fsdpx/framework/engine/unit_buffers.h's rules for this unit: whether the gathered parameters
   // live in storage of their own (else they are the shards themselves), and whether the unit
   // reshards after forward.

@@ -27,7 +27,11 @@ void ShardedParam::init_shard(Model& model, at::Generator gen, int shard_rank) c
         .copy_(full.reshape({g.rows, g.row}).narrow(0, g.first_row(shard_rank), mine));
 }
 
-void ShardedParam::attach() const { point_at(param, gathered); }
+void ShardedParam::attach() const {
+  point_at(param, gathered);
+  if (!float8_message.empty())
+    param.unsafeGetTensorImpl()->release_storage_and_set_meta_custom_data_ptr_error_msg_(float8_message);
+}
 
 void point_at(const at::Tensor& param, const at::Tensor& data) {
   if (param.is_same(data) || at::_has_compatible_shallow_copy_type(param, data)) {

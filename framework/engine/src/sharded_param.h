@@ -37,6 +37,9 @@ struct ShardedParam {
   // shard itself, when nothing is gathered).
   at::Tensor gathered;
   std::string sharded_message;  // the error reading `param` gives while the unit is sharded
+  // float8 all-gather: gathered in float8 only (fsdpx::Float8GatheredWeight), so that `gathered`
+  // is its shape and compute dtype over no bytes, and reading `param` while gathered gives this.
+  std::string float8_message;
   // This rank's rows of `shard` without the padding: what `param` is between steps (its shape
   // is the parameter's with dim 0 this rank's valid rows, 0 on a rank past the last row).
   at::Tensor local;
@@ -46,7 +49,7 @@ struct ShardedParam {
   at::Tensor unsharded_grad;
   at::Tensor shown_grad;  // what show_local set as `param`'s .grad, to see what an optimizer changed
 
-  // Points the module's tensor at `gathered`.
+  // Points the module's tensor at `gathered` (gathered in float8: its metadata, with no storage).
   void attach() const;
   // Drops the module's tensor's storage: reading it (until attach) throws c10::Error with
   // sharded_message, instead of reading past the end of a freed storage.

@@ -301,6 +301,11 @@ at::Tensor ShardingEngine::forward(const std::function<at::Tensor()>& f) {
   Unit& root = *e.units[0];
   at::Tensor out;
   try {
+    if (e.config.options.float8_all_gather) {
+      std::vector<ParamGroup*> groups;
+      for (auto& u : e.units) groups.push_back(&u->group);
+      set_float8_scales(groups);  // before any all-gather of this forward casts a shard with them
+    }
     root.pre_forward({});
     const uint64_t float8_before = float8_linears_computed();
     out = root.post_forward([&] {
@@ -463,6 +468,7 @@ MemoryReport ShardingEngine::memory() const {
     m.param_bytes += static_cast<int64_t>(g.flat_shard.storage().nbytes());
     m.grad_bytes += g.flat_grad.numel() * static_cast<int64_t>(g.flat_grad.element_size());  // while held
     if (g.separate()) m.unsharded_bytes += static_cast<int64_t>(g.unsharded.nbytes());
+    if (g.float8_gather.on()) m.unsharded_bytes += static_cast<int64_t>(g.float8_gather.storage.nbytes());
     if (g.post_forward.defined()) m.post_forward_bytes += g.post_forward.numel() * g.post_forward.element_size();
   }
   return m;

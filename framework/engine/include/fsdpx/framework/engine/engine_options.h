@@ -36,6 +36,11 @@ struct EngineOptions {
   // The units whose linear layers compute in float8 (fsdpx/float8.h: the engine turns float8 on
   // around their forward and recompute); unset: none.
   std::function<bool(const std::string& unit)> unit_float8;
+  // float8 all-gather (fsdpx::Float8AllGather): the float8 units gather the weights the model
+  // lists (fsdpx::LinearWeights) in e4m3, with scales computed for all of them before each
+  // forward (one all-reduce of their amaxes over the shard group). Needs a shard group of more
+  // than one rank and such weights: refused otherwise.
+  bool float8_all_gather = false;
   // Units (by path) that reshard after forward otherwise than layout.reshard_after_forward says,
   // as FSDP2's reshard_after_forward per fully_shard call (ReshardAfterForward: true, false or
   // an int). A path that is no unit, the root's "" (the root never reshards), or an int that does
@@ -76,7 +81,8 @@ struct EngineOptions {
   StepTrace step_trace;
 };
 
-// unit_precision and unit_float8 from a precision policy (its fsdpx::Float8Units, if it declares it).
+// unit_precision, unit_float8 and float8_all_gather from a precision policy (its fsdpx::Float8Units
+// and fsdpx::Float8AllGather, if it declares them).
 FSDPX_API void use_precision_policy(EngineOptions& o, std::shared_ptr<const PrecisionPolicy> policy);
 
 // The unit's own reshard_after_forward (EngineOptions::reshard_after_forward_by_unit), if set.

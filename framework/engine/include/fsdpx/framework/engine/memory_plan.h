@@ -29,6 +29,7 @@ namespace fsdpx {
 struct UnitMemory {
   std::string fqn;  // "" for the root
   int64_t shard_numel = 0;  // this rank's flat shard, padded (padded_shard_numel, shard_geometry.h)
+  int64_t float8_numel = 0;  // of it, the elements gathered in float8 (float8 all-gather)
   std::vector<std::pair<std::string, int64_t>> params;  // trainable parameters: name, elements
   PrecisionSpec dtypes;
   bool recompute = false;  // activation checkpointing

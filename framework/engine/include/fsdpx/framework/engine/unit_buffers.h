@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "fsdpx/reshard_after_forward.h"
 #include "fsdpx/export.h"
@@ -20,11 +22,25 @@ namespace fsdpx {
 FSDPX_API bool gathers_into_own_storage(int64_t shard_size, const PrecisionSpec& dtypes);
 
 // The all-gather's output of a unit of `shard_numel` shard elements: every rank's shard in the
-// compute dtype (0 when unsharded: nothing is gathered).
-FSDPX_API int64_t all_gather_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes);
+// compute dtype, but `float8_numel` of them in float8, one byte each (float8 all-gather); 0 when
+// unsharded: nothing is gathered.
+FSDPX_API int64_t all_gather_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes,
+                                   int64_t float8_numel = 0);
 
-// The gathered parameters' storage (0 when they are the shards themselves).
-FSDPX_API int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes);
+// The gathered parameters' storage, in the same dtypes (0 when they are the shards themselves).
+FSDPX_API int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes,
+                                 int64_t float8_numel = 0);
+
+// float8 all-gather (EngineOptions::float8_all_gather): whether a parameter of a unit whose linears
+// compute in float8 is gathered in float8: the model reads it only as a linear's weight
+// (`linear_weight`, from fsdpx::LinearWeights) and float8_eligible_shape accepts its shape.
+FSDPX_API bool gathers_in_float8(bool linear_weight, const std::vector<int64_t>& shape);
+
+// What float8 all-gather needs, checked where a run is planned and where an engine is built: a
+// shard group of more than one rank, a model that declares fsdpx::LinearWeights
+// (`model_lists_weights`), and at least one parameter gathered in float8 (`float8_params`).
+// Throws fsdpx::Error naming what is missing and what would work.
+FSDPX_API void check_float8_all_gather(int shard_size, bool model_lists_weights, int64_t float8_params);
 
 // The size of the groups that hold a unit's parameters from its forward to its backward: the
 // shard group's size S when it reshards after forward (the layout's choice, or `unit_choice` when
