@@ -137,20 +137,53 @@ void check_unit_names(const RunConfig& config, const PrecisionPolicy& precision,
   }
 }
 
+// float8 all-gather's part of the plan: per unit, the shard elements it gathers in float8 (the
+// float8 units' linear weights the model lists, as the engine's builder chooses them; none when
+// off), checked as the engine checks it, and the amaxes' all-reduce before each forward.
+std::vector<int64_t> plan_float8_gather(const Model& model, const PrecisionPolicy& precision, const UnitPlan& up,
+                                        const TrainSettings& s, RunPlan& plan) {
+  std::vector<int64_t> numel(up.units.size(), 0);
+  const auto* float8 = dynamic_cast<const Float8Units*>(&precision);
+  const auto* gather = dynamic_cast<const Float8AllGather*>(&precision);
+  plan.float8_all_gather = float8 && gather && gather->float8_all_gather();
+  if (!plan.float8_all_gather) return numel;
+  const auto* linear = dynamic_cast<const LinearWeights*>(&model);
+  const int64_t S = plan.layout.shard_group_size;
+  int64_t weights = 0;  // each gets one float32 amax in the all-reduce
+  for (size_t i = 0; i < up.units.size() && linear; ++i) {
+    const UnitInfo& u = up.units[i];
+    if (!float8->float8(u.fqn)) continue;
+    for (size_t j = 0; j < u.names.size(); ++j) {
+      if (!gathers_in_float8(linear->linear_weight(u.names[j]), u.shapes[j])) continue;
+      numel[i] += ShardGeometry(u.shapes[j], S).shard_numel;
+      ++weights;
+    }
+  }
+  check_float8_all_gather(static_cast<int>(S), linear != nullptr, weights);
+  const int64_t forwards = s.deterministic ? s.grad_accum * s.batch_size : s.grad_accum;
+  const int64_t bytes = weights * static_cast<int64_t>(sizeof(float));
+  plan.all_reduce_bytes += forwards * bytes;
+  plan.sent_bytes += forwards * ring_sent_bytes(Collective::AllReduce, bytes, S);
+  return numel;
+}
+
 // One unit's shard, gathered size and per-rank bytes, in the unit's own dtypes.
-UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan, const PrecisionSpec& dtypes) {
+UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan, const PrecisionSpec& dtypes,
+                     int64_t float8_numel) {
   const int64_t S = plan.layout.shard_group_size;
   UnitBytes b;
   b.fqn = u.fqn;
   b.params = u.num_params;
   b.shard_numel = padded_shard_numel(u.shapes, S);
+  b.float8_numel = float8_numel;
   b.recompute = u.activation_checkpoint;
   b.dtypes = dtypes;
   // Offloading on a device, every unit comes to the device in the compute dtype, one rank too (the
   // memory plan's rule, memory_plan.cpp).
-  b.unsharded_bytes = plan.layout.offloads(plan.device == DeviceKind::Cpu)
+  b.unsharded_bytes = plan.layout.offloads(plan.device == DeviceKind::Cpu) && float8_numel == 0
                           ? S * b.shard_numel * static_cast<int64_t>(c10::elementSize(dtypes.compute))
-                          : gathered_bytes(b.shard_numel, S, dtypes);
+                          : gathered_bytes(b.shard_numel, S, dtypes, float8_numel);
+  b.gather_bytes = all_gather_bytes(b.shard_numel, S, dtypes, float8_numel);
   b.reshard_after_forward = reshards_after_forward(plan.layout, root, std::nullopt, b.unsharded_bytes > 0);
   return b;
 }
@@ -161,7 +194,7 @@ UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan, const Pr
 void add_unit_traffic(const UnitBytes& b, int64_t forwards, RunPlan& plan) {
   const int64_t S = plan.layout.shard_group_size, R = plan.layout.replicate_group_size;
   if (S > 1) {
-    const int64_t gather = all_gather_bytes(b.shard_numel, S, b.dtypes);
+    const int64_t gather = b.gather_bytes;
     const int64_t gathers = forwards * (b.reshard_after_forward ? 2 : 1);
     plan.allgather_bytes += gathers * gather;
     plan.sent_bytes += gathers * ring_sent_bytes(Collective::AllGather, gather, S);
@@ -199,6 +232,7 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
   std::vector<PrecisionSpec> dtypes;
   for (const auto& u : plan.units) dtypes.push_back(u.dtypes);
   in.units = units_for_memory(up, plan.layout.shard_group_size, dtypes);
+  for (size_t i = 0; i < in.units.size(); ++i) in.units[i].float8_numel = plan.units[i].float8_numel;
   if (s.device != DeviceKind::Cpu)  // on the CPU the activations are in host memory already
     for (auto& u : in.units) u.offload_activations = plan.activation_offload_units.count(u.fqn) > 0;
   in.layout = plan.layout;
@@ -330,9 +364,11 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   const double opt_per_elt = optimizer_bytes_per_element(*opt_probe, plan.dtypes);
   check_unit_names(config, *precision, up);
   const auto* float8 = dynamic_cast<const Float8Units*>(precision.get());
+  const std::vector<int64_t> float8_gathered = plan_float8_gather(*model, *precision, up, s, plan);
   for (size_t i = 0; i < up.units.size(); ++i) {
-    UnitBytes b = unit_bytes(up.units[i], i == 0, plan, unit_precision(*precision, up.units[i].fqn, plan.dtypes));
-    b.float8 = float8 && float8->float8(b.fqn);
+    const UnitInfo& u = up.units[i];
+    UnitBytes b = unit_bytes(u, i == 0, plan, unit_precision(*precision, u.fqn, plan.dtypes), float8_gathered[i]);
+    b.float8 = float8 && float8->float8(u.fqn);
     plan.param_bytes += b.shard_numel * elt(plan.dtypes.storage);
     plan.grad_bytes += b.shard_numel * elt(plan.dtypes.gradient);
     if (opt_per_elt >= 0)
@@ -454,6 +490,16 @@ std::string RunPlan::text() const {
       << (float8 == units.size() ? "every unit" : std::to_string(float8) + " of the units below")
       << ": e4m3 inputs and weights, e5m2 output gradients, one scale per tensor (the output projection "
          "stays in the compute dtype)\n";
+  if (float8_all_gather) {
+    int64_t f8 = 0, all = 0;
+    for (const auto& u : units) {
+      f8 += u.float8_numel;
+      all += u.shard_numel;
+    }
+    o << "  float8     all-gather: " << f8 << " of the " << all
+      << " shard elements (the float8 units' linear weights) gathered in e4m3, cast with one scale per weight "
+         "computed before each forward (one all-reduce of their amaxes)\n";
+  }
   o << "  units      " << units.size() << " (reshard after forward: " << (layout.reshard_after_forward ? "yes" : "no")
     << ")\n";
   write_units(o, units, mixed);

@@ -30,6 +30,8 @@ struct UnitBytes {
   int64_t params = 0;         // parameter elements gathered with this unit
   int64_t shard_numel = 0;    // elements of this rank's flat shard (padded)
   int64_t unsharded_bytes = 0;  // the gathered unit in the compute dtype (0 when it is the shard)
+  int64_t float8_numel = 0;  // of shard_numel, the elements gathered in float8 (float8 all-gather)
+  int64_t gather_bytes = 0;  // one all-gather's output (0 when unsharded)
   bool reshard_after_forward = false;
   bool recompute = false;       // activation checkpointing
   PrecisionSpec dtypes;         // the precision policy's answer for this unit
@@ -58,6 +60,7 @@ struct FSDPX_API RunPlan {
   DeviceKind device = DeviceKind::Cpu;  // where the engine computes: memory.peak is that device's
   ThreadChoice threads;               // intra-op threads per rank, and why
   bool deterministic = false;         // --deterministic: its gradient exchange is all_to_all_bytes
+  bool float8_all_gather = false;  // the float8 units gather their linear weights in float8
   bool optimizer_in_backward = false; // --optimizer-in-backward
   std::vector<std::string> warnings;  // what will make the run slow (printed by the plan and the run)
   // Settings the run reads that cannot apply to it, where the docs call them no-ops (cpu_offload
