@@ -31,12 +31,13 @@
 #include <torch/nn/modules/container/modulelist.h>
 
 #include <fsdpx/activation_memory.h>
+#include <fsdpx/capabilities.h>
 #include <fsdpx/checkpoint_names.h>
 #include <fsdpx/error.h>
-#include <fsdpx/hf_config.h>
 #include <fsdpx/evaluation.h>
 #include <fsdpx/files.h>
 #include <fsdpx/float8.h>
+#include <fsdpx/hf_config.h>
 #include <fsdpx/hf_interop.h>
 #include <fsdpx/linear.h>
 #include <fsdpx/model.h>
@@ -299,7 +300,8 @@ class Gpt final : public fsdpx::Model,
                   public fsdpx::Evaluable,
                   public fsdpx::HuggingFaceModel,
                   public fsdpx::CheckpointNames,
-                  public fsdpx::ActivationMemory {
+                  public fsdpx::ActivationMemory,
+                  public fsdpx::LinearWeights {
  public:
   Gpt(const Config& c, std::string hf_dir, std::string hf_config)
       : config_(c),
@@ -321,6 +323,14 @@ class Gpt final : public fsdpx::Model,
            (config_.tie_embeddings && name == "lm_head.weight");
   }
   std::string hf_config_json() const override;
+  // The Blocks' projections, read by fsdpx::linear alone (float8 all-gather may hold them in
+  // float8 only); the embedding and output tables are read otherwise.
+  bool linear_weight(const std::string& name) const override {
+    for (const char* w : {".attention.wq", ".attention.wk", ".attention.wv", ".attention.wo", ".feed_forward.w1",
+                          ".feed_forward.w2", ".feed_forward.w3"})
+      if (ends_with(name, w)) return true;
+    return false;
+  }
   at::Tensor hf_logits(const at::Tensor& token_ids) override { return logits_of(token_ids); }
 
   void init_parameter(const std::string& name, at::Tensor& param, at::Generator& gen) const override {

@@ -4,7 +4,9 @@
 // reduce_dtype with keep_low_precision_grads, which the optimizers widen as they step).
 //
 // float8: bf16_mixed with the linear layers of its units in float8, as torchao's
-// convert_to_float8_training with the default (tensorwise) recipe (fsdpx/float8.h).
+// convert_to_float8_training with the default (tensorwise) recipe (fsdpx/float8.h); with
+// float8_all_gather, the linear weights the model lists are gathered in float8 as well (torchao's
+// enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp).
 #include <regex>
 
 #include <fsdpx/capabilities.h>
@@ -61,12 +63,19 @@ struct UnitPatterns {
   }
 };
 
-class Bf16Mixed final : public fsdpx::PrecisionPolicy, public fsdpx::UnitNameCheck, public fsdpx::Float8Units {
+class Bf16Mixed final : public fsdpx::PrecisionPolicy,
+                        public fsdpx::UnitNameCheck,
+                        public fsdpx::Float8Units,
+                        public fsdpx::Float8AllGather {
  public:
   // `float8`: every unit not kept in fp32 computes its linears in float8, or those `float8_units`
-  // names where it names any.
-  Bf16Mixed(fsdpx::PrecisionSpec s, UnitPatterns fp32_units, bool float8, UnitPatterns float8_units)
-      : spec_(s), fp32_units_(std::move(fp32_units)), float8_(float8), float8_units_(std::move(float8_units)) {}
+  // names where it names any; `all_gather`: they gather their linear weights in float8.
+  Bf16Mixed(fsdpx::PrecisionSpec s, UnitPatterns fp32_units, bool float8, UnitPatterns float8_units, bool all_gather)
+      : spec_(s),
+        fp32_units_(std::move(fp32_units)),
+        float8_(float8),
+        float8_units_(std::move(float8_units)),
+        all_gather_(all_gather) {}
   fsdpx::PrecisionSpec spec(const std::string& unit) const override {
     if (fp32_units_.match(unit)) {
       fsdpx::PrecisionSpec full = spec_;
@@ -83,6 +92,8 @@ class Bf16Mixed final : public fsdpx::PrecisionPolicy, public fsdpx::UnitNameChe
     return float8_units_.patterns.empty() || float8_units_.match(unit);
   }
 
+  bool float8_all_gather() const override { return all_gather_; }
+
   void check_unit_names(const std::vector<std::string>& units) const override {
     fp32_units_.check(units, "keep nothing in fp32");
     float8_units_.check(units, "compute nothing in float8");
@@ -93,6 +104,7 @@ class Bf16Mixed final : public fsdpx::PrecisionPolicy, public fsdpx::UnitNameChe
   UnitPatterns fp32_units_;
   bool float8_;
   UnitPatterns float8_units_;
+  bool all_gather_;
 };
 
 std::vector<fsdpx::OptionSpec> mixed_options(bool float8) {
@@ -110,10 +122,15 @@ std::vector<fsdpx::OptionSpec> mixed_options(bool float8) {
                          std::string("units kept in fp32 compute and reduce") + (float8 ? " (and not in float8)" : "") +
                              ": their paths or regular expressions matching them whole, 'root' for the root unit "
                              "(e.g. root,layers\\.0)")};
-  if (float8)
+  if (float8) {
     o.push_back(fsdpx::list_option("float8_units", "",
                                    "the units whose linear layers compute in float8, as paths or regular expressions "
                                    "(empty: every unit not in fp32_units)"));
+    o.push_back(fsdpx::flag_option("float8_all_gather", false,
+                                   "gather the float8 units' linear weights in float8 (half of bf16's all-gather "
+                                   "bytes), cast on the shards with one scale per weight computed before each "
+                                   "forward; needs a sharded layout and a model that lists its linear weights (gpt)"));
+  }
   return o;
 }
 
@@ -141,7 +158,8 @@ std::shared_ptr<fsdpx::PrecisionPolicy> make_mixed(const fsdpx::ComponentContext
     s.gradient = s.reduce;
   }
   UnitPatterns f8("float8_units", float8 ? o.get_list("float8_units") : std::vector<std::string>{});
-  return std::make_shared<Bf16Mixed>(s, std::move(fp32), float8, std::move(f8));
+  const bool all_gather = float8 && o.get_bool("float8_all_gather");
+  return std::make_shared<Bf16Mixed>(s, std::move(fp32), float8, std::move(f8), all_gather);
 }
 
 void register_components(fsdpx::Registrar& r) {
