@@ -36,8 +36,9 @@ DEFAULT_PYTHON = os.path.join(os.environ.get("FSDPX_VENV") or os.path.join(
 SIZES = ["tiny", "small"]
 SHARDINGS = ["full_shard", "shard_grad_op", "no_shard"]
 PRECISIONS = ["fp32", "bf16_mixed"]
-# float8: fsdpx's against FSDP2 with torchao's float8 linears (the venv's torchao); by --configs only
-EXTRA_PRECISIONS = ["float8"]
+# float8: fsdpx's against FSDP2 with torchao's float8 linears (the venv's torchao); float8_all_gather:
+# the same with the Blocks' linear weights all-gathered in float8 on both sides; by --configs only
+EXTRA_PRECISIONS = ["float8", "float8_all_gather"]
 OPTIMIZERS = ["sgd", "adamw"]
 FULL = [f"{s}:{sh}:{p}:{o}" for s in SIZES for sh in SHARDINGS for p in PRECISIONS for o in OPTIMIZERS]
 QUICK = ["tiny:full_shard:fp32:sgd", "tiny:shard_grad_op:fp32:adamw", "tiny:no_shard:fp32:sgd",
@@ -194,11 +195,13 @@ class Bench:
                "--data.name", "tokens", "--data.path", a.data, "--data.dtype", "uint16", "--data.seq", str(self.seq(size)),
                "--sharding.name", sharding, "--wrap.name", "layer_type",
                "--wrap.layer_types", EMBEDDING_UNITS if a.embedding_units else "Block",
-               "--precision.name", precision, "--optimizer.name", optimizer,
+               "--precision.name", precision.replace("_all_gather", ""), "--optimizer.name", optimizer,
                "--steps", str(a.steps), "--batch-size", str(a.batch_size), "--seed", str(a.seed),
                "--log-every", "1", "--peak-tflops", "1", "--out", out] + extra
         if a.activation_checkpointing:
             cmd += ["--activation-checkpointing", "Block"]
+        if precision == "float8_all_gather":
+            cmd += ["--precision.float8_all_gather", "true"]
         if a.lr is not None:
             cmd += ["--optimizer.lr", repr(a.lr)]
         return cmd
@@ -209,8 +212,11 @@ class Bench:
         cmd = self.torchrun + ["--standalone", "--nproc-per-node", str(a.nproc), os.path.join(HERE, "gpt_fsdp2.py"),
                                "--size", size, "--data", a.data, "--seq", str(self.seq(size)),
                                "--batch-size", str(a.batch_size), "--steps", str(a.steps), "--seed", str(a.seed),
-                               "--sharding", sharding, "--precision", precision, "--optimizer", optimizer,
+                               "--sharding", sharding, "--precision", precision.replace("_all_gather", ""),
+                               "--optimizer", optimizer,
                                "--init-from", init, "--device", a.device, "--out", out, "--quiet"]
+        if precision == "float8_all_gather":
+            cmd.append("--float8-all-gather")
         if a.embedding_units:
             cmd.append("--embedding-units")
         if a.activation_checkpointing:

@@ -98,24 +98,36 @@ def rotate(x, cos, sin):
 linear = F.linear
 
 
-def use_float8_linears():
+def use_float8_linears(all_gather=False):
     """torchao's float8 training for the Blocks' linears: the autograd function behind
     torchao.float8's Float8Linear.forward, with its default config (tensorwise dynamic scaling,
     e4m3 inputs and weights, e5m2 output gradients) and the three products' configs a Float8Linear
     makes. The model keeps its parameters (gpt.cpp's names) instead of nn.Linear modules, so the
     function is called as Float8Linear.forward calls it, for the weights torchtitan's filter keeps
-    (both sizes multiples of 16)."""
+    (both sizes multiples of 16). With `all_gather` (torchao's enable_fsdp_float8_all_gather),
+    returns the function that wraps a module's weight as Float8Linear.from_float does, for
+    shard_model to apply before fully_shard."""
     global linear
     from torchao.float8.config import Float8LinearConfig
     from torchao.float8.float8_linear import Float8Linear, matmul_with_hp_or_float8_args
-    config = Float8LinearConfig()
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather)
     mm_config = Float8Linear(16, 16, bias=False, config=config).linear_mm_config
+
+    def wrap_weight(module, name):
+        w = getattr(module, name)
+        if w.shape[0] % 16 or w.shape[1] % 16:
+            return
+        setattr(module, name, nn.Parameter(
+            WeightWithDynamicFloat8CastTensor(w, mm_config, config.cast_config_weight.target_dtype),
+            requires_grad=w.requires_grad))
 
     def float8_linear(x, w):
         if w.shape[0] % 16 or w.shape[1] % 16:
             return F.linear(x, w)
         return matmul_with_hp_or_float8_args.apply(x, w.t(), mm_config, config)
     linear = float8_linear
+    return wrap_weight
 
 
 class Attention(nn.Module):
@@ -546,6 +558,9 @@ def parse_args(argv=None):
                         "checkpoint before fully_shard, as torchtitan; fsdpx: --activation-checkpointing Block)")
     g.add_argument("--precision", choices=["fp32", "bf16_mixed", "float8"], default="fp32",
                    help="float8: bf16_mixed with the Blocks' linears in torchao's float8")
+    g.add_argument("--float8-all-gather", action="store_true",
+                   help="with --precision float8: the Blocks' linear weights all-gathered in float8 "
+                        "(torchao's enable_fsdp_float8_all_gather; fsdpx: --precision.float8_all_gather true)")
     g.add_argument("--optimizer", choices=["sgd", "adamw"], default="adamw")
     g.add_argument("--lr", type=float, default=None, help="peak lr (default: the optimizer's fsdpx default, 1e-2 sgd, 1e-3 adamw)")
     g.add_argument("--momentum", type=float, default=0.0)
@@ -610,7 +625,18 @@ def shard_model(model, a, world, device_type):
         mesh = init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
         reshard = a.sharding == "full_shard"
     if a.precision == "float8":
-        use_float8_linears()
+        wrap_weight = use_float8_linears(a.float8_all_gather)
+        if a.float8_all_gather:
+            # Each weight's shard cast to e4m3 before its all-gather (torchao's fsdp_pre_all_gather).
+            # Its scale: the whole weight's amax, all-reduced (max) over the mesh in that hook, as
+            # torchao does without precompute_float8_dynamic_scale_for_fsdp, which looks for
+            # Float8Linear modules this model has none of; the scales are the same (the amax of
+            # the fp32 shards, torchao's float64 division), one all-reduce per weight instead of one.
+            for block in model.layers:
+                for name in ("wq", "wk", "wv", "wo"):
+                    wrap_weight(block.attention, name)
+                for name in ("w1", "w2", "w3"):
+                    wrap_weight(block.feed_forward, name)
     if a.precision in ("bf16_mixed", "float8"):
         # fsdpx's bf16_mixed defaults: param_dtype bf16, reduce_dtype fp32, cast_forward_inputs on,
         # and output_dtype fp32 for the model's output only (FSDP2 applies output_dtype to every

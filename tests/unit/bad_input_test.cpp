@@ -527,6 +527,29 @@ TEST(OptionEffects, Float8ThatWouldComputeNothingInFloat8IsRefused) {
   EXPECT_NE(r.out.find("bf16/fp32 float8"), std::string::npos) << r.out;
 }
 
+// float8 all-gather where it would gather nothing in float8: a layout that gathers nothing, a model
+// that does not list its linear weights (t5), float8 units without such weights (gpt's root).
+TEST(OptionEffects, Float8AllGatherThatWouldGatherNothingInFloat8IsRefused) {
+  const std::string f8 =
+      kQuick + "--nproc-per-node 2 --precision.name float8 --precision.float8_all_gather true --dry-run ";
+  const std::string what = "float8 all-gather (--precision.float8_all_gather true) ";
+  auto r = run_command(train() + f8 + "--sharding.name no_shard");
+  expect_one_line(r, "fsdpx-train",
+                  what +
+                      "casts each shard to float8 before its all-gather, and this layout's "
+                      "shard group is one rank, which gathers nothing");
+  r = run_command(train() + f8 + "--model.name t5 --wrap.layer_types T5Block");
+  expect_one_line(r, "fsdpx-train",
+                  what +
+                      "needs a model that lists the parameters only fsdpx::linear reads "
+                      "(fsdpx::LinearWeights, fsdpx/capabilities.h), and this one does not");
+  r = run_command(train() + f8 + "--precision.float8_units root");
+  expect_one_line(r, "fsdpx-train", what + "found no parameter to gather in float8");
+  r = run_command(train() + kQuick + "--precision.name bf16_mixed --precision.float8_all_gather true --dry-run");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("float8_all_gather"), std::string::npos) << r.err;
+}
+
 // 3. --eval-every on data without a held-out share evaluated nothing.
 TEST(OptionEffects, EvalEveryWithoutHeldOutDataIsRefused) {
   auto r = run_command(train() + kQuick + "--eval-every 5 --dry-run");

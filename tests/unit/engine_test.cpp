@@ -543,6 +543,30 @@ TEST(Engine, ReshardAfterForwardPerUnit) {
   }
 }
 
+// float8 all-gather gives the same bits however a unit holds its gathered weights from forward to
+// backward: gathered again over the shard group, kept gathered, or kept in part and gathered over a
+// group of k (the int form: its backward all-gathers the float8 bytes it kept); with the shards in
+// host memory; on sim too (the stream-order check over the copy-in, all-gather and compute streams).
+// The cast is from the fp32 shards, so the bits differ from float8 without it, which casts the
+// gathered bf16 weights.
+TEST(Engine, Float8AllGatherGivesTheSameBitsUnderEveryReshardChoice) {
+  const std::string f8 = std::string(" --precision float8") + kSteps;
+  const std::string gather = f8 + " --precision-option float8_all_gather=true";
+  const WorkerRun ref = run("--strategy full_shard" + gather, 4);
+  ASSERT_EQ(ref.losses.size(), 4u);
+  const auto expect_bits = [&](const WorkerRun& got, const std::string& what) {
+    EXPECT_EQ(got.losses, ref.losses) << what;
+    ASSERT_EQ(got.params.size(), ref.params.size()) << what;
+    for (const auto& [name, p] : ref.params) EXPECT_EQ(got.params.at(name).values, p.values) << what << " " << name;
+  };
+  for (const std::string way : {"--strategy shard_grad_op", "--strategy full_shard --unit-reshard layers.1=2",
+                                "--device sim --strategy full_shard --unit-reshard layers.1=2",
+                                "--strategy full_shard --offload", "--device sim --strategy shard_grad_op"})
+    expect_bits(run(way + gather, 4), way);
+  const WorkerRun plain = run("--strategy full_shard" + f8, 4);
+  EXPECT_NE(plain.losses.at(1), ref.losses.at(1));
+}
+
 // One description of a step (step_order.h): the memory plan's replay (memory_plan.cpp) and the
 // engine follow the same order. The engine's second step on 2 ranks (gpt tiny of 4 layers) and the
 // replay of a step give the same events, one by one: each all-gather issued, each unit's gathered

@@ -208,7 +208,8 @@ TEST(VitPredictedPeak, WithinTenPercentOfTheMeasuredPeak) {
 // Blocks), 1.000 (1b width) at 2 ranks.
 TEST(Float8PredictedPeak, WithinTenPercentOfTheMeasuredPeak) {
   for (const char* args : {"--model.size tiny", "--model.size small --data.seq 64 --batch-size 4",
-                           "--model.size small --data.seq 64 --batch-size 4 --activation-checkpointing Block"}) {
+                           "--model.size small --data.seq 64 --batch-size 4 --activation-checkpointing Block",
+                           "--model.size small --data.seq 64 --batch-size 4 --precision.float8_all_gather true"}) {
     SCOPED_TRACE(args);
     const Measured m = run_gpt(2, std::string(args) + " --steps 1 --precision.name float8");
     if (m.plan.is_null()) continue;

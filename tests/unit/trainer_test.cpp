@@ -120,6 +120,7 @@ TEST(Trainer, DryRunBytesEqualMeasured) {
       "--sharding.name no_shard",
       "--sharding.name full_shard --grad-accum 2 --clip-grad-norm 1 --precision.name bf16_mixed --optimizer.name "
       "anyprecision_adamw",
+      "--grad-accum 2 --precision.name float8 --precision.float8_all_gather true",  // and the amaxes' all-reduce
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c);

@@ -212,7 +212,10 @@ Sharded build_sharded(Run& r) {
     };
   if (r.vm.count("step-in-backward"))
     eo.step_in_backward = [step = sh.step_shards](size_t first, size_t count) { (*step)(first, count); };
-  eo.precision = r.host.create<PrecisionPolicy>(r.vm["precision"].as<std::string>())->spec("");
+  const std::shared_ptr<PrecisionPolicy> precision =
+      r.host.create<PrecisionPolicy>(r.vm["precision"].as<std::string>(), key_values(list(r.vm, "precision-option")));
+  eo.precision = precision->spec("");
+  use_precision_policy(eo, precision);  // per unit, and float8's choices
   eo.layout.offload_to_cpu = r.vm.count("offload") > 0;
   eo.device = r.device;
   EngineComms comms;
@@ -405,36 +408,33 @@ int run_sharded(Run& r) {
 int main(int argc, char** argv) {
   install_cpu_memory_accounting();
   po::options_description desc;
-  desc.add_options()("strategy", po::value<std::string>()->default_value("full_shard"), "")
-      ("wrap", po::value<std::string>()->default_value("layer_type"), "")
-      ("wrap-option", po::value<std::vector<std::string>>()->default_value({}, ""), "key=value")
-      ("model-option", po::value<std::vector<std::string>>()->default_value({}, ""), "key=value")
-      ("steps", po::value<int>()->default_value(4), "")
-      ("global-batch", po::value<int64_t>()->default_value(12), "")
-      ("accum", po::value<int>()->default_value(1), "")
-      ("clip", po::value<double>()->default_value(0.0), "")
-      ("lr", po::value<double>()->default_value(0.1), "")
-      ("seed", po::value<uint64_t>()->default_value(7), "")
-      ("overlap", po::value<int>()->default_value(1), "")
-      ("prefetch", po::value<int>()->default_value(1), "units gathered ahead when overlapping")
-      ("unit-reshard", po::value<std::vector<std::string>>()->default_value({}, ""),
-       "UNIT=0|1|K: that unit's reshard_after_forward (EngineOptions::reshard_after_forward_by_unit; K >= 2: the "
-       "int form, over a group of K consecutive ranks)")
-      ("step-trace", "rank 0 writes the engine's events of step 2 and the memory plan's replay of a step")
-      ("sync-every-micro-batch", "every micro-batch's backward reduces its gradients (added to the last)")
-      ("reference", "")
-      ("device", po::value<std::string>()->default_value("cpu"), "cpu, sim or cuda")
-      ("backend", po::value<std::string>()->default_value("default"), "gloo: device tensors staged through host memory")
-      ("offload", "shards, gradients and optimizer state in host memory (cpu_offload)")
-      ("precision", po::value<std::string>()->default_value("fp32"), "a precision plugin")
-      ("hybrid-shard", po::value<int>()->default_value(0),
-       "shard over groups of this many ranks and replicate across them (the engine's hybrid layout)")
-      ("optimizer", po::value<std::string>(), "an optimizer plugin instead of the built-in SGD")
-      ("optimizer-option", po::value<std::vector<std::string>>()->default_value({}, ""), "key=value")
-      ("step-in-backward", "the optimizer steps each unit inside backward (EngineOptions::step_in_backward)")
-      ("activation-offload", "the recomputed units' inputs go to host memory (EngineOptions::activation_offload_units)")
-      ("skew-rank1", "rank 1 builds a model with one more layer (a deliberate mismatch)")
-      ("out", po::value<std::string>()->required(), "");
+  desc.add_options()("strategy", po::value<std::string>()->default_value("full_shard"), "")(
+      "wrap", po::value<std::string>()->default_value("layer_type"), "")(
+      "wrap-option", po::value<std::vector<std::string>>()->default_value({}, ""), "key=value")(
+      "model-option", po::value<std::vector<std::string>>()->default_value({}, ""), "key=value")(
+      "steps", po::value<int>()->default_value(4), "")("global-batch", po::value<int64_t>()->default_value(12), "")(
+      "accum", po::value<int>()->default_value(1), "")("clip", po::value<double>()->default_value(0.0), "")(
+      "lr", po::value<double>()->default_value(0.1), "")("seed", po::value<uint64_t>()->default_value(7), "")(
+      "overlap", po::value<int>()->default_value(1), "")("prefetch", po::value<int>()->default_value(1),
+                                                         "units gathered ahead when overlapping")(
+      "unit-reshard", po::value<std::vector<std::string>>()->default_value({}, ""),
+      "UNIT=0|1|K: that unit's reshard_after_forward (EngineOptions::reshard_after_forward_by_unit; K >= 2: the "
+      "int form, over a group of K consecutive ranks)")(
+      "step-trace", "rank 0 writes the engine's events of step 2 and the memory plan's replay of a step")(
+      "sync-every-micro-batch", "every micro-batch's backward reduces its gradients (added to the last)")(
+      "reference", "")("device", po::value<std::string>()->default_value("cpu"), "cpu, sim or cuda")(
+      "backend", po::value<std::string>()->default_value("default"), "gloo: device tensors staged through host memory")(
+      "offload", "shards, gradients and optimizer state in host memory (cpu_offload)")(
+      "precision", po::value<std::string>()->default_value("fp32"), "a precision plugin")(
+      "precision-option", po::value<std::vector<std::string>>()->default_value({}, ""), "key=value")(
+      "hybrid-shard", po::value<int>()->default_value(0),
+      "shard over groups of this many ranks and replicate across them (the engine's hybrid layout)")(
+      "optimizer", po::value<std::string>(), "an optimizer plugin instead of the built-in SGD")(
+      "optimizer-option", po::value<std::vector<std::string>>()->default_value({}, ""), "key=value")(
+      "step-in-backward", "the optimizer steps each unit inside backward (EngineOptions::step_in_backward)")(
+      "activation-offload", "the recomputed units' inputs go to host memory (EngineOptions::activation_offload_units)")(
+      "skew-rank1", "rank 1 builds a model with one more layer (a deliberate mismatch)")(
+      "out", po::value<std::string>()->required(), "");
   tool::main(argc, argv, "engine_worker", desc, [](const po::variables_map& vm) {
     auto host = tool::default_plugins();
     auto model_options = key_values(list(vm, "model-option"));
