@@ -171,15 +171,19 @@ at::Tensor float8_weight_scales(const at::Tensor& amaxes) {
 std::shared_ptr<void> register_float8_gathered(const at::Tensor& weight,
                                                std::shared_ptr<const Float8GatheredWeight> gathered) {
   const c10::TensorImpl* key = weight.unsafeGetTensorImpl();
+  const Float8GatheredWeight* mine = gathered.get();
   {
     GatheredWeights& r = gathered_weights();
     std::lock_guard<std::mutex> lock(r.mutex);
     r.by_weight[key] = std::move(gathered);
   }
-  return std::shared_ptr<void>(nullptr, [key](void*) {
+  // Erases its own registration only: a later one of the same tensor (another engine over the
+  // module) stays.
+  return std::shared_ptr<void>(nullptr, [key, mine](void*) {
     GatheredWeights& r = gathered_weights();
     std::lock_guard<std::mutex> lock(r.mutex);
-    r.by_weight.erase(key);
+    const auto it = r.by_weight.find(key);
+    if (it != r.by_weight.end() && it->second.get() == mine) r.by_weight.erase(it);
   });
 }
 
@@ -198,7 +202,9 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight) {
                 c10::str(x.sizes()) + " and weight " + c10::str(weight.sizes()) + " (" +
                 c10::toString(weight.scalar_type()) + ")");
   float8_forwards.fetch_add(1, std::memory_order_relaxed);
-  if (const auto gathered = gathered_of(weight))
+  // Only while its unit holds the gathered bytes; otherwise the weight's own tensor says what it
+  // holds (this rank's rows between steps, or an error naming the parameter inside one).
+  if (const auto gathered = gathered_of(weight); gathered && gathered->data.storage().nbytes() > 0)
     return Float8GatheredLinearFunction::apply(x, weight, gathered->data, gathered->scale);
   return Float8LinearFunction::apply(x, weight);
 }

@@ -66,7 +66,7 @@ at::Tensor Float8Gather::input(const at::Tensor& flat_shard, const std::vector<S
     if (weights[i]) {
       row.narrow(0, compute_numel * es + at[i], n)
           .view(at::kFloat8_e4m3fn)
-          .copy_(to_float8(shard.to(device), cast_scales[next_scale++], at::kFloat8_e4m3fn));
+          .copy_(to_float8(shard.to(device, /*non_blocking=*/true), cast_scales[next_scale++], at::kFloat8_e4m3fn));
     } else {
       row.narrow(0, at[i] * es, n * es).view(compute).copy_(shard, /*non_blocking=*/true);
     }
