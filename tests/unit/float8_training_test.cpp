@@ -15,9 +15,12 @@ namespace fsdpx {
 namespace {
 namespace fs = std::filesystem;
 
-// Measured: at most 1.8% apart at any step, 0.4% on average, the last 50 steps' means 0.05%.
+// Measured: at most 1.8% apart at any step, 0.4% on average, the last 50 steps' means 0.05%; with
+// float8 all-gather (another trajectory from step 30 on) 3.1% and 1.6%. The gap is the
+// trajectory's, either way: at seeds 1 and 2 both float8 runs end 0.5-3.4% below bf16_mixed's.
 constexpr double kMaxStepGap = 0.05;
 constexpr double kLastStepsGap = 0.01;
+constexpr double kLastStepsGapGathered = 0.03;
 constexpr int kLastSteps = 50;
 
 std::map<int64_t, double> demo_losses(const std::string& precision, const fs::path& out) {
@@ -53,7 +56,7 @@ TEST(Float8Training, TheDemosLossCurveStaysWithinAFewPercentOfBf16Mixeds) {
     std::printf("%s: at most %.4f from bf16_mixed's loss, last %d steps %.4f\n", precision.c_str(), worst, kLastSteps,
                 std::abs(last_f8 / last_bf16 - 1));
     EXPECT_LT(worst, kMaxStepGap);
-    EXPECT_LT(std::abs(last_f8 / last_bf16 - 1), kLastStepsGap);
+    EXPECT_LT(std::abs(last_f8 / last_bf16 - 1), precision == "float8" ? kLastStepsGap : kLastStepsGapGathered);
     EXPECT_LT(last_f8 / kLastSteps, 0.5 * f8.at(1));  // and it trained: from 5.5 to about 2.5
   }
 }
