@@ -111,7 +111,8 @@ void set_float8_scales(const std::vector<ParamGroup*>& groups) {
   if (weights.empty()) return;
   at::Tensor all = at::stack(amaxes).to(config->device->device());
   {
-    CollectiveUnit scope("float8 scales");
+    static const std::string kUnit = "float8 scales";
+    CollectiveUnit scope(kUnit);
     config->comms.shard->all_reduce(all, ReduceOp::Max).wait();
   }
   const at::Tensor scales = float8_weight_scales(all);

@@ -26,6 +26,9 @@ class FSDPX_API CollectivePhase {
 class FSDPX_API CollectiveUnit {
  public:
   explicit CollectiveUnit(const std::string& unit);
+  // Only a reference is kept, so a temporary would dangle before the first collective.
+  explicit CollectiveUnit(std::string&&) = delete;
+  explicit CollectiveUnit(const char*) = delete;
   ~CollectiveUnit();
   CollectiveUnit(const CollectiveUnit&) = delete;
   CollectiveUnit& operator=(const CollectiveUnit&) = delete;
