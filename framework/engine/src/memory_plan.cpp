@@ -5,14 +5,11 @@
 #include <utility>
 
 #include "fsdpx/framework/base/shard_geometry.h"
-#include "fsdpx/framework/engine/unit_buffers.h"
-#include "sharded_param.h"  // numel_of
+#include "replayed_unit.h"
 #include "step_order.h"
 
 namespace fsdpx {
 namespace {
-
-int64_t elt(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
 
 bool prefixes(const std::string& path, const std::string& name) {
   return path.empty() || name == path || name.rfind(path + ".", 0) == 0;
@@ -42,74 +39,6 @@ class Ledger {
   int64_t live_ = 0, peak_ = 0;
   std::string where_;
 };
-
-// A unit's buffers, by ParamGroup's rules (the gathered storage and the all-gather's output from
-// unit_buffers.h; the rest as ParamGroup's collectives allocate them).
-struct UnitBuffers {
-  std::string name;            // "unit layers.3", "the root"
-  int64_t gathered = 0;        // the unsharded storage (0: the parameters are the shard itself)
-  int64_t gather_out = 0;      // the all-gather's output, until the copy-out
-  int64_t gather_in = 0;       // the shard cast to the compute dtype, while gathering
-  int64_t grad_elements = 0;   // of its trainable parameters
-  int64_t grad_shard = 0;      // the flat gradient shard
-  int64_t packed = 0;          // the reduction's input
-  int64_t received = 0;        // the all-to-all's receive buffer (Gloo)
-  int64_t reduce_out = 0;      // the reduction's output, when not the gradient shard itself
-  int64_t exchange = 0;        // deterministic: the all-to-all's input of world x shard elements
-  bool reshard_after_forward = false;
-  int64_t post_forward = 0;    // ReshardAfterForward's int form: what it keeps from forward to backward
-  bool recompute = false;
-  bool offload = false;  // activation offload: the recomputed input leaves in forward
-};
-
-// Unsharded and replicated with the gradient shards in host memory: the all-reduce across the
-// replicas runs on a device buffer, in flight until the next unit's reduction (ParamGroup).
-bool averages_on_device(const StepMemoryInput& in) {
-  return in.layout.shard_group_size == 1 && in.layout.replicate_group_size > 1 && in.offload && !in.deterministic;
-}
-
-UnitBuffers buffers_of(const UnitMemory& u, bool root, const StepMemoryInput& in) {
-  const int64_t S = in.layout.shard_group_size, total = u.shard_numel, W = in.world_size;
-  const PrecisionSpec& d = u.dtypes;
-  UnitBuffers b;
-  b.name = root ? "the root" : "unit " + u.fqn;
-  const int64_t f8 = u.float8_numel;  // float8 all-gather: one byte each, gathered and in flight
-  b.gathered = in.offload && f8 == 0 ? S * total * elt(d.compute)
-                                     : gathered_bytes(total, S, d, f8);  // offloading: its own storage
-  b.gather_out = all_gather_bytes(total, S, d, f8);
-  // The shard cast to the compute dtype (and float8), or offloading, copied to the device.
-  b.gather_in = S > 1 && (d.compute != d.storage || in.offload || f8 > 0) ? b.gather_out / S : 0;
-  for (const auto& p : u.params) b.grad_elements += p.second;
-  b.grad_shard = total * elt(d.gradient);
-  b.packed = S * total * elt(d.reduce);
-  if (in.deterministic) {
-    b.exchange = S == W ? 0 : W * total * elt(d.reduce);  // the packed rows picked per world rank
-    b.reduce_out = W * total * elt(d.reduce);
-  } else if (S > 1) {
-    // Every slice but its own on the first and last rank; the whole on a rank in between.
-    b.received = in.staged_reduce ? (S > 2 ? S : S - 1) * total * elt(d.reduce) : 0;
-    b.reduce_out = d.reduce != d.gradient || in.offload ? total * elt(d.reduce) : 0;
-  } else if (averages_on_device(in)) {  // the packing, cast to the gradient dtype when it differs
-    b.reduce_out = d.reduce != d.gradient ? total * elt(d.gradient) : 0;
-  }
-  b.reshard_after_forward = reshards_after_forward(in.layout, root, u.reshard_after_forward, b.gathered > 0);
-  const int k = post_forward_group(in.layout, root, u.reshard_after_forward);
-  if (keeps_post_forward_part(k, S)) b.post_forward = b.gather_out / k;
-  b.recompute = u.recompute;
-  b.offload = u.recompute && u.offload_activations;
-  return b;
-}
-
-// A gradient shard kept in a lower dtype than its parameter (bf16_mixed's keep_low_precision_grads)
-// is widened one parameter shard at a time for the optimizer's kernel: the largest of `u`'s (in
-// host memory when offloading).
-int64_t widened_gradient(const UnitMemory& u, const StepMemoryInput& in) {
-  if (u.dtypes.gradient == u.dtypes.storage || in.offload) return 0;
-  const int64_t S = in.layout.shard_group_size;
-  int64_t most = 0;
-  for (const auto& p : u.params) most = std::max(most, (p.second + S - 1) / S);
-  return most * elt(u.dtypes.storage);
-}
 
 // The engine's step, replayed in bytes.
 class Replay {
@@ -142,7 +71,7 @@ class Replay {
 
   const StepMemoryInput& in_;
   std::vector<LayerActivations> layers_;
-  std::vector<UnitBuffers> units_;
+  std::vector<ReplayedUnit> units_;
   std::vector<int> layer_unit_;
   std::vector<int64_t> layer_grad_elements_, layer_grad_bytes_;
   std::vector<size_t> first_layer_, last_layer_;  // per unit, in forward order
@@ -164,7 +93,7 @@ class Replay {
 };
 
 Replay::Replay(const StepMemoryInput& in) : in_(in), layers_(in.layers) {
-  for (size_t i = 0; i < in.units.size(); ++i) units_.push_back(buffers_of(in.units[i], i == 0, in));
+  for (size_t i = 0; i < in.units.size(); ++i) units_.push_back(replayed_unit(in.units[i], i == 0, in));
   map_layers();
   map_gradients();
   const size_t n = units_.size();
@@ -218,7 +147,7 @@ void Replay::map_gradients() {
           best_len = layers_[l].path.size();
         }
       layer_grad_elements_[best] += elements;
-      layer_grad_bytes_[best] += elements * elt(in_.units[u].dtypes.compute);
+      layer_grad_bytes_[best] += elements * element_bytes(in_.units[u].dtypes.compute);
     }
 }
 
@@ -230,7 +159,7 @@ int64_t Replay::gather_input(int u) const {
 
 void Replay::unshard(int u, bool forward) {
   const size_t i = static_cast<size_t>(u);
-  const UnitBuffers& b = units_[i];
+  const ReplayedUnit& b = units_[i];
   if (gathered_[i] || b.gathered == 0) return;
   const int64_t input = gather_input(u);
   if (!prefetched_[i]) {
@@ -276,7 +205,7 @@ void Replay::forward_pass() {
   std::vector<bool> recomputed_kept(units_.size(), false);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const int u = layer_unit_[l];
-    const UnitBuffers& b = units_[static_cast<size_t>(u)];
+    const ReplayedUnit& b = units_[static_cast<size_t>(u)];
     if (u != 0 && l == first_layer_[static_cast<size_t>(u)]) {
       unshard(u, true);
       prefetch_after(u, forward_order_);
@@ -373,7 +302,7 @@ void Replay::post_backward(int u, bool sync) {
 
 void Replay::reduce(int u) {
   const size_t i = static_cast<size_t>(u);
-  const UnitBuffers& b = units_[i];
+  const ReplayedUnit& b = units_[i];
   finish_in_flight();
   trace("reduce", u);
   ledger_.add(b.packed);
@@ -438,7 +367,7 @@ void Replay::backward_pass(bool sync) {
 StepMemory Replay::run() {
   StepMemory m;
   for (size_t u = 0; u < units_.size(); ++u) {
-    m.param_bytes += in_.units[u].shard_numel * elt(in_.units[u].dtypes.storage);
+    m.param_bytes += in_.units[u].shard_numel * element_bytes(in_.units[u].dtypes.storage);
     m.grad_bytes += units_[u].grad_shard;
   }
   m.optimizer_bytes = in_.optimizer_bytes;
@@ -485,21 +414,5 @@ StepMemory Replay::run() {
 }  // namespace
 
 StepMemory predict_step_memory(const StepMemoryInput& input) { return Replay(input).run(); }
-
-std::vector<UnitMemory> units_for_memory(const UnitPlan& plan, int64_t shard_size,
-                                         const std::vector<PrecisionSpec>& dtypes) {
-  std::vector<UnitMemory> units;
-  for (size_t i = 0; i < plan.units.size(); ++i) {
-    const UnitInfo& info = plan.units[i];
-    UnitMemory u;
-    u.fqn = info.fqn;
-    u.shard_numel = padded_shard_numel(info.shapes, shard_size);
-    u.dtypes = dtypes.at(i);
-    u.recompute = info.activation_checkpoint;
-    for (size_t k = 0; k < info.names.size(); ++k) u.params.emplace_back(info.names[k], numel_of(info.shapes[k]));
-    units.push_back(std::move(u));
-  }
-  return units;
-}
 
 }  // namespace fsdpx

@@ -18,6 +18,17 @@
 using json = nlohmann::json;
 
 namespace fsdpx {
+
+PersistentBytes persistent_bytes(const ShardingEngine& engine, const Optimizer& opt,
+                                 const std::vector<ParamShard>& shards) {
+  const MemoryReport mem = engine.memory();
+  PersistentBytes b{mem.param_bytes, mem.grad_bytes, 0};
+  for (const auto& p : shards)
+    if (p.param.requires_grad())
+      for (const auto& [key, t] : opt.state(p.name))
+        if (t.dim() > 0) b.optimizer += t.numel() * t.element_size();
+  return b;
+}
 namespace {
 
 json phase_peaks(const WorldStep& w) {

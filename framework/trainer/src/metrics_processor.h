@@ -7,13 +7,15 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "comm_counters.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/communicator.h"
-#include "fsdpx/framework/trainer/run_directory.h"
 #include "fsdpx/framework/trainer/checkpoint_saver.h"
+#include "fsdpx/framework/trainer/run_directory.h"
 #include "fsdpx/framework/trainer/run_plan.h"
 #include "fsdpx/framework/trainer/train_settings.h"
 #include "loss_scaling_guard.h"
@@ -26,6 +28,10 @@ namespace fsdpx {
 struct PersistentBytes {
   int64_t params = 0, grads = 0, optimizer = 0;
 };
+// Read from the engine's shards and the optimizer's state of `shards` (state of dim 0, e.g. a step
+// count, is not per element and is left out, as the plan leaves it out).
+PersistentBytes persistent_bytes(const ShardingEngine& engine, const Optimizer& opt,
+                                 const std::vector<ParamShard>& shards);
 
 class MetricsProcessor {
  public:

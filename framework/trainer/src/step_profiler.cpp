@@ -1,6 +1,7 @@
 #include "step_profiler.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <string>
@@ -94,6 +95,18 @@ nlohmann::json StepProfiler::stop(size_t top) {
   return {{"what", cuda_ ? "cuda kernels, by device time" : "cpu operators, by self time"},
           {"total_s", total},
           {"top", rows}};
+}
+
+std::string StepProfiler::summary_line(const nlohmann::json& p, int64_t step) {
+  std::string line = "profile of step " + std::to_string(step) + " (" + p["what"].get<std::string>() + "):";
+  for (size_t i = 0; i < p["top"].size() && i < 3; ++i) {
+    char part[200];
+    std::snprintf(part, sizeof part, "%s %s %.1f ms (%.0f%%)", i ? "," : "",
+                  p["top"][i]["name"].get<std::string>().substr(0, 80).c_str(),
+                  p["top"][i]["seconds"].get<double>() * 1e3, 100 * p["top"][i]["share"].get<double>());
+    line += part;
+  }
+  return line;
 }
 
 }  // namespace fsdpx

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +19,8 @@ class StepProfiler {
   // "calls", "seconds", "share"} ...]}: the `top` names that took most time, largest first.
   nlohmann::json stop(size_t top);
   bool running() const { return running_; }
+  // One line for the log: "profile of step N (what): the three that took most, with their shares".
+  static std::string summary_line(const nlohmann::json& profile, int64_t step);
 
  private:
   bool running_ = false, cuda_ = false;

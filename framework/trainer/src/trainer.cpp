@@ -5,6 +5,7 @@
 #include "fsdpx/framework/trainer/trainer.h"
 
 #include <chrono>
+#include <functional>
 #include <memory>
 
 #include <ATen/Parallel.h>
@@ -83,7 +84,7 @@ class Trainer {
     evaluate(s_.steps);
     checkpointer_->save(s_.steps);
     checkpointer_->finish();
-    metrics_->finish(persistent_bytes(), checkpointer_->last_saved());
+    metrics_->finish(persistent_bytes(*engine_, *opt_, shards_), checkpointer_->last_saved());
   }
 
   // Rank 0's profile of step `step`: profile.json, and a line naming the three that took most.
@@ -92,15 +93,8 @@ class Trainer {
     nlohmann::json p = profiler_.stop(20);
     p["step"] = step;
     p["device"] = device_->name();
-    std::string line = "profile of step " + std::to_string(step) + " (" + p["what"].get<std::string>() + "):";
-    for (size_t i = 0; i < p["top"].size() && i < 3; ++i) {
-      char part[200];
-      std::snprintf(part, sizeof part, "%s %s %.1f ms (%.0f%%)", i ? "," : "",
-                    p["top"][i]["name"].get<std::string>().substr(0, 80).c_str(),
-                    p["top"][i]["seconds"].get<double>() * 1e3, 100 * p["top"][i]["share"].get<double>());
-      line += part;
-    }
-    out_.line(line + (run_dir_.active() ? "; all in " + run_dir_.path("profile.json") : ""));
+    out_.line(StepProfiler::summary_line(p, step) +
+              (run_dir_.active() ? "; all in " + run_dir_.path("profile.json") : ""));
     run_dir_.write_profile(p.dump(1));
   }
 
@@ -153,7 +147,6 @@ class Trainer {
     // What the plan made (once per process); the data source is the run's own (DataSource::open).
     model_ = made_.model;
     data_ = make<DataSource>(host_, config_);
-    const auto wrap = made_.wrap;
     opt_ = made_.optimizer;
     const auto precision = made_.precision;
     build_scaling(*precision);
@@ -169,7 +162,7 @@ class Trainer {
     eo.clock = clock_;
     if (s_.optimizer_in_backward)  // plan_run checked that the optimizer can (Optimizer::step_shards)
       eo.step_in_backward = [this](size_t first, size_t count) { opt_->step_shards(lr_, first, count); };
-    engine_ = build_engine(model_, *wrap, s_.layer_type_choices(), *groups_, eo, metrics_->counters());
+    engine_ = build_engine(model_, *made_.wrap, s_.layer_type_choices(), *groups_, eo, metrics_->counters());
     shards_ = engine_->shards();
     opt_->init(shards_);
     // Deterministic: every rank reads the whole global batch (as one rank would) and computes
@@ -236,22 +229,29 @@ class Trainer {
     return metrics_->end_step(step, mine, ordered_loss);
   }
 
+  // One forward (of `loss`, the model's loss as the step weighs it) and its backward, timed, with
+  // the allocated peak of each. Returns the loss.
+  at::Tensor pass(const std::function<at::Tensor()>& loss, RankStep& mine) {
+    at::Tensor l;
+    {
+      TimedSpan forward(clock_.get(), TimedPhase::Forward);
+      l = engine_->forward(loss);
+    }
+    mine.allocated.end(StepPhase::Forward);
+    {
+      TimedSpan backward(clock_.get(), TimedPhase::Backward);
+      engine_->backward(scaling_->scaled(l));
+    }
+    mine.allocated.end(StepPhase::Backward);
+    return l;
+  }
+
   // Forward and backward of each micro-batch; the last one reduces the gradients.
   void forward_backward(RankStep& mine) {
     for (int64_t m = 0; m < s_.grad_accum; ++m) {
       engine_->set_requires_gradient_sync(m == s_.grad_accum - 1);
       Batch b = on_device(data_->next(), device_->device());
-      at::Tensor loss;
-      {
-        TimedSpan forward(clock_.get(), TimedPhase::Forward);
-        loss = engine_->forward([&] { return model_->loss(b) / static_cast<double>(s_.grad_accum); });
-      }
-      mine.allocated.end(StepPhase::Forward);
-      {
-        TimedSpan backward(clock_.get(), TimedPhase::Backward);
-        engine_->backward(scaling_->scaled(loss));
-      }
-      mine.allocated.end(StepPhase::Backward);
+      const at::Tensor loss = pass([&] { return model_->loss(b) / static_cast<double>(s_.grad_accum); }, mine);
       // Added on the device, in fp64 as the host added it; read at the next log step.
       const at::Tensor l = loss.detach().to(at::kDouble);
       loss_sum_ = loss_sum_.defined() ? loss_sum_ + l : l;
@@ -279,17 +279,7 @@ class Trainer {
         const int64_t i = j * world_ + rank_;
         Batch one = on_device(Batch{b.inputs.narrow(0, i, 1), b.targets.narrow(0, i, 1), 1, b.tokens / b.samples},
                               device_->device());
-        at::Tensor loss;
-        {
-          TimedSpan forward(clock_.get(), TimedPhase::Forward);
-          loss = engine_->forward([&] { return model_->loss(one) * weight; });
-        }
-        mine.allocated.end(StepPhase::Forward);
-        {
-          TimedSpan backward(clock_.get(), TimedPhase::Backward);
-          engine_->backward(scaling_->scaled(loss));
-        }
-        mine.allocated.end(StepPhase::Backward);
+        const at::Tensor loss = pass([&] { return model_->loss(one) * weight; }, mine);
         losses.push_back(loss.item<double>());  // the step's loss is their ordered sum, below
         mine.tokens += one.tokens;
         mine.samples += 1;
@@ -319,17 +309,6 @@ class Trainer {
   void evaluate(int64_t step) {
     const nlohmann::json record = evaluator_->evaluate(step);
     if (!record.is_null()) metrics_->log_eval(record);
-  }
-
-  // This rank's persistent bytes: parameter and gradient shards, and optimizer state.
-  PersistentBytes persistent_bytes() const {
-    const MemoryReport mem = engine_->memory();
-    PersistentBytes b{mem.param_bytes, mem.grad_bytes, 0};
-    for (const auto& p : shards_)
-      if (p.param.requires_grad())
-        for (const auto& [key, t] : opt_->state(p.name))
-          if (t.dim() > 0) b.optimizer += t.numel() * t.element_size();
-    return b;
   }
 
   const PluginHost& host_;

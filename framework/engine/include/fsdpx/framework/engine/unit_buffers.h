@@ -17,6 +17,9 @@
 
 namespace fsdpx {
 
+// Bytes of one element of `t`, signed as the byte counts are.
+inline int64_t element_bytes(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
+
 // Whether the gathered parameters live in storage of their own: sharded over more than one rank,
 // or computed in another dtype than stored. Otherwise they are the shards themselves.
 FSDPX_API bool gathers_into_own_storage(int64_t shard_size, const PrecisionSpec& dtypes);
