@@ -7,16 +7,14 @@ untuned run, the memory each one frees reinvested in batch size. Here, on CPU ra
 memory budget per rank (--budget-gib, 4 by default), for t5, gpt and
 DeepViT (the blog's third model: vit with re-attention, on random images; its tokens are images):
 
-  baseline                  fp32, full_shard, the model as one unit (below), no recompute
+  baseline                  fp32, full_shard, the model as one unit (--wrap.name root), no recompute
   mixed precision           the baseline with bf16_mixed
   activation checkpointing  the baseline with layer-type units (T5Block, Block) that recompute
   transformer wrapping      the baseline with layer-type units (T5Block, Block: gpt's, vit's)
   full_shard over zero2     layer-type units: full_shard against shard_grad_op
 
-The blog's untuned run wraps the whole model as one FSDP unit. fsdpx's wrap policies always make at
-least one unit besides the root, so the baseline here makes one small one (fqn_regex: the first
-block's feed-forward) and leaves everything else to the root, gathered whole for forward and
-backward.
+The blog's untuned run wraps the whole model as one FSDP unit: here the root wrap policy, every
+parameter in the root's unit, gathered whole for forward and backward.
 
 For each configuration the largest batch per rank that trains --steps steps within the budget is
 found (doubling, then bisection), and the tokens/s of that run measured over its steps after the
@@ -62,17 +60,17 @@ BLOG = {"mixed precision": "5x", "activation checkpointing": "10x", "transformer
 
 # Model flags: a size each that a 2-core machine trains a step of in seconds at small batches.
 MODELS = {
-    "t5": {"layer": "T5Block", "one_unit": r"encoder\.block\.0\.feed_forward",
+    "t5": {"layer": "T5Block",
            "full": ["--model.name", "t5", "--model.size", "small"],
            "quick": ["--model.name", "t5", "--model.dim", "256", "--model.head_dim", "32", "--model.heads", "8",
                      "--model.ffn_hidden", "1024", "--model.layers", "4", "--model.vocab", "32128"]},
-    "gpt": {"layer": "Block", "one_unit": r"layers\.0\.feed_forward",
+    "gpt": {"layer": "Block",
             "full": ["--model.name", "gpt", "--model.size", "small"],
             "quick": ["--model.name", "gpt", "--model.dim", "256", "--model.layers", "4", "--model.heads", "4",
                       "--model.vocab", "32000", "--model.seq", "128"]},
     # The blog's third model: DeepViT (vit with re-attention, vit-pytorch's layout) on random
     # 64x64 RGB images in 8x8 patches (65 tokens); its "tokens" are images.
-    "deepvit": {"layer": "Block", "one_unit": r"blocks\.0\.mlp", "images": 64,
+    "deepvit": {"layer": "Block", "images": 64,
                 "full": ["--model.name", "vit", "--model.reattention", "true", "--model.patch_norms", "true",
                          "--model.qkv_bias", "false", "--model.norm_eps", "1e-5", "--model.image", "64",
                          "--model.patch", "8", "--model.channels", "3", "--model.classes", "1000",
@@ -113,7 +111,7 @@ def configurations(model):
     """(row, label, flags) in the order they run."""
     layer = MODELS[model]["layer"]
     units = ["--wrap.name", "layer_type", "--wrap.layer_types", layer]
-    one_unit = ["--wrap.name", "fqn_regex", "--wrap.pattern", MODELS[model]["one_unit"]]
+    one_unit = ["--wrap.name", "root"]
     return [
         ("baseline", "fp32, full_shard, one unit", one_unit),
         ("mixed precision", "bf16_mixed, one unit", one_unit + ["--precision.name", "bf16_mixed"]),

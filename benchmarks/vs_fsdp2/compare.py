@@ -80,6 +80,9 @@ def parse_args():
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="every Block recomputes its forward in backward on both sides (fsdpx "
                         "--activation-checkpointing Block; the mirror's --activation-checkpointing)")
+    p.add_argument("--root-only", action="store_true",
+                   help="no unit but the root on both sides, FSDP's default (fsdpx --wrap.name root; the mirror's "
+                        "fully_shard on the model alone)")
     p.add_argument("--no-floor", action="store_true", help="skip the 1-rank fsdpx runs")
     p.add_argument("--timeout", type=float, default=600, help="seconds allowed to each run")
     p.add_argument("--work", default="", help="keep every run's files here (default: a temporary directory, removed)")
@@ -92,6 +95,8 @@ def parse_args():
                 or parts[2] not in PRECISIONS + EXTRA_PRECISIONS or parts[3] not in OPTIMIZERS):
             p.error(f"configuration '{c}' is not SIZE:SHARDING:PRECISION:OPTIMIZER with SIZE in {SIZES}, SHARDING in "
                     f"{SHARDINGS}, PRECISION in {PRECISIONS + EXTRA_PRECISIONS}, OPTIMIZER in {OPTIMIZERS}")
+    if a.root_only and (a.embedding_units or a.activation_checkpointing):
+        p.error("--root-only makes no unit but the root: drop --embedding-units and --activation-checkpointing")
     if a.steps < 2:
         p.error("--steps must be at least 2 (step 1 is left out of the timings)")
     if a.rounds < 1:
@@ -190,11 +195,12 @@ class Bench:
     def fsdpx_cmd(self, cfg, nproc, out, extra):
         size, sharding, precision, optimizer = cfg.split(":")
         a = self.a
+        wrap = (["--wrap.name", "root"] if a.root_only else
+                ["--wrap.name", "layer_type", "--wrap.layer_types", EMBEDDING_UNITS if a.embedding_units else "Block"])
         cmd = [self.train, "--nproc-per-node", str(nproc), "--device", a.device,
                "--model.name", "gpt", "--model.size", size,
                "--data.name", "tokens", "--data.path", a.data, "--data.dtype", "uint16", "--data.seq", str(self.seq(size)),
-               "--sharding.name", sharding, "--wrap.name", "layer_type",
-               "--wrap.layer_types", EMBEDDING_UNITS if a.embedding_units else "Block",
+               "--sharding.name", sharding] + wrap + [
                "--precision.name", precision.replace("_all_gather", ""), "--optimizer.name", optimizer,
                "--steps", str(a.steps), "--batch-size", str(a.batch_size), "--seed", str(a.seed),
                "--log-every", "1", "--peak-tflops", "1", "--out", out] + extra
@@ -219,6 +225,8 @@ class Bench:
             cmd.append("--float8-all-gather")
         if a.embedding_units:
             cmd.append("--embedding-units")
+        if a.root_only:
+            cmd.append("--root-only")
         if a.activation_checkpointing:
             cmd.append("--activation-checkpointing")
         if a.lr is not None:

@@ -550,6 +550,8 @@ def parse_args(argv=None):
     g.add_argument("--steps", type=int, default=10)
     g.add_argument("--seed", type=int, default=0, help="seed of the data order (and of the parameters without --init-from)")
     g.add_argument("--sharding", choices=["full_shard", "shard_grad_op", "no_shard"], default="full_shard")
+    g.add_argument("--root-only", action="store_true",
+                   help="no unit but the root: fully_shard on the model alone, FSDP's default (fsdpx --wrap.name root)")
     g.add_argument("--embedding-units", action="store_true",
                    help="tok_embeddings and output are units of their own, as torchtitan shards them "
                         "(fsdpx: --wrap.layer_types Block,Embedding,Output)")
@@ -597,6 +599,8 @@ def parse_args(argv=None):
     for way in a.save_dcp_ways:
         if way not in SAVE_WAYS:
             p.error(f"--save-dcp-way {way}: not one of {', '.join(SAVE_WAYS)}")
+    if a.root_only and (a.embedding_units or a.activation_checkpointing):
+        p.error("--root-only makes no unit but the root: drop --embedding-units and --activation-checkpointing")
     if a.lr is None:
         a.lr = 1e-2 if a.optimizer == "sgd" else 1e-3
     if a.weight_decay is None:
@@ -606,7 +610,8 @@ def parse_args(argv=None):
 
 def shard_model(model, a, world, device_type):
     """fsdpx's strategies as FSDP2 calls: every Block a unit (fsdpx's layer_type wrap of Block),
-    with --embedding-units tok_embeddings and output too (Block,Embedding,Output), the rest the root's.
+    with --embedding-units tok_embeddings and output too (Block,Embedding,Output), the rest the root's;
+    with --root-only no unit but the root (fsdpx's root wrap).
 
     full_shard:    fully_shard(reshard_after_forward=True) on every Block; the root as below.
     shard_grad_op: the same with reshard_after_forward=False (ZeRO-2: gathered once per step).
@@ -647,7 +652,7 @@ def shard_model(model, a, world, device_type):
                                        output_dtype=torch.float32, cast_forward_inputs=True)
     else:
         mp = mp_root = MixedPrecisionPolicy()
-    units = list(model.layers)
+    units = [] if a.root_only else list(model.layers)
     if a.embedding_units:  # torchtitan's: the embedding and the output projection on their own
         if model.output is None:
             raise SystemExit("--embedding-units needs untied embeddings (the output projection uses the embedding)")

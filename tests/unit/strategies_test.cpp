@@ -203,6 +203,13 @@ TEST(ActivationCheckpointing, BadLayerTypesAreNamed) {
       << r.err;
   auto r2 = run_command(train() + " --nproc-per-node 2 --steps 2 --activation-checkpointing Attention");
   EXPECT_NE(r2.err.find("no unit is a Attention"), std::string::npos) << r2.err;
+  auto root = run_command(train() + " --steps 2 --wrap.name root --activation-checkpointing Block");
+  EXPECT_NE(root.exit_code, 0);
+  EXPECT_NE(root.err.find("--activation-checkpointing Block: the wrap policy makes no unit but the root, and only "
+                          "units below it recompute; make Block a unit (--wrap.name layer_type --wrap.layer_types "
+                          "Block), or drop --activation-checkpointing"),
+            std::string::npos)
+      << root.err;
   auto r3 = run_command(train() + " --steps 2 --wrap.layer_types Block,Attention --activation-checkpointing Block");
   EXPECT_NE(r3.exit_code, 0);
   EXPECT_NE(r3.err.find("whose activations are recomputed in backward; a recomputed unit cannot hold other units"),

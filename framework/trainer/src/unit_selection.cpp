@@ -56,6 +56,12 @@ std::vector<UnitSelection> select_units(Model& model, const WrapPolicy& wrap, co
     bool any = false;
     for (auto& u : sel)
       if (type_of[u.fqn] == t) any = u.activation_checkpoint = true;
+    if (!any && sel.empty())
+      throw Error("--activation-checkpointing " + t +
+                  ": the wrap policy makes no unit but the root, and only units "
+                  "below it recompute; make " +
+                  t + " a unit (--wrap.name layer_type --wrap.layer_types " + t +
+                  "), or drop --activation-checkpointing");
     if (!any)
       throw Error("--activation-checkpointing " + t + ": no unit is a " + t + " (the wrap policy's units are: " +
                   join_names(distinct(unit_types)) +
