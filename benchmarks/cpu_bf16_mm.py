@@ -1,4 +1,4 @@
-"""bf16 matrix products on the CPU, in the layouts a linear layer's step uses (issue 35): the venv's
+"""bf16 matrix products on the CPU, in the layouts a linear layer's step uses: the venv's
 torch on this machine, gpt's linear shapes at N tokens. A linear y = x W^T (W is [out, in], row-
 major) runs three products: the forward x @ W^T, the input gradient g @ W and the weight gradient
 g^T @ x. Prints each product's time in fp32 and in bf16, and the input gradient's with W given

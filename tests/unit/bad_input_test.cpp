@@ -1,5 +1,5 @@
-// Bad input to fsdpx-train, fsdpx-plugins and the option parser, one class of defect per suite
-// (issue 26): paths used without checking what they are (InputPaths), options accepted without
+// Bad input to fsdpx-train, fsdpx-plugins and the option parser, one class of defect per suite:
+// paths used without checking what they are (InputPaths), options accepted without
 // effect (OptionEffects), flags that cannot go together (FlagConflicts), and messages (Messages).
 // Every case runs the real programs on real files, through test::run_command (a 180 s timeout).
 #include <sys/stat.h>
@@ -57,7 +57,7 @@ fs::path truncated_plugin(const fs::path& dir) {
   return p;
 }
 
-// --- Class 1: every file input is checked for its kind before use ------------------------------
+// --- File inputs: each is checked for its kind before use -------------------------------------
 
 TEST(InputPaths, ADirectoryGivenAsConfigIsRefused) {
   test::TempDir dir;
@@ -168,7 +168,7 @@ TEST(InputPaths, AFifoNamedLikeAPluginIsNotOpened) {
       << r.err;
 }
 
-// --- Class 2: the INI accepts what the command line accepts, or refuses it; ranges ------------
+// --- The INI accepts what the command line accepts, or refuses it; ranges -------------------
 
 // A host flag written in the INI file takes effect: plugin-dir loads the folder's plugins, so the
 // file can choose their components.
@@ -260,7 +260,7 @@ TEST(OptionEffects, EveryNumericHostOptionStatesItsTypeAndRange) {
   EXPECT_GE(numeric, 20);
 }
 
-// --- Class 3: flags that cannot go together, refused before any worker starts ----------------
+// --- Flags that cannot go together, refused before any worker starts -----------------------
 
 TEST(FlagConflicts, TwoActionsAreRefused) {
   auto r = run_command(train() + kQuick + "--dry-run --check-comm");
@@ -293,7 +293,7 @@ TEST(FlagConflicts, CheckpointFlagsWithoutACheckpointAreRefused) {
   expect_one_line(r, "fsdpx-train", "--save-init and --resume " + dir.path().string() + " cannot go together");
 }
 
-// --- Class 8: messages ------------------------------------------------------------------------
+// --- Messages -------------------------------------------------------------------------------
 
 TEST(Messages, NumbersStateTheirTypeAndRangeAndIntegersPrintAsIntegers) {
   auto r = run_command(train() + " --steps abc --dry-run");
@@ -367,7 +367,7 @@ TEST(Messages, ACsvFeatureIsNotTakenForTheLabel) {
   EXPECT_EQ(r.err.find("--model.classes"), std::string::npos) << r.err;
 }
 
-// --- Class 9: every setting is read or refused, and takes effect or is refused (issue 37) -------
+// --- Every setting is read or refused, and takes effect or is refused ----------------------------
 
 // The component of `kind` named `name`, created with `options` (its factory reads them).
 void create_component(const PluginHost& host, Kind kind, const std::string& name, const Options& options) {

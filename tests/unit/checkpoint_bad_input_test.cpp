@@ -1,4 +1,4 @@
-// Checkpoints as input and as output (issue 26): a checkpoint missing a part is never taken for a
+// Checkpoints as input and as output: a checkpoint missing a part is never taken for a
 // complete one (CheckpointCompleteness), and an output never destroys an input, is never written
 // through a symlink or onto a device, and leaves no temporary file when it fails (Outputs). Each
 // test starts from a real checkpoint of a real 2-rank run.
@@ -162,7 +162,7 @@ TEST_F(CheckpointCompleteness, ResumingFromAnIncompleteCheckpointIsRefused) {
 }
 
 // A checkpoint whose tensor is held under an older name (gpt's "tok_embeddings" before it became
-// a module's "tok_embeddings.weight", 2026-11-28) is refused naming both.
+// a module's "tok_embeddings.weight") is refused naming both.
 TEST_F(CheckpointCompleteness, ATensorHeldUnderAnOlderNameIsNamed) {
   json index = json::parse(read_file(step(4) / "index.json"));
   json& tensors = index["tensors"];

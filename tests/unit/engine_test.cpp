@@ -808,7 +808,7 @@ TEST(EngineErrors, ClearMessages) {
   EXPECT_EQ(engine_error(root, {{"d", true}}, {}, {"d"}), "(no error)");
 }
 
-// ---- Lifetimes and failures (review findings) ---------------------------------------------------
+// ---- Lifetimes and failures ---------------------------------------------------------------------
 
 // Two ranks in this process: two threads, each with its own model and engine, over real Gloo
 // process groups (ProcessGroups over a TCPStore on loopback).

@@ -129,8 +129,8 @@ TEST(Suggest, DistinctComparesWholeNames) {
   EXPECT_EQ(join_names(distinct({})), "(none)");
 }
 
-// A name moved into a module ("output" -> "output.weight", gpt's embedding and output projection
-// on 2026-11-28), or out of one, is suggested though its edit distance is long; two such
+// A name moved into a module ("output" -> "output.weight", as gpt's embedding and output projection
+// moved), or out of one, is suggested though its edit distance is long; two such
 // candidates suggest neither, and typos are suggested by edit distance as before.
 TEST(Suggest, ANameMovedIntoOrOutOfAModuleIsSuggested) {
   const std::vector<std::string> now = {"tok_embeddings.weight", "norm.weight", "output.weight"};

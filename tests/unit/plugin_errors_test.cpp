@@ -210,7 +210,7 @@ TEST(PluginErrors, ABrokenPluginInADirectoryDoesNotStopTheOthers) {
   EXPECT_EQ(skipping.plugins().size(), 1u);
 }
 
-// --- Plugin loading is strict where the user was explicit (issue 26, class 7) -------------------
+// --- Plugin loading is strict where the user was explicit --------------------------------------
 
 using fsdpx::test::train;
 const std::string kQuick = " --data.name synthetic --data.seq 16 --batch-size 2 --steps 1 ";

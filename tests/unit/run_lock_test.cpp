@@ -1,4 +1,4 @@
-// Two runs on one --out (issue 26): rank 0 holds a lock on the run directory for the run's life, so
+// Two runs on one --out: rank 0 holds a lock on the run directory for the run's life, so
 // a second run refuses with one line naming the first run's pid, and a lock left by a dead run
 // stops nobody.
 #include <unistd.h>

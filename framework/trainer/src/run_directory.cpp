@@ -77,7 +77,7 @@ int lock_file(const std::string& dir, bool create, int operation) {
   return fd;
 }
 
-// Writes who holds the lock into its file: "pid 123 on node1, since 2025-01-01 12:00:00".
+// Writes who holds the lock into its file: "pid 123 on node1, since YYYY-MM-DD hh:mm:ss" (local time).
 void sign_lock(const std::string& dir, int fd) {
   char host[256] = "?";
   ::gethostname(host, sizeof host - 1);
