@@ -494,7 +494,7 @@ std::vector<std::string> lines_of(const fs::path& p) {
 
 // FSDP2's reshard_after_forward per unit (EngineOptions::reshard_after_forward_by_unit): a
 // full_shard unit kept gathered from forward to backward, a shard_grad_op unit freed after
-// forward, and (the int form) a full_shard unit at 4 ranks that keeps half its gathered
+// forward, and (a post-forward group) a full_shard unit at 4 ranks that keeps half its gathered
 // parameters and all-gathers them for backward within pairs of ranks (on the CPU and on sim),
 // train as one process does;
 // each rank sends, per group, what the formula says for that unit, and nothing gathered (or
@@ -502,7 +502,7 @@ std::vector<std::string> lines_of(const fs::path& p) {
 TEST(Engine, ReshardAfterForwardPerUnit) {
   const WorkerRun ref = run(std::string("--reference") + kSteps, 0);
   struct Way {
-    std::string strategy, unit, value;  // value: 0, 1, or the int form's k
+    std::string strategy, unit, value;  // value: 0, 1, or a post-forward group's k
     int ranks;
     std::string device = "cpu";  // sim: the NCCL twin's groups and the stream-order check
   };
@@ -545,7 +545,7 @@ TEST(Engine, ReshardAfterForwardPerUnit) {
 
 // float8 all-gather gives the same bits however a unit holds its gathered weights from forward to
 // backward: gathered again over the shard group, kept gathered, or kept in part and gathered over a
-// group of k (the int form: its backward all-gathers the float8 bytes it kept); with the shards in
+// group of k (its backward all-gathers the float8 bytes it kept); with the shards in
 // host memory; on sim too (the stream-order check over the copy-in, all-gather and compute streams).
 // The cast is from the fp32 shards, so the bits differ from float8 without it, which casts the
 // gathered bf16 weights.
@@ -574,7 +574,7 @@ TEST(Engine, Float8AllGatherGivesTheSameBitsUnderEveryReshardChoice) {
 // each unit's step. A change to the order in one of them only (a prefetch moved, a reshard or a
 // reduction's finish at another point) makes them differ here. And the bytes: the replay's peak
 // above the shards and optimizer state is within 10% of what rank 0's step allocated above what
-// it began with (the counting allocator; measured within 5%, and for the int form of
+// it began with (the counting allocator; measured within 5%, and for a post-forward group of
 // reshard_after_forward, between full resharding's and keeping gathered, within 1%).
 TEST(EngineSteps, TheMemoryPlanFollowsTheEnginesStep) {
   const std::vector<std::string> ways = {"--strategy full_shard", "--strategy shard_grad_op",

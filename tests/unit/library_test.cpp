@@ -199,9 +199,10 @@ TEST(Library, RanksWhoseModuleValuesDifferAreRefused) {
 
 // reshard_after_forward per unit reaches the engine: the same losses with a unit kept gathered
 // (full_shard) or freed (shard_grad_op), and a misspelt unit is one line naming the right one.
-// FSDP2's int form at 4 ranks: block1 resharded to pairs of ranks holds, from its forward to its
-// backward, half of what it holds kept gathered (and nothing gathered), and trains to the same
-// bits; a k that does not divide 4 is one line naming the divisors.
+// A post-forward group (FSDP2's int reshard_after_forward) at 4 ranks: block1 resharded to pairs
+// of ranks holds, from its forward to its backward, half of what it holds kept gathered (and
+// nothing gathered), and trains to the same bits; a k that does not divide 4 is one line naming
+// the divisors.
 // Engine.ReshardAfterForwardPerUnit checks the bytes each choice moves.
 TEST(Library, ReshardAfterForwardPerUnit) {
   for (const std::string sharding : {"full_shard", "shard_grad_op"}) {
@@ -248,9 +249,10 @@ TEST(Library, ReshardAfterForwardPerUnit) {
 TEST(Library, ReshardAfterForwardThatDiffersBetweenRanksIsRefused) {
   const auto groups = worker("--rank0-reshard block1=2", 4);
   EXPECT_EQ(groups.exit_code, 1) << groups.out << groups.err;
-  const std::string line = "library_worker: reshard_after_forward differs between ranks: its int form makes no "
-                           "group on rank(s) 1, 2, 3; groups of 2 on rank(s) 0; every rank must give each unit the "
-                           "same reshard_after_forward";
+  const std::string line =
+      "library_worker: reshard_after_forward differs between ranks: post-forward groups: "
+      "no group on rank(s) 1, 2, 3; groups of 2 on rank(s) 0; every rank must give each unit the "
+      "same reshard_after_forward";
   size_t seen = 0;
   for (size_t at = groups.err.find(line); at != std::string::npos; at = groups.err.find(line, at + 1)) ++seen;
   EXPECT_EQ(seen, 4u) << groups.err;  // every rank says it

@@ -418,8 +418,8 @@ int main(int argc, char** argv) {
       "overlap", po::value<int>()->default_value(1), "")("prefetch", po::value<int>()->default_value(1),
                                                          "units gathered ahead when overlapping")(
       "unit-reshard", po::value<std::vector<std::string>>()->default_value({}, ""),
-      "UNIT=0|1|K: that unit's reshard_after_forward (EngineOptions::reshard_after_forward_by_unit; K >= 2: the "
-      "int form, over a group of K consecutive ranks)")(
+      "UNIT=0|1|K: that unit's reshard_after_forward (EngineOptions::reshard_after_forward_by_unit; K >= 2: a "
+      "post-forward group of K consecutive ranks)")(
       "step-trace", "rank 0 writes the engine's events of step 2 and the memory plan's replay of a step")(
       "sync-every-micro-batch", "every micro-batch's backward reduces its gradients (added to the last)")(
       "reference", "")("device", po::value<std::string>()->default_value("cpu"), "cpu, sim or cuda")(

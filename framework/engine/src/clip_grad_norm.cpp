@@ -10,22 +10,20 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "engine_state.h"
+#include "fsdpx/framework/engine/unit_buffers.h"
 
 namespace fsdpx {
 
 namespace {
 
-// Squares are taken in double a chunk at a time, so that the norm needs no double copy of a
-// whole gradient shard (at 1b width the root's would be 0.5 GiB per rank).
-constexpr int64_t kNormChunk = int64_t{1} << 20;
-
-// Calls f(chunk) for consecutive pieces of at most kNormChunk elements of every gradient, in
+// Calls f(chunk) for consecutive pieces of at most kGradNormChunk elements of every gradient, in
 // double.
 template <class F>
 void for_each_chunk_in_double(const std::vector<at::Tensor>& grads, F f) {
   for (const auto& g : grads)
-    for (int64_t at = 0; at < g.numel(); at += kNormChunk)
-      f(g.narrow(0, at, std::min(kNormChunk, g.numel() - at)).to(at::kDouble, /*non_blocking=*/false, /*copy=*/true));
+    for (int64_t at = 0; at < g.numel(); at += kGradNormChunk)
+      f(g.narrow(0, at, std::min(kGradNormChunk, g.numel() - at))
+            .to(at::kDouble, /*non_blocking=*/false, /*copy=*/true));
 }
 
 // The squared norm of the gradient shards summed over the shard group in any order and split,

@@ -83,7 +83,7 @@ void check_shardable(const ModuleTree& tree, const Model& model) {
   if (params == 0) throw Error("the model has no parameters: there is nothing to shard or train");
 }
 
-// ReshardAfterForward's int form: k divides the shard group's size, and comms.post_forward has
+// A post-forward group of k: k divides the shard group's size, and comms.post_forward has
 // k's group.
 void check_post_forward_group(const ShardingEngine::Impl& e, const std::string& fqn, const ReshardAfterForward& c) {
   if (!c.is_int) return;

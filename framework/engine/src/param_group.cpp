@@ -41,7 +41,7 @@ bool fault_skips_gather(const EngineConfig& config, const std::string& unit) {
 }  // namespace
 
 bool ParamGroup::separate() const {
-  return gathers_into_own_storage(config->shard_size, precision) || config->offloads();
+  return gathers_into_own_storage(config->shard_size, precision, config->offloads());
 }
 
 bool ParamGroup::reshard_after_forward() const {
@@ -176,7 +176,7 @@ void ParamGroup::start_gather() {
   {
     OnStream on(dev, StreamRole::AllGatherCopyIn);
     // The shard in the compute dtype, on the device (offloading: copied from host memory now);
-    // for a backward after the int form's forward, what this rank kept (written on the compute
+    // for a backward after a forward under a post-forward group, what this rank kept (written on the compute
     // stream, which the copy-in stream waited for).
     gather_in = gathers_post_forward ? post_forward
                 : float8_gather.on() ? float8_gather.input(flat_shard, params, precision.compute, dev.device())
@@ -232,7 +232,7 @@ void ParamGroup::unshard() {
   state = State::Unsharded;
 }
 
-// The int form's forward keeps its part of the all-gather's output (a forward with gradients: one
+// A forward under a post-forward group keeps its part of the all-gather's output (a forward with gradients: one
 // without has no backward); the backward's all-gather over the group of k gives the same output.
 void ParamGroup::keep_post_forward(const at::Tensor& gathered) {
   const int k = post_forward_group();

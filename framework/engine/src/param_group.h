@@ -37,9 +37,10 @@ struct ParamGroup {
   enum class State { Sharded, Gathering, Unsharded } state = State::Sharded;
   Work gather_work;
   at::Tensor gather_in, gather_out;
-  // ReshardAfterForward's int form k, from the forward's all-gather to the backward's: this rank's
-  // part of the all-gather's output, the shards of ranks [j * S/k, (j + 1) * S/k) for j its index
-  // in its group of k (comms.post_forward), which the backward all-gathers over that group.
+  // The post-forward part, kept under a post-forward group of k from the forward's all-gather to
+  // the backward's: this rank's part of the all-gather's output, the shards of ranks
+  // [j * S/k, (j + 1) * S/k) for j its index in its group of k (comms.post_forward), which the
+  // backward all-gathers over that group.
   at::Tensor post_forward;
   bool gathers_post_forward = false;  // the all-gather in flight is over the group of k
   Work reduce_work;
@@ -130,7 +131,7 @@ struct ParamGroup {
   void abandon(bool drop_grads);
 
  private:
-  // The int form's forward: keeps this rank's part of `gathered` (the all-gather's [S, total]).
+  // A forward under a post-forward group: keeps this rank's part of `gathered` (the all-gather's [S, total]).
   void keep_post_forward(const at::Tensor& gathered);
   void release_post_forward();  // frees it (nothing reads it any more)
   // Each shown module tensor's .grad: its gradient rows while held, else none.

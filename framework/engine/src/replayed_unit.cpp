@@ -20,8 +20,7 @@ ReplayedUnit replayed_unit(const UnitMemory& u, bool root, const StepMemoryInput
   ReplayedUnit b;
   b.name = root ? "the root" : "unit " + u.fqn;
   const int64_t f8 = u.float8_numel;  // float8 all-gather: one byte each, gathered and in flight
-  b.gathered = in.offload && f8 == 0 ? S * total * element_bytes(d.compute)
-                                     : gathered_bytes(total, S, d, f8);  // offloading: its own storage
+  b.gathered = gathered_bytes(total, S, d, f8, in.offload);
   b.gather_out = all_gather_bytes(total, S, d, f8);
   // The shard cast to the compute dtype (and float8), or offloading, copied to the device.
   b.gather_in = S > 1 && (d.compute != d.storage || in.offload || f8 > 0) ? b.gather_out / S : 0;
@@ -32,8 +31,11 @@ ReplayedUnit replayed_unit(const UnitMemory& u, bool root, const StepMemoryInput
     b.exchange = S == W ? 0 : W * total * element_bytes(d.reduce);  // the packed rows picked per world rank
     b.reduce_out = W * total * element_bytes(d.reduce);
   } else if (S > 1) {
-    // Every slice but its own on the first and last rank; the whole on a rank in between.
-    b.received = in.staged_reduce ? (S > 2 ? S : S - 1) * total * element_bytes(d.reduce) : 0;
+    // Gloo's reduce-scatter as an all-to-all receives every other rank's slice, S - 1 of them; on a
+    // group of more than two a rank between the first and the last receives into a buffer of all S
+    // slices (its own among them), the largest on any rank, which the plan takes.
+    const int64_t slices = S > 2 ? S : S - 1;
+    b.received = in.staged_reduce ? slices * total * element_bytes(d.reduce) : 0;
     b.reduce_out = d.reduce != d.gradient || in.offload ? total * element_bytes(d.reduce) : 0;
   } else if (averages_on_device(in)) {  // the packing, cast to the gradient dtype when it differs
     b.reduce_out = d.reduce != d.gradient ? total * element_bytes(d.gradient) : 0;

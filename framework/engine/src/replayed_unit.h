@@ -24,7 +24,7 @@ struct ReplayedUnit {
   int64_t reduce_out = 0;  // the reduction's output, when not the gradient shard itself
   int64_t exchange = 0;  // deterministic: the all-to-all's input of world x shard elements
   bool reshard_after_forward = false;
-  int64_t post_forward = 0;  // ReshardAfterForward's int form: what it keeps from forward to backward
+  int64_t post_forward = 0;  // the post-forward part: what a post-forward group keeps from forward to backward
   bool recompute = false;
   bool offload = false;  // activation offload: the recomputed input leaves in forward
 };

@@ -5,8 +5,8 @@
 
 namespace fsdpx {
 
-bool gathers_into_own_storage(int64_t shard_size, const PrecisionSpec& dtypes) {
-  return shard_size > 1 || dtypes.compute != dtypes.storage;
+bool gathers_into_own_storage(int64_t shard_size, const PrecisionSpec& dtypes, bool offloads) {
+  return offloads || shard_size > 1 || dtypes.compute != dtypes.storage;
 }
 
 namespace {
@@ -20,8 +20,9 @@ int64_t all_gather_bytes(int64_t shard_numel, int64_t shard_size, const Precisio
   return shard_size > 1 ? shard_size * row_bytes(shard_numel, dtypes, float8_numel) : 0;
 }
 
-int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes, int64_t float8_numel) {
-  if (!gathers_into_own_storage(shard_size, dtypes)) return 0;
+int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes, int64_t float8_numel,
+                       bool offloads) {
+  if (!gathers_into_own_storage(shard_size, dtypes, offloads)) return 0;
   return shard_size * row_bytes(shard_numel, dtypes, float8_numel);
 }
 

@@ -44,7 +44,7 @@ void check_same_post_forward_groups(Communicator& control, const std::set<int>& 
   std::string which;
   for (const auto& [sizes, ranks] : ranks_by_sizes)
     which += (which.empty() ? "" : "; ") + groups_text(sizes) + " on rank(s) " + join_names(ranks);
-  throw Error("reshard_after_forward differs between ranks: its int form makes " + which +
+  throw Error("reshard_after_forward differs between ranks: post-forward groups: " + which +
               "; every rank must give each unit the same reshard_after_forward");
 }
 

@@ -15,7 +15,7 @@ namespace fsdpx {
 
 // The engine's communicators for `options`' layout over `groups`, each counted into `counters`:
 // the shard and replicate groups, (deterministic mode, where it carries the gradients) the world,
-// and the groups of k consecutive ranks of ReshardAfterForward's int forms.
+// and the post-forward groups of k consecutive ranks.
 EngineComms engine_comms(ProcessGroups& groups, const EngineOptions& options, CommCounters& counters);
 
 // The engine over `model`: the wrap policy's units (select_units: with s's recompute), its

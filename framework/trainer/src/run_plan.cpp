@@ -83,11 +83,8 @@ UnitBytes unit_bytes(const UnitInfo& u, bool root, const RunPlan& plan, const Pr
   b.float8_numel = float8_numel;
   b.recompute = u.activation_checkpoint;
   b.dtypes = dtypes;
-  // Offloading on a device, every unit comes to the device in the compute dtype, one rank too (the
-  // memory plan's rule, memory_plan.cpp).
-  b.unsharded_bytes = plan.layout.offloads(plan.device == DeviceKind::Cpu) && float8_numel == 0
-                          ? S * b.shard_numel * static_cast<int64_t>(c10::elementSize(dtypes.compute))
-                          : gathered_bytes(b.shard_numel, S, dtypes, float8_numel);
+  b.unsharded_bytes =
+      gathered_bytes(b.shard_numel, S, dtypes, float8_numel, plan.layout.offloads(plan.device == DeviceKind::Cpu));
   b.gather_bytes = all_gather_bytes(b.shard_numel, S, dtypes, float8_numel);
   b.reshard_after_forward = reshards_after_forward(plan.layout, root, std::nullopt, b.unsharded_bytes > 0);
   return b;

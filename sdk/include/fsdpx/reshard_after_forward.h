@@ -15,8 +15,8 @@ struct ReshardAfterForward {
   ReshardAfterForward(bool r) : reshard(r) {}  // NOLINT(google-explicit-constructor): FSDP2's bool
   ReshardAfterForward(int k) : group(k), is_int(true) {}  // NOLINT(google-explicit-constructor): FSDP2's int
   bool reshard = true;
-  int group = 0;        // the int form's k (the engine refuses k < 1 and k not dividing S)
-  bool is_int = false;  // the int form
+  int group = 0;  // the post-forward group's k (the engine refuses k < 1 and k not dividing S)
+  bool is_int = false;  // a post-forward group (FSDP2's int), not a bool
 };
 
 }  // namespace fsdpx

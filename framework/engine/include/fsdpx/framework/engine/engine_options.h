@@ -101,8 +101,8 @@ struct EngineComms {
   std::shared_ptr<Communicator> shard;
   std::shared_ptr<Communicator> replicate;
   std::shared_ptr<Communicator> control;
-  // The int form of reshard_after_forward: by k, the group of the k consecutive ranks that holds
-  // this rank (within its shard group), over which a unit with that k all-gathers for backward.
+  // Post-forward groups (reshard_after_forward = k): by k, the group of the k consecutive ranks that
+  // holds this rank (within its shard group), over which a unit with that k all-gathers for backward.
   std::map<int, std::shared_ptr<Communicator>> post_forward;
 };
 

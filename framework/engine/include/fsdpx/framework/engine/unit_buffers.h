@@ -20,9 +20,16 @@ namespace fsdpx {
 // Bytes of one element of `t`, signed as the byte counts are.
 inline int64_t element_bytes(c10::ScalarType t) { return static_cast<int64_t>(c10::elementSize(t)); }
 
+// Gradient clipping squares a gradient shard at most this many elements at a time, in a double
+// copy, so that the norm needs no double copy of a whole shard (at 1b width the root's would be
+// 0.5 GiB per rank); the memory plan counts that copy at the optimizer step.
+constexpr int64_t kGradNormChunk = int64_t{1} << 20;
+
 // Whether the gathered parameters live in storage of their own: sharded over more than one rank,
-// or computed in another dtype than stored. Otherwise they are the shards themselves.
-FSDPX_API bool gathers_into_own_storage(int64_t shard_size, const PrecisionSpec& dtypes);
+// computed in another dtype than stored, or `offloads` (the shards stay in host memory, and every
+// unit comes to the device, one rank's too). Otherwise they are the shards themselves. The one
+// rule ParamGroup::separate(), the memory plan and the run plan follow.
+FSDPX_API bool gathers_into_own_storage(int64_t shard_size, const PrecisionSpec& dtypes, bool offloads = false);
 
 // The all-gather's output of a unit of `shard_numel` shard elements: every rank's shard in the
 // compute dtype, but `float8_numel` of them in float8, one byte each (float8 all-gather); 0 when
@@ -30,9 +37,10 @@ FSDPX_API bool gathers_into_own_storage(int64_t shard_size, const PrecisionSpec&
 FSDPX_API int64_t all_gather_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes,
                                    int64_t float8_numel = 0);
 
-// The gathered parameters' storage, in the same dtypes (0 when they are the shards themselves).
+// The gathered parameters' storage, in the same dtypes (0 when they are the shards themselves:
+// gathers_into_own_storage).
 FSDPX_API int64_t gathered_bytes(int64_t shard_numel, int64_t shard_size, const PrecisionSpec& dtypes,
-                                 int64_t float8_numel = 0);
+                                 int64_t float8_numel = 0, bool offloads = false);
 
 // float8 all-gather (EngineOptions::float8_all_gather): whether a parameter of a unit whose linears
 // compute in float8 is gathered in float8: the model reads it only as a linear's weight
@@ -48,7 +56,7 @@ FSDPX_API void check_float8_all_gather(int shard_size, bool model_lists_weights,
 // The size of the groups that hold a unit's parameters from its forward to its backward: the
 // shard group's size S when it reshards after forward (the layout's choice, or `unit_choice` when
 // set: the unit's own, EngineOptions::reshard_after_forward_by_unit), 1 when it keeps them
-// gathered, k for ReshardAfterForward's int form (1 <= k <= S, dividing S: the engine checks).
+// gathered, k for a post-forward group (1 <= k <= S, dividing S: the engine checks).
 // The root, and a layout over one rank, keep theirs: 1.
 FSDPX_API int post_forward_group(const ShardingLayout& layout, bool root,
                                  std::optional<ReshardAfterForward> unit_choice = std::nullopt);
