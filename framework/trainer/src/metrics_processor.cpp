@@ -6,6 +6,7 @@
 #include <ATen/ops/full.h>
 
 #include "format.h"
+#include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/error.h"
 #include "fsdpx/framework/runtime/every_rank.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
@@ -29,6 +30,7 @@ PersistentBytes persistent_bytes(const ShardingEngine& engine, const Optimizer& 
         if (t.dim() > 0) b.optimizer += t.numel() * t.element_size();
   return b;
 }
+
 namespace {
 
 json phase_peaks(const WorldStep& w) {

@@ -12,7 +12,6 @@
 #include <nlohmann/json.hpp>
 
 #include "comm_counters.h"
-#include "fsdpx/framework/engine/sharding_engine.h"
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/trainer/checkpoint_saver.h"
 #include "fsdpx/framework/trainer/run_directory.h"
@@ -23,6 +22,8 @@
 #include "world_step.h"
 
 namespace fsdpx {
+
+class ShardingEngine;
 
 // This rank's persistent bytes at the end of a run: parameter, gradient and optimizer shards.
 struct PersistentBytes {
