@@ -1,10 +1,11 @@
 // Out-of-line destructors (and the defaults of appended virtuals) of the public interfaces, so
 // that their type information and vtables live in libfsdpx alone (one definition shared by the
 // host and every plugin).
+#include "fsdpx/interfaces.h"
 #include "fsdpx/activation_memory.h"
 #include "fsdpx/error.h"
 #include "fsdpx/hf_interop.h"
-#include "fsdpx/interfaces.h"
+#include "fsdpx/layer_work.h"
 #include "fsdpx/registrar.h"
 
 namespace fsdpx {
@@ -50,6 +51,7 @@ Float8Units::~Float8Units() = default;
 Float8AllGather::~Float8AllGather() = default;
 LinearWeights::~LinearWeights() = default;
 ActivationMemory::~ActivationMemory() = default;
+LayerWork::~LayerWork() = default;
 LossScaler::~LossScaler() = default;
 LossScalingPolicy::~LossScalingPolicy() = default;
 

@@ -39,6 +39,7 @@
 #include <fsdpx/float8.h>
 #include <fsdpx/hf_config.h>
 #include <fsdpx/hf_interop.h>
+#include <fsdpx/layer_work.h>
 #include <fsdpx/linear.h>
 #include <fsdpx/model.h>
 #include <fsdpx/plugin.h>
@@ -296,11 +297,68 @@ std::vector<fsdpx::LayerActivations> gpt_activations(const Config& c, int64_t ba
   return out;
 }
 
+// The work of each layer of gpt on one rank, in gpt_activations' layers: its matmuls, its
+// attention, and the bytes and kernels of its other ops as LibTorch runs them, forward and
+// backward (N tokens, x bytes of one hidden state in the compute dtype, e bytes per element).
+std::vector<fsdpx::LayerOps> gpt_layer_ops(const Config& c, int64_t batch, int64_t seq, c10::ScalarType compute) {
+  const int64_t N = batch * seq, C = c.dim, F = c.ffn_hidden, V = c.vocab, H = c.heads;
+  const int64_t e = static_cast<int64_t>(c10::elementSize(compute)), x = N * C * e, f32 = 4 * N * C;
+  const int64_t kv = c.kv_heads * c.head_dim(), xkv = N * kv * e;
+  const bool cast = compute != at::kFloat;
+  // RMSNorm in fp32: the square, the mean, the scaling and the weight's product; below fp32 a cast
+  // each way. Its backward: the two products' gradients (and the weight's, summed over tokens),
+  // the mean's expansion, the square's gradient and the sum of the input's two gradients.
+  fsdpx::LayerOps norm{"",
+                       {},
+                       {},
+                       7 * f32 + (cast ? 2 * (x + f32) : 0),
+                       19 * f32 + (cast ? 2 * (x + f32) : 0),
+                       6 + (cast ? 2 : 0),
+                       14 + (cast ? 2 : 0)};
+  // Attention: q and k rotated (four products, a sum and a difference, the halves joined), keys
+  // and values repeated for grouped-query heads, the output re-laid out, the residual add; the
+  // rotary tables (six small kernels). Backward: the rotations' gradients (products, the halves
+  // scattered back into zeros and added), the layout's, the residual's sum.
+  const bool gqa = c.kv_heads != c.heads;
+  fsdpx::LayerOps attention{"",
+                            {{N, C, C}, {N, C, kv}, {N, C, kv}, {N, C, C}},
+                            {{batch, H, seq, c.head_dim(), true}},
+                            9 * (x + xkv) + (gqa ? 4 * xkv : 0) + 2 * x + 3 * x,
+                            15 * (x + xkv) + (gqa ? 4 * xkv : 0) + 2 * x + 3 * x,
+                            14 + 6 + (gqa ? 2 : 0) + 2,
+                            24 + (gqa ? 2 : 0) + 3};
+  // SwiGLU: SiLU and the product, the residual add. Backward: the product's two gradients,
+  // SiLU's, the sum of the input's gradients from w1 and w3, the residual's sum.
+  const int64_t nf = N * F * e;
+  fsdpx::LayerOps ffn{"", {{N, C, F}, {N, C, F}, {N, F, C}}, {}, 5 * nf + 3 * x, 9 * nf + 6 * x, 3, 6};
+  std::vector<fsdpx::LayerOps> out;
+  // The lookup; its backward zeroes the table's gradient and adds the rows in.
+  out.push_back({"tok_embeddings", {}, {}, 2 * x, V * C * e + 3 * x, 1, 2});
+  for (int64_t i = 0; i < c.layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    for (auto [path, ops] : {std::pair{p + "attention_norm", norm}, std::pair{p + "attention", attention},
+                             std::pair{p + "ffn_norm", norm}, std::pair{p + "feed_forward", ffn}}) {
+      ops.path = path;
+      out.push_back(ops);
+    }
+  }
+  norm.path = "norm";
+  out.push_back(norm);
+  out.push_back({"output", {{N, C, V}}, {}, 0, 0, 0, 0});
+  // The loss: the logits cast to fp32, log-softmax, the targets' picks; backward: the picks'
+  // gradient into zeros, log-softmax's gradient, the cast back.
+  const int64_t nv = N * V;
+  out.push_back(
+      {"loss", {}, {}, (cast ? nv * (e + 4) : 0) + 8 * nv, 4 * nv + 12 * nv + (cast ? nv * (e + 4) : 0), 3, 4});
+  return out;
+}
+
 class Gpt final : public fsdpx::Model,
                   public fsdpx::Evaluable,
                   public fsdpx::HuggingFaceModel,
                   public fsdpx::CheckpointNames,
                   public fsdpx::ActivationMemory,
+                  public fsdpx::LayerWork,
                   public fsdpx::LinearWeights {
  public:
   Gpt(const Config& c, std::string hf_dir, std::string hf_config)
@@ -371,6 +429,9 @@ class Gpt final : public fsdpx::Model,
   }
   std::vector<fsdpx::LayerActivations> activations(int64_t batch, int64_t seq, c10::ScalarType compute) const override {
     return gpt_activations(config_, batch, seq, compute);
+  }
+  std::vector<fsdpx::LayerOps> layer_ops(int64_t batch, int64_t seq, c10::ScalarType compute) const override {
+    return gpt_layer_ops(config_, batch, seq, compute);
   }
   // Training FLOPs per token as torchtitan counts them (get_num_flop_per_token), so that MFU compares:
   // 6 per parameter outside the token embedding (a lookup, no matmul; a tied output projection goes
