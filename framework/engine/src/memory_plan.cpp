@@ -4,9 +4,11 @@
 #include <map>
 #include <utility>
 
+#include "byte_ledger.h"
 #include "fsdpx/framework/base/shard_geometry.h"
 #include "replayed_unit.h"
 #include "step_order.h"
+#include "step_timeline.h"
 
 namespace fsdpx {
 namespace {
@@ -21,31 +23,6 @@ bool prefixes(const std::string& path, const std::string& name) {
   return path.empty() || name == path || name.rfind(path + ".", 0) == 0;
 }
 
-// Bytes alive now, and the largest moment since the last restart with where it was.
-class Ledger {
- public:
-  void add(int64_t bytes) { live_ += bytes; }
-  void sub(int64_t bytes) { live_ -= bytes; }
-  // A moment worth checking, with `extra` bytes alive on top for its duration.
-  void moment(const std::string& where, int64_t extra = 0) {
-    if (live_ + extra > peak_) {
-      peak_ = live_ + extra;
-      where_ = where;
-    }
-  }
-  void restart() {
-    peak_ = live_;
-    where_.clear();
-  }
-  int64_t live() const { return live_; }
-  int64_t peak() const { return peak_; }
-  const std::string& where() const { return where_; }
-
- private:
-  int64_t live_ = 0, peak_ = 0;
-  std::string where_;
-};
-
 // The engine's step, replayed in bytes.
 class Replay {
  public:
@@ -55,6 +32,8 @@ class Replay {
  private:
   void map_layers();
   void map_gradients();
+  std::vector<LayerCost> layer_costs() const;
+  int unit_of(const std::string& path) const;
   void forward_pass();
   void keep_input(int u);
   int64_t input_of(int u) const { return layers_[first_layer_[static_cast<size_t>(u)]].input; }
@@ -83,6 +62,7 @@ class Replay {
   std::vector<size_t> first_layer_, last_layer_;  // per unit, in forward order
   std::vector<int> forward_order_;                // units by their first layer
   Ledger ledger_;
+  StepTimeline timeline_;
   // The step's state, as ParamGroup and Unit hold it.
   std::vector<bool> gathered_, prefetched_, started_, progressed_, done_, grads_held_, shard_held_;
   std::vector<bool> kept_;  // the post-forward part kept from forward (ParamGroup::post_forward)
@@ -98,27 +78,29 @@ class Replay {
   int replicating_ = -1;         // hybrid: the unit whose all-reduce across replicas is in flight
 };
 
-Replay::Replay(const StepMemoryInput& in) : in_(in), layers_(in.layers) {
+Replay::Replay(const StepMemoryInput& in) : in_(in), layers_(in.layers), timeline_(nullptr, {}, 0) {
   for (size_t i = 0; i < in.units.size(); ++i) units_.push_back(replayed_unit(in.units[i], i == 0, in));
   map_layers();
   map_gradients();
+  timeline_ = StepTimeline(in.costs, layer_costs(), units_.size());
   const size_t n = units_.size();
   gathered_.assign(n, false);
   prefetched_ = started_ = progressed_ = done_ = grads_held_ = shard_held_ = kept_ = loaded_ = gathered_;
   seen_.assign(n, 0);
 }
 
-// Each layer to the unit whose path prefixes it most closely (else the root); a unit no layer
-// falls in gets a layer of no activations of its own, so that its parameters still come and go.
+// The unit whose path prefixes `path` most closely (else the root).
+int Replay::unit_of(const std::string& path) const {
+  int best = 0;
+  for (size_t u = 1; u < in_.units.size(); ++u)
+    if (prefixes(in_.units[u].fqn, path) && in_.units[u].fqn.size() >= in_.units[static_cast<size_t>(best)].fqn.size())
+      best = static_cast<int>(u);
+  return best;
+}
+
+// Each layer to its unit (unit_of); a unit no layer falls in gets a layer of no activations of its
+// own, so that its parameters still come and go.
 void Replay::map_layers() {
-  auto unit_of = [&](const std::string& path) {
-    int best = 0;
-    for (size_t u = 1; u < in_.units.size(); ++u)
-      if (prefixes(in_.units[u].fqn, path) &&
-          in_.units[u].fqn.size() >= in_.units[static_cast<size_t>(best)].fqn.size())
-        best = static_cast<int>(u);
-    return best;
-  };
   std::vector<bool> has(in_.units.size(), false);
   for (const auto& l : layers_) has[static_cast<size_t>(unit_of(l.path))] = true;
   for (size_t u = 0; u < in_.units.size(); ++u)
@@ -157,6 +139,24 @@ void Replay::map_gradients() {
     }
 }
 
+// Each layer's cost by its path; a cost whose path no layer has goes to the first layer of the
+// unit it falls in (a model that states its work but not its activations: one layer per unit).
+std::vector<LayerCost> Replay::layer_costs() const {
+  std::vector<LayerCost> out(layers_.size());
+  if (!in_.costs) return out;
+  std::map<std::string, size_t> by_path;
+  for (size_t l = 0; l < layers_.size(); ++l) by_path.emplace(layers_[l].path, l);
+  for (const LayerCost& c : in_.costs->layers) {
+    auto it = by_path.find(c.path);
+    LayerCost& to = out[it != by_path.end() ? it->second : first_layer_[static_cast<size_t>(unit_of(c.path))]];
+    to.forward_matmul += c.forward_matmul;
+    to.forward_memory += c.forward_memory;
+    to.backward_matmul += c.backward_matmul;
+    to.backward_memory += c.backward_memory;
+  }
+  return out;
+}
+
 // The all-gather's input: the shard's cast, or for a backward after a forward under a
 // post-forward group, the part it kept (already counted).
 int64_t Replay::gather_input(int u) const {
@@ -171,7 +171,9 @@ void Replay::unshard(int u, bool forward) {
   if (!prefetched_[i]) {
     if (sharded()) trace("gather", u);
     ledger_.add(input + b.gather_out);
+    timeline_.issue_gather(u);
   }
+  timeline_.gathered(u);
   const bool from_kept = kept_[i];
   if (forward && !from_kept && b.post_forward > 0) {  // ParamGroup::keep_post_forward
     ledger_.add(b.post_forward);
@@ -199,6 +201,7 @@ void Replay::prefetch_after(int u, const std::vector<int>& order) {
         if (sharded()) trace("gather", v);
         ledger_.add(gather_input(v) + units_[i].gather_out);
         prefetched_[i] = true;
+        timeline_.issue_gather(v);
       });
 }
 
@@ -207,6 +210,7 @@ void Replay::forward_pass() {
   for (auto* flags : {&started_, &progressed_, &done_, &loaded_}) std::fill(flags->begin(), flags->end(), false);
   activation_host_ = 0;
   std::fill(seen_.begin(), seen_.end(), 0);
+  timeline_.begin_pass(true);
   unshard(0, true);
   std::vector<bool> recomputed_kept(units_.size(), false);
   for (size_t l = 0; l < layers_.size(); ++l) {
@@ -225,6 +229,7 @@ void Replay::forward_pass() {
       transient += layers_[l].saved * kRecomputedLiveQuarters / 4;
     }
     ledger_.moment("the forward of " + layers_[l].path, transient);
+    timeline_.layer_forward(l);
     if (u == offloading_ && l == last_layer_[static_cast<size_t>(u)] && release_after_ >= 0)
       ledger_.sub(input_of(std::exchange(release_after_, -1)));
     if (u != 0 && l == last_layer_[static_cast<size_t>(u)] && b.reshard_after_forward &&
@@ -264,7 +269,10 @@ void Replay::start_backward(int u) {
   }
   if (units_[i].recompute) {  // the forward again, with a graph: its activations, not its inputs
     for (size_t l = first_layer_[i]; l <= last_layer_[i]; ++l)
-      if (layer_unit_[l] == u) ledger_.add(layers_[l].saved);
+      if (layer_unit_[l] == u) {
+        ledger_.add(layers_[l].saved);
+        timeline_.layer_recompute(l);
+      }
     ledger_.sub(layers_[first_layer_[i]].input);
   }
   if (units_[i].grad_elements == 0) progress(u);
@@ -287,6 +295,7 @@ void Replay::layer_backward(size_t l, bool sync) {
                  layers_[l].backward_peak - layers_[l].saved + grads);
   if (fresh) ledger_.add(grads);
   ledger_.sub(layers_[l].saved);
+  timeline_.layer_backward(l);
   seen_[i] += layer_grad_elements_[l];
   if (!progressed_[i] && seen_[i] >= progress_after(units_[i].grad_elements)) progress(u);
   if (u != 0 && l == first_layer_[i]) post_backward(u, sync);
@@ -311,6 +320,7 @@ void Replay::reduce(int u) {
   const ReplayedUnit& b = units_[i];
   finish_in_flight();
   trace("reduce", u);
+  timeline_.issue_reduce(u);
   ledger_.add(b.packed);
   ledger_.moment("packing " + b.name + "'s gradients");
   int64_t grads = 0;
@@ -342,20 +352,25 @@ void Replay::finish_in_flight() {
   ledger_.sub(in_flight_bytes_);
   in_flight_bytes_ = 0;
   trace("reduced", u);
+  timeline_.reduced(u);
   if (in_.layout.shard_group_size == 1 || in_.layout.replicate_group_size == 1 || in_.deterministic)
     return gradients_final(u);
   finish_replicate();
   replicating_ = u;
+  timeline_.issue_replicate(u);
 }
 
 void Replay::finish_replicate() {
-  if (replicating_ >= 0) gradients_final(std::exchange(replicating_, -1));
+  if (replicating_ < 0) return;
+  timeline_.replicated(replicating_);
+  gradients_final(std::exchange(replicating_, -1));
 }
 
 void Replay::gradients_final(int u) {
   const size_t i = static_cast<size_t>(u);
   if (!in_.step_in_backward) return;
   trace("step", u);
+  timeline_.unit_step(u);
   ledger_.moment("the optimizer step of " + units_[i].name + " (inside backward)",
                  widened_gradient(in_.units[i], in_));
   if (shard_held_[i]) ledger_.sub(units_[i].grad_shard);
@@ -363,6 +378,7 @@ void Replay::gradients_final(int u) {
 }
 
 void Replay::backward_pass(bool sync) {
+  timeline_.begin_pass(false);
   start_backward(0);  // the hook on the root's output runs first
   for (size_t l = layers_.size(); l-- > 0;) layer_backward(l, sync);
   post_backward(0, sync);  // finish_backward: the root last
@@ -402,6 +418,9 @@ StepMemory Replay::run() {
     ledger_.restart();
     m.activation_host_bytes = activation_host_;
     backward_pass(sync);
+    // A pass stands for itself, the first of two for every unsynchronised micro-batch, a
+    // deterministic one for every sample.
+    timeline_.end_pass(in_.deterministic ? in_.forwards : sync ? 1 : in_.forwards - 1);
     m.backward_peak = std::max(m.backward_peak, ledger_.peak());
     if (m.backward_peak >= m.forward_peak) m.peak_where = "backward: " + ledger_.where();
     else m.peak_where = "forward: " + forward_where;
@@ -414,6 +433,8 @@ StepMemory Replay::run() {
   for (const auto& u : in_.units) widened = std::max(widened, widened_gradient(u, in_));
   const int64_t clip_copy = in_.clip_grad_norm && !in_.offload ? chunk * int64_t{sizeof(double)} : 0;
   ledger_.moment("the optimizer step", std::max(clip_copy, widened));
+  timeline_.optimizer_step(in_.clip_grad_norm, in_.step_in_backward);
+  m.time = timeline_.result();
   m.optimizer_peak = ledger_.peak();
   m.peak = std::max({m.forward_peak, m.backward_peak, m.optimizer_peak});
   if (m.peak == m.optimizer_peak && m.optimizer_peak > std::max(m.forward_peak, m.backward_peak))

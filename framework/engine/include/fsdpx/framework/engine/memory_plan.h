@@ -15,12 +15,13 @@
 #include <utility>
 #include <vector>
 
-#include "fsdpx/reshard_after_forward.h"
 #include "fsdpx/activation_memory.h"
 #include "fsdpx/export.h"
+#include "fsdpx/framework/engine/step_time.h"
 #include "fsdpx/framework/engine/step_trace.h"
 #include "fsdpx/framework/engine/unit_plan.h"
 #include "fsdpx/precision_policy.h"
+#include "fsdpx/reshard_after_forward.h"
 #include "fsdpx/sharding_strategy.h"
 
 namespace fsdpx {
@@ -63,6 +64,8 @@ struct StepMemoryInput {
   bool step_in_backward = false;
   // The replayed step's events (step_trace.h), to compare with the engine's; unset: none.
   StepTrace step_trace;
+  // What the step's work costs (step_time.h): with it, the replay predicts the step's time too.
+  const StepCosts* costs = nullptr;
 };
 
 // Bytes per rank.
@@ -74,6 +77,7 @@ struct StepMemory {
   std::string peak_where;  // e.g. "backward of unit layers.0, its previous unit's reduction in flight"
   int64_t host_bytes = 0;  // offloading: what host memory holds (shards, gradient shards, optimizer state)
   int64_t activation_host_bytes = 0;  // activation offload: the inputs in host memory after a forward
+  StepTime time;  // with StepMemoryInput::costs: the step's seconds (step_time.h); else none
 };
 
 FSDPX_API StepMemory predict_step_memory(const StepMemoryInput& input);
