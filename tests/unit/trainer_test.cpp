@@ -383,3 +383,60 @@ TEST(Trainer, ProfileStepNamesWhatTookMostTime) {
   EXPECT_NE(late.exit_code, 0);
   EXPECT_NE(late.err.find("--profile-step 4 is past the run's last step 3"), std::string::npos) << late.err;
 }
+
+// --dry-run predicts the step (docs/planning.md): on this machine from probes it caches, or on the
+// accelerators of a cluster file; the phases add up to the step in plan.json; a GPU run without a
+// cluster file says why it has no prediction; a bad cluster file is refused in one line.
+TEST(Trainer, DryRunPredictsTheStepFromProbesOrAClusterFile) {
+  TempDir cache, out;
+  const std::string env = "env FSDPX_CACHE_DIR=" + cache.path().string() + " ";
+  const std::string base = " --dry-run --nproc-per-node 2 --model.name gpt --model.size tiny --data.seq 32";
+  auto r = run_command(env + train() + base + " --out " + out.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("ms per step (predicted): forward"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("hardware   this machine, probed"), std::string::npos) << r.out;
+  const json time = read_json(out.path() / "plan.json")["time"];
+  ASSERT_TRUE(time["predicted"].get<bool>()) << time.dump();
+  double sum = 0;
+  for (const auto& [phase, seconds] : time["phases_s"].items()) sum += seconds.get<double>();
+  EXPECT_NEAR(sum, time["step_s"].get<double>(), 1e-9);
+  EXPECT_GT(time["step_s"].get<double>(), 0);
+  EXPECT_GT(time["tokens_per_s"].get<double>(), 0);
+  // The probes are cached: a second plan probes nothing (the optimizer, whose options vary, is
+  // timed by every plan).
+  const std::string cached = read_file(cache.path() / "probes.json");
+  ASSERT_EQ(run_command(env + train() + base).exit_code, 0);
+  EXPECT_EQ(read_file(cache.path() / "probes.json"), cached);
+
+  const std::string h100 = (source_dir() / "configs/clusters/h100.json").string();
+  auto gpu = run_command(train() + base + " --device cuda --cluster " + h100);
+  ASSERT_EQ(gpu.exit_code, 0) << gpu.out << gpu.err;
+  EXPECT_NE(gpu.out.find("hardware   the cluster file " + h100 + ": DGX H100"), std::string::npos) << gpu.out;
+  auto none = run_command(train() + base + " --device cuda");
+  EXPECT_NE(none.out.find("time       not predicted: the run computes on cuda"), std::string::npos) << none.out;
+
+  TempDir files;
+  struct Case {
+    std::string text, expect;
+  };
+  const std::vector<Case> bad = {
+      {"[1, 2]", "is not a JSON object"},
+      {R"({"dense_tflops": {"fp32": 67}})", "needs achieved.matmul as a positive number, and it has none"},
+  };
+  for (const auto& c : bad) {
+    const auto path = files.path() / "cluster.json";
+    std::ofstream(path) << c.text;
+    auto b = run_command(train() + base + " --cluster " + path.string());
+    EXPECT_NE(b.exit_code, 0);
+    EXPECT_NE(b.err.find(c.expect), std::string::npos) << b.err;
+    EXPECT_EQ(lines(b.err), 1) << b.err;
+  }
+  auto missing = run_command(train() + base + " --cluster /nonexistent/cluster.json");
+  EXPECT_NE(missing.err.find("--cluster /nonexistent/cluster.json: no such file"), std::string::npos) << missing.err;
+  json h = read_json(h100);
+  h["memory_gbps"] = -1;
+  std::ofstream(files.path() / "negative.json") << h.dump();
+  auto negative = run_command(train() + base + " --cluster " + (files.path() / "negative.json").string());
+  EXPECT_NE(negative.err.find("needs memory_gbps as a positive number, and it is -1"), std::string::npos)
+      << negative.err;
+}

@@ -7,6 +7,36 @@ using json = nlohmann::json;
 
 namespace fsdpx {
 
+namespace {
+
+// The predicted step in seconds per phase (StepClock's names), or why there is none.
+json time_json(const RunPlan& p) {
+  if (!p.time.predicted()) return {{"predicted", false}, {"why", p.time_not_predicted}};
+  const StepTime& t = p.time;
+  return {{"predicted", true},
+          {"hardware", p.time_hardware},
+          {"step_s", t.step},
+          {"phases_s",
+           {{"forward", t.forward},
+            {"backward", t.backward},
+            {"all_gather_wait", t.all_gather_wait},
+            {"reduce_scatter_wait", t.reduce_scatter_wait},
+            {"optimizer", t.optimizer},
+            {"other", t.other}}},
+          {"recompute_s", t.recompute},
+          {"matmul_s", t.matmul},
+          {"memory_bound_s", t.memory},
+          {"copies_s", t.copies},
+          {"communication_s", t.communication},
+          {"exposed_communication_s", t.all_gather_wait + t.reduce_scatter_wait},
+          {"tokens_per_s", p.tokens_per_second()},
+          {"mfu", p.mfu()},
+          {"peak_flops_per_rank", p.peak_flops},
+          {"bound", t.bound}};
+}
+
+}  // namespace
+
 json plan_json(const RunPlan& p) {
   json units = json::array();
   for (const auto& u : p.units)
@@ -62,7 +92,8 @@ json plan_json(const RunPlan& p) {
           {"option_savings", savings},
           {"warnings", p.warnings},
           {"not_applied", p.not_applied},
-          {"checkpoint_pool_bytes", p.checkpoint_pool_bytes}};
+          {"checkpoint_pool_bytes", p.checkpoint_pool_bytes},
+          {"time", time_json(p)}};
 }
 
 }  // namespace fsdpx

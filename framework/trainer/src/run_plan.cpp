@@ -18,6 +18,7 @@
 #include "fsdpx/framework/runtime/memory_accounting.h"
 #include "fsdpx/framework/trainer/checkpoint_saver.h"  // staging_pool_layout
 #include "run_plan_checks.h"
+#include "step_costs.h"
 #include "unit_selection.h"
 
 namespace fsdpx {
@@ -129,8 +130,11 @@ PrecisionSpec unit_precision(const PrecisionPolicy& policy, const std::string& f
 
 // The step's memory per rank: the engine's protocol replayed in bytes over the units, with the
 // activations the model states for one forward (one sample in deterministic mode).
-void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s, RunPlan& plan) {
+// With `costs`, the replay predicts the step's time too (plan.time).
+void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s, RunPlan& plan,
+                 const StepCosts* costs) {
   StepMemoryInput in;
+  in.costs = costs;
   std::vector<PrecisionSpec> dtypes;
   for (const auto& u : plan.units) dtypes.push_back(u.dtypes);
   in.units = units_for_memory(up, plan.layout.shard_group_size, dtypes);
@@ -155,6 +159,8 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
     plan.activations_stated = true;
   }
   plan.memory = predict_step_memory(in);
+  plan.time = plan.memory.time;
+  in.costs = nullptr;  // the savings below are in bytes
   if (s.device != DeviceKind::Cuda)
     plan.resident_peak =
         plan.memory.peak + (s.device == DeviceKind::Cpu ? plan.memory.peak * kCpuBlockCacheSlackPercent / 100 : 0);
@@ -168,6 +174,32 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
     for (auto& u : in.units) u.offload_activations = false;
     plan.option_savings.emplace_back("--activation-offload", predict_step_memory(in).peak - plan.memory.peak);
   }
+}
+
+// The costs of the step's parts on the hardware it is predicted on (step_costs.h); false, with
+// plan.time_not_predicted saying why, where there is none. A bad --cluster file is refused; a
+// probe that cannot run here only leaves the time out.
+bool plan_costs(const PluginHost& host, const RunConfig& config, const Model& model, const TrainSettings& s,
+                double optimizer_bytes_per_element, RunPlan& plan, StepCosts& costs) {
+  std::unique_ptr<Hardware> hw;
+  try {
+    hw = planning_hardware(s, plan, plan.time_not_predicted);
+  } catch (const std::exception& e) {  // a probe's failure (a socket, Gloo) leaves the time out
+    if (!s.cluster.empty()) throw;
+    plan.time_not_predicted = std::string("a probe of this machine failed: ") + e.what();
+  }
+  if (!hw) return false;
+  if (plan.optimizer_runs_on_cpu) {
+    auto opt = make<Optimizer>(host, config);
+    hw->optimizer_seconds_per_element =
+        optimizer_seconds_per_element(*opt, plan.dtypes.storage, plan.dtypes.gradient, plan.threads.threads);
+  }
+  costs = step_costs(plan, model, *hw, s.deterministic ? 1 : s.batch_size, optimizer_bytes_per_element);
+  plan.time_hardware = hw->what;
+  plan.peak_flops = hw->peak_flops(plan.dtypes.compute);
+  plan.hardware_per_node = hw->accelerators_per_node;
+  plan.hardware_memory = hw->memory_per_accelerator;
+  return true;
 }
 
 // Threads per rank, and a warning when the compute dtype has no fast path on this CPU.
@@ -241,10 +273,13 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
     add_unit_traffic(b, s.deterministic ? s.grad_accum * s.batch_size : s.grad_accum, plan);
     plan.units.push_back(b);
   }
-  plan_memory(*model, up, s, plan);
   plan_cpu(plan);  // after the units: their compute dtypes decide the warning
   if (plan.deterministic)
     plan.threads = ThreadChoice{1, "--deterministic: CPU kernels may split their sums by thread count"};
+  StepCosts costs;
+  const bool timed = plan_costs(host, config, *model, s, opt_per_elt, plan, costs);
+  plan_memory(*model, up, s, plan, timed ? &costs : nullptr);
+  check_against_cluster(plan);
   const int64_t S = plan.layout.shard_group_size;
   if (s.clip_grad_norm > 0 && S > 1) {  // the squared norm's all-reduce(s) in the shard group
     const int64_t bytes = plan.deterministic ? 16 : 8;  // deterministic: the largest square, then the fixed-point sum

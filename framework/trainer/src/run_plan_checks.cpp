@@ -124,6 +124,17 @@ void check_optimizer_in_backward(const PluginHost& host, const TrainSettings& s,
                 "--optimizer-in-backward");
 }
 
+void check_against_cluster(RunPlan& plan) {
+  if (plan.hardware_per_node > 0 && plan.topology.local_world_size > plan.hardware_per_node)
+    plan.warnings.push_back("the topology puts " + std::to_string(plan.topology.local_world_size) +
+                            " ranks on a node, and the --cluster file's nodes have " +
+                            std::to_string(plan.hardware_per_node) + " accelerators: the time assumes one rank each");
+  if (plan.hardware_memory > 0 && plan.memory.peak > plan.hardware_memory)
+    plan.warnings.push_back("the step's peak per rank, " + std::to_string(plan.memory.peak >> 20) +
+                            " MiB, is more than the --cluster file's " + std::to_string(plan.hardware_memory >> 20) +
+                            " MiB per accelerator: this composition does not fit there");
+}
+
 // The documented no-ops of this run (RunPlan::not_applied).
 void plan_not_applied(RunPlan& plan) {
   if (plan.layout.offload_to_cpu && !plan.layout.offloads(plan.device == DeviceKind::Cpu))

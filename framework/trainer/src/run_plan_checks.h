@@ -32,4 +32,8 @@ void check_optimizer_in_backward(const PluginHost& host, const TrainSettings& s,
 // The documented no-ops of this run (RunPlan::not_applied).
 void plan_not_applied(RunPlan& plan);
 
+// A warning each where the plan does not fit the --cluster file's nodes: more ranks per node than
+// it has accelerators, or a peak per rank above an accelerator's memory.
+void check_against_cluster(RunPlan& plan);
+
 }  // namespace fsdpx

@@ -70,7 +70,49 @@ void write_memory(std::ostringstream& o, const RunPlan& p) {
       << "inputs (--activation-offload)\n";
 }
 
+// The predicted step: its phases, what it reaches, and what bounds it; or why it is not predicted.
+void write_time(std::ostringstream& o, const RunPlan& p) {
+  if (!p.time.predicted()) {
+    if (!p.time_not_predicted.empty()) o << "  time       not predicted: " << p.time_not_predicted << "\n";
+    return;
+  }
+  const StepTime& t = p.time;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "  time       %.1f ms per step (predicted): forward %.1f, backward %.1f (recompute %.1f), all-gather "
+                "wait %.1f, reduce-scatter wait %.1f, optimizer %.1f ms\n",
+                1e3 * t.step, 1e3 * t.forward, 1e3 * t.backward, 1e3 * t.recompute, 1e3 * t.all_gather_wait,
+                1e3 * t.reduce_scatter_wait, 1e3 * t.optimizer);
+  o << line;
+  std::snprintf(line, sizeof line,
+                "  speed      %.4g tokens/s, MFU %.1f%%; bound: %s (matmuls %.1f ms, memory-bound ops and copies %.1f "
+                "ms, communication %.1f ms of which %.1f exposed)\n",
+                p.tokens_per_second(), 100 * p.mfu(), t.bound.c_str(), 1e3 * t.matmul, 1e3 * (t.memory + t.copies),
+                1e3 * t.communication, 1e3 * (t.all_gather_wait + t.reduce_scatter_wait));
+  o << line;
+  o << "  hardware   " << p.time_hardware << "\n";
+}
+
+// The batch per step, and its work.
+void write_batch(std::ostringstream& o, const RunPlan& p) {
+  char line[128];
+  o << "  batch      " << p.samples_per_step << " samples";
+  if (p.tokens_per_step != p.samples_per_step) o << ", " << p.tokens_per_step << " tokens";
+  o << " per step";
+  if (p.flops_per_token > 0) {
+    std::snprintf(line, sizeof line, "; %.3g GFLOP per step",
+                  p.flops_per_token * static_cast<double>(p.tokens_per_step) / 1e9);
+    o << line;
+  }
+  o << "\n";
+}
+
 }  // namespace
+
+double RunPlan::mfu() const {
+  if (!time.predicted() || peak_flops <= 0 || topology.world_size <= 0) return 0;
+  return flops_per_token * static_cast<double>(tokens_per_step) / topology.world_size / time.step / peak_flops;
+}
 
 std::string RunPlan::text() const {
   std::ostringstream o;
@@ -136,15 +178,8 @@ std::string RunPlan::text() const {
     o << "  deterministic one sample per forward, one thread per rank; per sample, every rank's rows of each "
          "shard sent by one all-to-all over the world and added in global-sample order: "
       << human_bytes(static_cast<double>(all_to_all_bytes)) << " (" << all_to_all_bytes << " B) per step\n";
-  o << "  batch      " << samples_per_step << " samples";
-  if (tokens_per_step != samples_per_step) o << ", " << tokens_per_step << " tokens";
-  o << " per step";
-  if (flops_per_token > 0) {
-    std::snprintf(line, sizeof line, "; %.3g GFLOP per step",
-                  flops_per_token * static_cast<double>(tokens_per_step) / 1e9);
-    o << line;
-  }
-  o << "\n";
+  write_batch(o, *this);
+  write_time(o, *this);
   for (const auto& warning : warnings) o << "  warning    " << warning << "\n";
   if (checkpoint_pool_bytes > 0)
     o << "  checkpoint saves stage through " << human_bytes(static_cast<double>(checkpoint_pool_bytes)) << " ("

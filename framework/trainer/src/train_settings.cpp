@@ -114,7 +114,7 @@ po::options_description TrainSettings::options() {
                 "rank 0 profiles step N with LibTorch's profiler (Kineto): the kernels (GPU) or operators (CPU) "
                 "that took most time, in OUT/profile.json and one line (0: none)")(
       "save-every", int_value<int64_t>({0})->default_value(0),
-                "checkpoint every N steps (0: at the end only); needs [checkpoint]")(
+      "checkpoint every N steps (0: at the end only); needs [checkpoint]")(
       "keep-last", int_value<int64_t>({0})->default_value(0), "keep the newest K checkpoints (0: all)")(
       "resume", po::value<std::string>()->default_value(""),
       "auto (newest complete checkpoint under OUT/checkpoints) or a checkpoint directory")(
@@ -122,7 +122,10 @@ po::options_description TrainSettings::options() {
       "initial weights from a safetensors file of whole tensors under the model's names, or a directory holding "
       "model.safetensors (a consolidated checkpoint, or --save-init's)")(
       "save-init", po::value<std::string>()->default_value(""),
-      "write the initial weights, whole, to DIR/model.safetensors (with digests.json) before the first step");
+      "write the initial weights, whole, to DIR/model.safetensors (with digests.json) before the first step")(
+      "cluster", po::value<std::string>()->default_value(""),
+      "predict the step's time (--dry-run, plan.json) on the accelerators this JSON file describes, e.g. "
+      "configs/clusters/h100.json (default: this machine's CPU, probed; a GPU run without it is not predicted)");
   return d;
 }
 
@@ -160,6 +163,7 @@ TrainSettings TrainSettings::from(const HostValues& vm) {
   s.resume = vm["resume"].as<std::string>();
   s.init_from = vm["init-from"].as<std::string>();
   s.save_init = vm["save-init"].as<std::string>();
+  s.cluster = vm["cluster"].as<std::string>();
   s.checkpoint_layer_types = comma_list(vm["activation-checkpointing"].as<std::string>());
   s.offload_layer_types = comma_list(vm["activation-offload"].as<std::string>());
   s.max_memory_mib = vm["max-memory-mib"].as<int64_t>();
@@ -197,6 +201,7 @@ std::string TrainSettings::to_ini() const {
   if (optimizer_in_backward) o << "optimizer-in-backward=true\n";
   if (!out_dir.empty()) o << "out=" << out_dir << "\n";
   if (!init_from.empty()) o << "init-from=" << init_from << "\n";
+  if (!cluster.empty()) o << "cluster=" << cluster << "\n";
   return o.str();
 }
 

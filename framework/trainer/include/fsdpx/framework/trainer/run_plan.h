@@ -10,13 +10,14 @@
 
 #include "fsdpx/export.h"
 #include "fsdpx/framework/engine/memory_plan.h"
+#include "fsdpx/framework/engine/step_time.h"
 #include "fsdpx/framework/plugin_host/plugin_host.h"
 #include "fsdpx/framework/plugin_host/run_config.h"
+#include "fsdpx/framework/runtime/cpu_resources.h"
 #include "fsdpx/framework/trainer/train_settings.h"
 #include "fsdpx/interfaces.h"
 #include "fsdpx/precision_policy.h"
 #include "fsdpx/sharding_strategy.h"
-#include "fsdpx/framework/runtime/cpu_resources.h"
 #include "fsdpx/topology.h"
 
 namespace fsdpx {
@@ -83,6 +84,18 @@ struct FSDPX_API RunPlan {
   // What each memory option of the run saves of the step's peak per rank: the option as the
   // command line spells it, and the planned peak without it less the peak with it.
   std::vector<std::pair<std::string, int64_t>> option_savings;
+  // The step's predicted time per rank (fsdpx/framework/engine/step_time.h), on `time_hardware`;
+  // or, when none, why in `time_not_predicted`. `peak_flops` per rank: the hardware's dense rate in
+  // the compute dtype, which the predicted MFU is against.
+  StepTime time;
+  std::string time_hardware, time_not_predicted;
+  double peak_flops = 0;
+  // A cluster file's accelerators per node and memory per accelerator (0: this machine), which
+  // the plan's topology and peak are checked against (a warning each where they do not fit).
+  int hardware_per_node = 0;
+  int64_t hardware_memory = 0;
+  double tokens_per_second() const { return time.predicted() ? static_cast<double>(tokens_per_step) / time.step : 0; }
+  double mfu() const;
 
   std::string text() const;  // the dry-run report
 };

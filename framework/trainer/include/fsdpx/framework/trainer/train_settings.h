@@ -62,6 +62,9 @@ struct FSDPX_API TrainSettings {
   // Initial weights: read from a safetensors file (or a directory holding model.safetensors)
   // instead of the seeded initialisation; and/or written, whole, to DIR/model.safetensors.
   std::string init_from, save_init;
+  // The accelerators the plan predicts the step's time on (hardware.h's cluster file); "": this
+  // machine's CPU, probed.
+  std::string cluster;
 
   // Reads (and so marks read) the values fsdpx-train's options() declared. Throws fsdpx::Error
   // naming a bad value.
