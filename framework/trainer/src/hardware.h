@@ -62,9 +62,9 @@ class Hardware {
 // CPU, the threads and ATen's kernels, so that a later plan on this machine takes none of the probes' time.
 std::unique_ptr<Hardware> probe_this_machine(int threads, int ranks);
 
-// Seconds per shard element of `opt`'s step (a fresh instance, which this consumes) over a shard
-// of `storage` with gradients of `gradient`, timed here with `threads` threads: the median of a few
-// steps over four million elements.
+// Seconds per shard element of `opt`'s step over a shard of `storage` with gradients of `gradient`,
+// timed here with `threads` threads: the median of a few steps over a million elements. `opt` may
+// be one a probe stepped already: it is initialised anew.
 double optimizer_seconds_per_element(Optimizer& opt, c10::ScalarType storage, c10::ScalarType gradient, int threads);
 
 // The accelerators of a cluster file (docs/planning.md says its fields). Throws fsdpx::Error naming

@@ -341,7 +341,7 @@ std::unique_ptr<Hardware> probe_this_machine(int threads, int ranks) {
 }
 
 double optimizer_seconds_per_element(Optimizer& opt, c10::ScalarType storage, c10::ScalarType gradient, int threads) {
-  constexpr int64_t n = int64_t{1} << 22;  // its state and shards well beyond the caches, as a model's are
+  constexpr int64_t n = int64_t{1} << 20;  // its state and shards beyond the cores' own caches, as a model's are
   ThreadsFor t(threads);
   at::Tensor param = at::zeros({n}, at::TensorOptions().dtype(storage));
   param.set_requires_grad(true);

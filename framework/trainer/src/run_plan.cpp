@@ -179,8 +179,10 @@ void plan_memory(const Model& model, const UnitPlan& up, const TrainSettings& s,
 // The costs of the step's parts on the hardware it is predicted on (step_costs.h); false, with
 // plan.time_not_predicted saying why, where there is none. A bad --cluster file is refused; a
 // probe that cannot run here only leaves the time out.
-bool plan_costs(const PluginHost& host, const RunConfig& config, const Model& model, const TrainSettings& s,
-                double optimizer_bytes_per_element, RunPlan& plan, StepCosts& costs) {
+// `opt`: the instance the bytes were probed on (each component is made once per process; the run
+// initialises it again over its own shards).
+bool plan_costs(Optimizer& opt, const Model& model, const TrainSettings& s, double optimizer_bytes_per_element,
+                RunPlan& plan, StepCosts& costs) {
   std::unique_ptr<Hardware> hw;
   try {
     hw = planning_hardware(s, plan, plan.time_not_predicted);
@@ -189,11 +191,9 @@ bool plan_costs(const PluginHost& host, const RunConfig& config, const Model& mo
     plan.time_not_predicted = std::string("a probe of this machine failed: ") + e.what();
   }
   if (!hw) return false;
-  if (plan.optimizer_runs_on_cpu) {
-    auto opt = make<Optimizer>(host, config);
+  if (plan.optimizer_runs_on_cpu)
     hw->optimizer_seconds_per_element =
-        optimizer_seconds_per_element(*opt, plan.dtypes.storage, plan.dtypes.gradient, plan.threads.threads);
-  }
+        optimizer_seconds_per_element(opt, plan.dtypes.storage, plan.dtypes.gradient, plan.threads.threads);
   costs = step_costs(plan, model, *hw, s.deterministic ? 1 : s.batch_size, optimizer_bytes_per_element);
   plan.time_hardware = hw->what;
   plan.peak_flops = hw->peak_flops(plan.dtypes.compute);
@@ -277,7 +277,7 @@ RunPlan plan_run(const PluginHost& host, const RunConfig& config, const TrainSet
   if (plan.deterministic)
     plan.threads = ThreadChoice{1, "--deterministic: CPU kernels may split their sums by thread count"};
   StepCosts costs;
-  const bool timed = plan_costs(host, config, *model, s, opt_per_elt, plan, costs);
+  const bool timed = plan_costs(*opt_probe, *model, s, opt_per_elt, plan, costs);
   plan_memory(*model, up, s, plan, timed ? &costs : nullptr);
   check_against_cluster(plan);
   const int64_t S = plan.layout.shard_group_size;
