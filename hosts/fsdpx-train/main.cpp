@@ -5,11 +5,12 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -20,20 +21,24 @@
 
 #include "fsdpx/error.h"
 #include "fsdpx/framework/base/program_options.h"
+#include "fsdpx/framework/plugin_host/plugin_host.h"
+#include "fsdpx/framework/plugin_host/run_config.h"
 #include "fsdpx/framework/runtime/device.h"
 #include "fsdpx/framework/runtime/launcher.h"
 #include "fsdpx/framework/runtime/memory_accounting.h"
-#include "fsdpx/framework/plugin_host/plugin_host.h"
-#include "fsdpx/framework/plugin_host/run_config.h"
+#include "fsdpx/framework/runtime/process_groups.h"
+#include "fsdpx/framework/runtime/topology_resolver.h"
+#include "fsdpx/framework/trainer/plan_search.h"
 #include "fsdpx/framework/trainer/run_directory.h"
 #include "fsdpx/framework/trainer/train_command.h"
 #include "fsdpx/framework/trainer/trainer.h"
-#include "fsdpx/framework/runtime/process_groups.h"
-#include "fsdpx/framework/runtime/topology_resolver.h"
 
 namespace po = boost::program_options;
 
 namespace {
+
+// The compositions --plan-search prints, fastest first.
+constexpr size_t kSearchTop = 10;
 
 // Every option of fsdpx-train (fsdpx/framework/trainer/train_command.h, where the fuzz target of the
 // --dry-run path finds them too).
@@ -130,12 +135,30 @@ void choose_kernels(const fsdpx::HostValues& vm) {
   if (vm.count("deterministic") && vm["deterministic"].as<bool>()) ::setenv("ATEN_CPU_CAPABILITY", "default", 1);
 }
 
+// --plan-search: the search's table on rank 0 (every rank plans the same), and search.json under
+// --out when given; 1 when nothing fits.
+int plan_search(const Loaded& l, const std::vector<std::string>& args, const po::options_description& desc,
+                const fsdpx::Topology& topology, int nproc = 0) {
+  fsdpx::PlanSearch search = fsdpx::search_plans(*l.host, args, fsdpx::train_config_request(desc), topology);
+  if (nproc > 0) search.program += " --nproc-per-node " + std::to_string(nproc);
+  if (topology.rank != 0) return search.fitting.empty() ? 1 : 0;
+  std::cout << search.text(kSearchTop);
+  const std::string out = fsdpx::TrainSettings::from(l.config.host_values()).out_dir;
+  if (!out.empty()) {
+    fsdpx::RunDirectory::check_not_in_use(out);
+    std::filesystem::create_directories(out);
+    std::ofstream(std::filesystem::path(out) / "search.json") << search.json();
+  }
+  return search.fitting.empty() ? 1 : 0;
+}
+
 // With --nproc-per-node: the whole configuration, checked once, here, before any worker starts (a
 // bad option gives one line, not one per rank). --dry-run ends here: returns its status then.
 std::optional<int> check_before_launch(const std::vector<std::string>& plain, const po::options_description& desc,
                                        int nproc, std::string& kill_note) {
   Loaded l = load(plain, desc, nproc);
   if (has(plain, "--check-comm") || has(plain, "--print-topology")) return std::nullopt;
+  if (has(plain, "--plan-search")) return plan_search(l, plain, desc, launcher_topology(nproc), nproc);
   auto settings = fsdpx::TrainSettings::from(l.config.host_values());
   const fsdpx::HostValues& vm = l.config.host_values();
   fsdpx::topology_flags(vm);  // the workers read these flags; read here, the plan sees each flag read
@@ -161,7 +184,7 @@ std::optional<int> check_before_launch(const std::vector<std::string>& plain, co
 int main_body(int argc, char** argv) {
   // With --nproc-per-node: the workers, forked now while this process holds one thread; each
   // goes on from here once the launcher below hands it its environment.
-  fsdpx::fork_workers_early(argc, argv, {"--help", "-h", "--dry-run"});
+  fsdpx::fork_workers_early(argc, argv, {"--help", "-h", "--dry-run", "--plan-search"});
   // A rank whose peer died writes to a closed socket: the write must fail (EPIPE, a collective
   // error that names the lost ranks) instead of ending this rank at once by SIGPIPE's default,
   // before it can say anything (slurm_two_nodes saw rank 0 end as "task 0: Broken pipe").
@@ -198,6 +221,7 @@ int main_body(int argc, char** argv) {
     const fsdpx::RuntimeOptions ro = fsdpx::runtime_options(vm, resolved.topology);
     if (vm.count("check-comm")) return check_comm(ro);
     auto settings = fsdpx::TrainSettings::from(vm);
+    if (vm.count("plan-search")) return plan_search(l, args, desc, ro.topology);
     if (vm.count("dry-run")) {
       auto plan = fsdpx::plan_run(*l.host, l.config, settings, ro.topology);
       if (ro.topology.rank == 0) print_plan(plan, settings);

@@ -15,7 +15,7 @@ namespace {
 
 // The flags that place a rank; the local launcher sets each of them for its workers.
 const char* const kPlacement[] = {"rank", "world-size", "local-rank", "local-world-size", "node-rank", "num-nodes"};
-const char* const kActions[] = {"dry-run", "check-comm", "print-topology"};
+const char* const kActions[] = {"dry-run", "plan-search", "check-comm", "print-topology"};
 
 po::options_description topology_options() {
   constexpr int kMaxRanks = 1 << 20;
@@ -60,6 +60,9 @@ po::options_description train_command_options() {
   po::options_description actions("Actions (command line only; one at a time)");
   actions.add_options()
     ("dry-run", "print the plan (units, bytes per rank, bytes moved per step, dtypes) and exit; no process group")
+    ("plan-search", "plan every composition the configuration leaves open (sharding, units and recompute, "
+     "--optimizer-in-backward, precision, micro-batch x accumulation of the samples per step), keep what fits, "
+     "and print the fastest by predicted time with their command lines; no process group")
     ("print-topology", "print this rank's resolved topology and exit (no rendezvous)")
     ("check-comm", "rendezvous, build the process groups and verify all-reduce, all-gather and barrier")
     ("help,h", "this help");
@@ -83,7 +86,7 @@ po::options_description train_command_options() {
 
 ConfigRequest train_config_request(const po::options_description& options) {
   ConfigRequest request{&options, default_components(), {Kind::Checkpoint}};
-  request.command_line_only = {"nproc-per-node", "dry-run", "check-comm", "print-topology", "help",
+  request.command_line_only = {"nproc-per-node", "dry-run", "plan-search", "check-comm", "print-topology", "help",
                                "allow-insecure-plugin-dir", "skip-broken-plugins", "skip-memory-check"};
   return request;
 }

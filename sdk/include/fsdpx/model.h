@@ -50,7 +50,8 @@ class FSDPX_API Model {
   // Forward pass and the mean loss over the batch's samples.
   virtual at::Tensor loss(const Batch& batch) = 0;
 
-  // Class names of the layers a layer_type wrap policy may make units, e.g. {"Block"}.
+  // Class names of the layers a layer_type wrap policy may make units, e.g. {"Block"}; the first
+  // is the model's repeated block, the one fsdpx-train --plan-search makes units of.
   virtual std::vector<std::string> layer_types() const = 0;
 
   // Training FLOPs per token (6N for a decoder), 0 if unknown. For throughput reports.
