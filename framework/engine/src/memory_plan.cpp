@@ -6,6 +6,7 @@
 
 #include "byte_ledger.h"
 #include "fsdpx/framework/base/shard_geometry.h"
+#include "fsdpx/framework/engine/unit_plan.h"
 #include "replayed_unit.h"
 #include "step_order.h"
 #include "step_timeline.h"
@@ -18,10 +19,6 @@ namespace {
 // save are alive at once. An estimate, not a measurement of each model: the PredictedPeak tests'
 // recomputed cases (gpt tiny and small, vit) hold the peaks it gives within 10% of the measured.
 constexpr int64_t kRecomputedLiveQuarters = 3;
-
-bool prefixes(const std::string& path, const std::string& name) {
-  return path.empty() || name == path || name.rfind(path + ".", 0) == 0;
-}
 
 // The engine's step, replayed in bytes.
 class Replay {
@@ -90,13 +87,7 @@ Replay::Replay(const StepMemoryInput& in) : in_(in), layers_(in.layers), timelin
 }
 
 // The unit whose path prefixes `path` most closely (else the root).
-int Replay::unit_of(const std::string& path) const {
-  int best = 0;
-  for (size_t u = 1; u < in_.units.size(); ++u)
-    if (prefixes(in_.units[u].fqn, path) && in_.units[u].fqn.size() >= in_.units[static_cast<size_t>(best)].fqn.size())
-      best = static_cast<int>(u);
-  return best;
-}
+int Replay::unit_of(const std::string& path) const { return static_cast<int>(innermost_unit(in_.units, path)); }
 
 // Each layer to its unit (unit_of); a unit no layer falls in gets a layer of no activations of its
 // own, so that its parameters still come and go.
@@ -129,7 +120,7 @@ void Replay::map_gradients() {
       size_t best = last_layer_[u];
       size_t best_len = 0;
       for (size_t l = 0; l < layers_.size(); ++l)
-        if (layer_unit_[l] == static_cast<int>(u) && prefixes(layers_[l].path, name) &&
+        if (layer_unit_[l] == static_cast<int>(u) && within_unit(layers_[l].path, name) &&
             layers_[l].path.size() >= best_len) {
           best = l;
           best_len = layers_[l].path.size();

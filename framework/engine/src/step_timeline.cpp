@@ -126,7 +126,6 @@ void StepTimeline::optimizer_step(bool clip, bool step_in_backward) {
 
 void StepTimeline::end_pass(int64_t times) {
   if (!on()) return;
-  t_.other += costs_->per_forward;
   for (auto field : pass_fields()) t_.*field += static_cast<double>(times - 1) * (t_.*field - pass_start_.*field);
   // The streams' clocks move on by the repeats too, so that the next pass starts after them.
   const double pass = compute_at_ - pass_start_.step;

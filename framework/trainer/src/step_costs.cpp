@@ -3,24 +3,13 @@
 #include <algorithm>
 
 #include "fsdpx/framework/engine/unit_buffers.h"
+#include "fsdpx/framework/engine/unit_plan.h"
 #include "fsdpx/framework/runtime/communicator.h"
 #include "fsdpx/framework/runtime/cpu_resources.h"
 #include "fsdpx/layer_work.h"
 
 namespace fsdpx {
 namespace {
-
-bool falls_in(const std::string& unit, const std::string& path) {
-  return unit.empty() || path == unit || path.rfind(unit + ".", 0) == 0;
-}
-
-// The unit of `plan` a layer path falls in: the longest unit path prefixing it (else the root).
-const UnitBytes& unit_of(const RunPlan& plan, const std::string& path) {
-  size_t best = 0;
-  for (size_t u = 1; u < plan.units.size(); ++u)
-    if (falls_in(plan.units[u].fqn, path) && plan.units[u].fqn.size() >= plan.units[best].fqn.size()) best = u;
-  return plan.units[best];
-}
 
 // Where the ranks' threads outnumber the cores, each rank computes, and sends through Gloo, in that
 // fraction of the time: the probes ran on cores of their own.
@@ -33,7 +22,7 @@ std::vector<LayerCost> stated_layers(const RunPlan& plan, const LayerWork& work,
                                      int64_t seq) {
   std::vector<LayerCost> out;
   for (const LayerOps& ops : work.layer_ops(batch, seq, plan.dtypes.compute)) {
-    const UnitBytes& unit = unit_of(plan, ops.path);
+    const UnitBytes& unit = plan.units[innermost_unit(plan.units, ops.path)];
     const c10::ScalarType dtype = unit.float8 && hw.float8 ? at::kFloat8_e4m3fn : unit.dtypes.compute;
     LayerCost c;
     c.path = ops.path;

@@ -42,7 +42,6 @@ struct StepCosts {
   std::vector<LayerCost> layers;
   std::vector<UnitCost> units;  // in StepMemoryInput::units' order
   double clip = 0;  // clipping: the norm over every gradient shard and its all-reduce
-  double per_forward = 0;  // outside the engine, per micro-batch: the data, the loss's bookkeeping
   // The collectives run on the cores that compute (Gloo's threads, where the ranks' compute
   // threads take every core): a collective progresses only while the compute stream waits for
   // one, so that each one's time is exposed, in issue order.

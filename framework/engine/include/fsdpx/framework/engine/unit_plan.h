@@ -27,6 +27,22 @@ struct FSDPX_API UnitPlan {
   std::string table() const;
 };
 
+// Whether `path` (a module's or a parameter's) lies inside the unit at `unit` ("": the root, which
+// holds everything).
+inline bool within_unit(const std::string& unit, const std::string& path) {
+  return unit.empty() || path == unit || path.rfind(unit + ".", 0) == 0;
+}
+
+// The index in `units` (each with an `fqn`; the root, "", first) of the innermost unit holding
+// `path`: its parameters are gathered, and its work done, with that unit.
+template <class Units>
+size_t innermost_unit(const Units& units, const std::string& path) {
+  size_t best = 0;
+  for (size_t u = 1; u < units.size(); ++u)
+    if (within_unit(units[u].fqn, path) && units[u].fqn.size() >= units[best].fqn.size()) best = u;
+  return best;
+}
+
 // Checks `selected` against the module tree rooted at `root` and assigns every parameter to its
 // innermost enclosing unit (a parameter reachable twice is counted once, where it is first
 // reached). Throws fsdpx::Error for a name that is not a submodule, the root listed as a
