@@ -45,7 +45,8 @@ struct ParamCounts {
 class T5 final : public fsdpx::Model,
                  public fsdpx::Evaluable,
                  public fsdpx::HuggingFaceModel,
-                 public fsdpx::ActivationMemory {
+                 public fsdpx::ActivationMemory,
+                 public fsdpx::LayerWork {
  public:
   T5(const Config& c, std::string hf_dir, std::string hf_config)
       : config_(c),
@@ -109,6 +110,9 @@ class T5 final : public fsdpx::Model,
   std::vector<std::string> layer_types() const override { return {"T5Block", "T5Attention", "T5FeedForward"}; }
   std::vector<fsdpx::LayerActivations> activations(int64_t batch, int64_t seq, c10::ScalarType compute) const override {
     return t5::activations(config_, batch, seq, compute);
+  }
+  std::vector<fsdpx::LayerOps> layer_ops(int64_t batch, int64_t seq, c10::ScalarType compute) const override {
+    return t5::layer_ops(config_, batch, seq, compute);
   }
   // 6 x parameters per token each stack's tokens pass through, for a sample of S + T tokens with
   // S = T (the embedding lookup is free; lm_head works on the target's tokens).

@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <fsdpx/activation_memory.h>
+#include <fsdpx/layer_work.h>
 #include <fsdpx/unit.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -137,5 +138,9 @@ at::Tensor shift_right(const at::Tensor& labels);
 // source and target together (split evenly: S = T = tokens / 2).
 std::vector<fsdpx::LayerActivations> activations(const Config& c, int64_t batch, int64_t tokens,
                                                  c10::ScalarType compute);
+
+// The work each layer of T5 does in one forward, and what its backward adds, for `batch` samples
+// of `tokens` tokens (split as activations() splits them), at activations()' paths.
+std::vector<fsdpx::LayerOps> layer_ops(const Config& c, int64_t batch, int64_t tokens, c10::ScalarType compute);
 
 }  // namespace t5
